@@ -171,5 +171,19 @@ TEST_F(GranterTest, EndAccessIsRefusedWhileThePeerHoldsEitherBitAndLeavesTheEntr
   EXPECT_EQ(granter_.in_use(), 0u);
 }
 
+TEST_F(GranterTest, AFreeEntryWithStrayPeerBitsIsSkippedNotOverwritten) {
+  // A misbehaving peer set GTF_reading on ref 8, which was never granted. grant_access must not
+  // wipe the peer's bits; it refuses once and moves on to another ref next time.
+  poke_flags(table_, 8, gtf::reading);
+  auto first = granter_.grant_access(kBack, 1, false);
+  ASSERT_FALSE(first);
+  EXPECT_EQ(first.error(), Status::eagain);
+  EXPECT_EQ(flags_of(table_, 8), gtf::reading);
+  EXPECT_EQ(granter_.in_use(), 0u);
+  auto second = granter_.grant_access(kBack, 1, false);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(*second, 9u);
+}
+
 }  // namespace
 }  // namespace xpv::gnttab::test

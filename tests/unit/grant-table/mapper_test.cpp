@@ -309,5 +309,23 @@ TEST_F(MapperTest, SetFramesRefusesToDropAPinnedRefOrTakeABadFrame) {
   EXPECT_EQ(mapper_.capacity(), kEntriesPerFrame);
 }
 
+TEST_F(MapperTest, ConstructorRefusesBadFramesAndHandleLimits) {
+  Pages p(2);
+  EXPECT_THROW(GrantMapper(kBack, kFront, {p.page(0).subspan(0, 4095)}, mem_),
+               std::invalid_argument);
+  EXPECT_THROW(GrantMapper(kBack, kFront, {std::span<std::uint8_t>(p.data() + 1, kFrameSize)},
+                           mem_),
+               std::invalid_argument);
+  EXPECT_THROW(GrantMapper(kBack, kFront, p.pages(0, 1), mem_, GrantMapper::kMaxHandlesLimit + 1),
+               std::invalid_argument);
+  GrantMapper empty(kBack, kFront, {}, mem_);
+  EXPECT_EQ(empty.capacity(), 0u);
+  auto m = empty.map(0, true);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error(), Status::bad_gntref);
+  EXPECT_EQ(empty.self(), kBack);
+  EXPECT_EQ(empty.granter(), kFront);
+}
+
 }  // namespace
 }  // namespace xpv::gnttab::test
