@@ -19,7 +19,7 @@
 
 #include "xpv/domain/control_protocol.h"
 #include "xpv/domain/memory.h"
-#include "xpv/domain/unique_fd.h"
+#include "xpv/unique_fd.h"
 
 namespace xpv::domain {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "xpv/domain/unique_fd.h"
+#include "xpv/unique_fd.h"
 #include "xpv/guest_memory.h"
 
 namespace xpv::domain {

@@ -9,7 +9,7 @@
 #include <system_error>
 #include <vector>
 
-#include "xpv/domain/unique_fd.h"
+#include "xpv/unique_fd.h"
 #include "xpv/expected.h"
 
 namespace xpv::domain {
