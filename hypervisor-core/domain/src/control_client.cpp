@@ -1,0 +1,102 @@
+#include <fmt/core.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "xpv/domain/control.h"
+#include "xpv/domain/seqpacket.h"
+
+namespace xpv::domain {
+
+using namespace control;
+
+ControlClient ControlClient::connect(const std::string& path, const std::string& client_name,
+                                     int timeout_ms) {
+  ControlClient c(connect_seqpacket(path), timeout_ms);
+  HelloRequest req{};
+  req.client_domid = 0;
+  copy_string(req.client_name, client_name);
+  Message m = c.call(MsgType::hello, bytes_of(req));
+  auto r = decode_fixed<HelloResponse>(m.payload);
+  if (!r || !nul_terminated(r->name) || r->kind > static_cast<std::uint32_t>(DomainKind::process)) {
+    throw ControlError(EPROTO, path + ": malformed hello answer");
+  }
+  c.info_ = {r->domid, r->nr_vcpus, static_cast<DomainKind>(r->kind), r->name};
+  return c;
+}
+
+Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
+                            std::vector<UniqueFd>* fds) {
+  const std::uint32_t seq = ++seq_;
+  const auto wire_type = static_cast<std::uint16_t>(type);
+  auto out = encode(wire_type, seq, payload);
+  if (auto s = send_datagram(sock_.get(), out); !s) {
+    throw ControlError(s.error().value(), "control socket send: " + s.error().message());
+  }
+  auto ready = wait_readable(sock_.get(), timeout_ms_);
+  if (!ready || !*ready) {
+    throw ControlError(ETIMEDOUT, fmt::format("control socket: no answer within {} ms", timeout_ms_));
+  }
+  auto d = recv_datagram(sock_.get(), kMaxMessage, kMaxFds);
+  if (!d) throw ControlError(d.error().value(), "control socket receive: " + d.error().message());
+  if (d->bytes.empty()) throw ControlError(ECONNRESET, "control socket: the domain went away");
+  auto m = parse(d->bytes);
+  if (!m) throw ControlError(EPROTO, std::string("control socket: ") + to_string(m.error()));
+  if (m->header.seq != seq) throw ControlError(EPROTO, "control socket: answer to another request");
+  if (m->header.type == kErrorType) {
+    auto e = decode_fixed<ErrorPayload>(m->payload);
+    if (!e || !nul_terminated(e->message) || e->error <= 0) {
+      throw ControlError(EPROTO, "control socket: malformed error answer");
+    }
+    throw ControlError(e->error, e->message);
+  }
+  const std::uint16_t expect = wire_type | kResponseBit;
+  if (m->header.type != expect || d->fds.size() != fds_for(expect)) {
+    throw ControlError(EPROTO, "control socket: unexpected answer type or fds");
+  }
+  if (fds) *fds = std::move(d->fds);
+  return std::move(*m);
+}
+
+DomainMemory ControlClient::map_memory() {
+  std::vector<UniqueFd> fds;
+  Message m = call(MsgType::get_memory, {}, &fds);
+  auto regions = decode_memory(m.payload);
+  if (!regions) throw ControlError(EPROTO, "control socket: malformed memory map");
+  std::vector<MemoryRegion> layout;
+  for (const RegionWire& r : *regions) layout.push_back({r.gpa, r.size, r.offset});
+  return DomainMemory::attach(std::move(fds.at(0)), std::move(layout));
+}
+
+GrantTableInfo ControlClient::grant_table() {
+  Message m = call(MsgType::get_grant_table, {});
+  GrantTableInfo g;
+  auto head = decode_grant_table(m.payload, g.gfns);
+  if (!head) throw ControlError(EPROTO, "control socket: malformed grant-table answer");
+  g.max_frames = head->max_frames;
+  return g;
+}
+
+Dom0Binding ControlClient::bind_interdomain(std::uint32_t remote_port) {
+  BindRequest req{remote_port, 0};
+  std::vector<UniqueFd> fds;
+  Message m = call(MsgType::bind_interdomain, bytes_of(req), &fds);
+  auto r = decode_fixed<BindResponse>(m.payload);
+  if (!r) throw ControlError(EPROTO, "control socket: malformed bind answer");
+  return {r->port, std::move(fds.at(0)), std::move(fds.at(1))};
+}
+
+void ControlClient::unbind(std::uint32_t port) {
+  UnbindRequest req{port, 0};
+  Message m = call(MsgType::unbind, bytes_of(req));
+  if (!m.payload.empty()) throw ControlError(EPROTO, "control socket: malformed unbind answer");
+}
+
+XenstoreInfo ControlClient::xenstore() {
+  Message m = call(MsgType::get_xenstore, {});
+  auto r = decode_fixed<XenstoreResponse>(m.payload);
+  if (!r) throw ControlError(EPROTO, "control socket: malformed xenstore answer");
+  return {r->gfn, r->port};
+}
+
+}  // namespace xpv::domain

@@ -1,0 +1,202 @@
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include "xpv/domain/control.h"
+#include "xpv/domain/seqpacket.h"
+
+namespace xpv::domain {
+
+namespace asio = boost::asio;
+using namespace control;
+
+struct ControlServer::Connection {
+  explicit Connection(asio::io_context& io, UniqueFd fd)
+      : sock(io, fd.release()) {}
+  asio::posix::stream_descriptor sock;
+  bool said_hello = false;
+  std::string client = "?";
+  std::set<std::uint32_t> bound;  // dom0-side ports this connection holds
+};
+
+ControlServer::ControlServer(asio::io_context& io, std::string path, ControlHandler& handler)
+    : io_(io), path_(std::move(path)), handler_(handler), listener_(io) {
+  ::unlink(path_.c_str());  // a stale socket of a previous run of this domain id
+  listener_.assign(listen_seqpacket(path_).release());
+  accept_next();
+}
+
+ControlServer::~ControlServer() {
+  for (const auto& c : std::set(conns_)) close(c);
+  boost::system::error_code ignored;
+  listener_.close(ignored);
+  ::unlink(path_.c_str());
+}
+
+void ControlServer::accept_next() {
+  listener_.async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;  // listener closed: the server is going away
+    UniqueFd fd(::accept4(listener_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd) {
+      // Root-only: the socket file is 0600, and the peer's uid is checked too (a file mode can be
+      // changed by mistake; SO_PEERCRED cannot).
+      auto uid = peer_uid(fd.get());
+      if (!uid || (*uid != 0 && *uid != ::geteuid())) {
+        spdlog::warn("{}: refused a client with uid {}", path_, uid ? static_cast<int>(*uid) : -1);
+      } else {
+        auto c = std::make_shared<Connection>(io_, std::move(fd));
+        conns_.insert(c);
+        read_next(c);
+      }
+    } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+      spdlog::error("{}: accept: {}", path_, std::strerror(errno));
+    }
+    accept_next();
+  });
+}
+
+void ControlServer::read_next(const std::shared_ptr<Connection>& c) {
+  c->sock.async_wait(asio::posix::stream_descriptor::wait_read,
+                     [this, c](boost::system::error_code ec) {
+                       if (ec) return;  // closed by close()
+                       if (!serve_one(*c)) {
+                         close(c);
+                         return;
+                       }
+                       read_next(c);
+                     });
+}
+
+void ControlServer::close(const std::shared_ptr<Connection>& c) {
+  for (std::uint32_t port : c->bound) {
+    if (auto r = handler_.unbind(port); !r) {
+      spdlog::warn("{}: {} went away; unbinding port {} failed: {}", path_, c->client, port,
+                   std::strerror(r.error()));
+    }
+  }
+  c->bound.clear();
+  boost::system::error_code ignored;
+  c->sock.cancel(ignored);
+  c->sock.close(ignored);
+  conns_.erase(c);
+}
+
+namespace {
+
+bool reply(int sock, std::uint16_t type, std::uint32_t seq, std::span<const std::uint8_t> payload,
+           std::span<const int> fds = {}) {
+  auto msg = encode(type, seq, payload);
+  return static_cast<bool>(send_datagram(sock, msg, fds));
+}
+
+bool reply_error(int sock, std::uint32_t seq, int error, const std::string& text) {
+  ErrorPayload e{};
+  e.error = error;
+  copy_string(e.message, text);
+  return reply(sock, kErrorType, seq, bytes_of(e));
+}
+
+}  // namespace
+
+bool ControlServer::serve_one(Connection& c) {
+  const int fd = c.sock.native_handle();
+  auto d = recv_datagram(fd, kMaxMessage, 0);
+  if (!d) {
+    if (d.error().value() == EAGAIN) return true;  // spurious wakeup
+    spdlog::warn("{}: {}: receive failed: {}", path_, c.client, d.error().message());
+    return false;
+  }
+  if (d->bytes.empty()) return false;  // orderly close
+  auto m = parse(d->bytes);
+  if (!m) {
+    spdlog::warn("{}: {}: {}; closing the connection", path_, c.client, to_string(m.error()));
+    return false;
+  }
+  const std::uint32_t seq = m->header.seq;
+  if ((m->header.type & kResponseBit) != 0) {
+    spdlog::warn("{}: {}: a client sent a response; closing the connection", path_, c.client);
+    return false;
+  }
+  const auto type = static_cast<MsgType>(m->header.type);
+  const std::uint16_t rsp = m->header.type | kResponseBit;
+
+  if (type == MsgType::hello) {
+    auto req = decode_fixed<HelloRequest>(m->payload);
+    if (!req || !nul_terminated(req->client_name)) return false;
+    if (req->client_domid != 0) {
+      return reply_error(fd, seq, EPERM, "only dom0 services may use the control socket");
+    }
+    c.said_hello = true;
+    c.client = req->client_name;
+    DomainInfo info = handler_.info();
+    HelloResponse r{};
+    r.domid = info.domid;
+    r.nr_vcpus = info.nr_vcpus;
+    r.kind = static_cast<std::uint32_t>(info.kind);
+    copy_string(r.name, info.name);
+    spdlog::debug("{}: hello from {}", path_, c.client);
+    return reply(fd, rsp, seq, bytes_of(r));
+  }
+  if (!c.said_hello) return reply_error(fd, seq, EPROTO, "hello must come first");
+
+  switch (type) {
+    case MsgType::hello: break;  // handled above
+    case MsgType::get_memory: {
+      if (!m->payload.empty()) return false;
+      const DomainMemory& mem = handler_.memory();
+      std::vector<RegionWire> regions;
+      for (const MemoryRegion& r : mem.layout()) regions.push_back({r.gpa, r.size, r.offset});
+      const int mfd = mem.fd();
+      return reply(fd, rsp, seq, encode_memory(regions), std::span<const int>(&mfd, 1));
+    }
+    case MsgType::get_grant_table: {
+      if (!m->payload.empty()) return false;
+      GrantTableInfo g = handler_.grant_table();
+      return reply(fd, rsp, seq, encode_grant_table(g.max_frames, g.gfns));
+    }
+    case MsgType::bind_interdomain: {
+      auto req = decode_fixed<BindRequest>(m->payload);
+      if (!req) return false;
+      auto b = handler_.bind_interdomain(req->remote_port);
+      if (!b) {
+        return reply_error(fd, seq, b.error(),
+                           "cannot bind port " + std::to_string(req->remote_port) + ": " +
+                               std::strerror(b.error()));
+      }
+      c.bound.insert(b->port);
+      BindResponse r{b->port, 0};
+      const int fds[2] = {b->to_dom0.get(), b->from_dom0.get()};
+      spdlog::debug("{}: {} bound guest port {} as dom0 port {}", path_, c.client, req->remote_port,
+                    b->port);
+      return reply(fd, rsp, seq, bytes_of(r), fds);
+    }
+    case MsgType::unbind: {
+      auto req = decode_fixed<UnbindRequest>(m->payload);
+      if (!req) return false;
+      if (c.bound.count(req->port) == 0) {
+        return reply_error(fd, seq, ENOENT, "port " + std::to_string(req->port) +
+                                                " is not bound by this connection");
+      }
+      c.bound.erase(req->port);
+      if (auto r = handler_.unbind(req->port); !r) {
+        return reply_error(fd, seq, r.error(), std::strerror(r.error()));
+      }
+      return reply(fd, rsp, seq, {});
+    }
+    case MsgType::get_xenstore: {
+      if (!m->payload.empty()) return false;
+      auto x = handler_.xenstore();
+      if (!x) return reply_error(fd, seq, x.error(), "no xenstore ring");
+      XenstoreResponse r{x->gfn, x->port, 0};
+      return reply(fd, rsp, seq, bytes_of(r));
+    }
+  }
+  return false;
+}
+
+}  // namespace xpv::domain
