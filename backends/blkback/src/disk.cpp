@@ -1,0 +1,59 @@
+#include "xpv/blkback/disk.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <linux/fs.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace xpv::blkback {
+
+Disk Disk::open(const std::string& path, bool readonly) {
+  const int mode = readonly ? O_RDONLY : O_RDWR;
+  DiskInfo info;
+  info.readonly = readonly;
+  UniqueFd fd(::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT));
+  if (fd) {
+    info.direct = true;
+  } else if (errno == EINVAL) {
+    // The file system has no O_DIRECT (tmpfs, some FUSE): buffered I/O, flushes still honoured.
+    fd.reset(::open(path.c_str(), mode | O_CLOEXEC));
+    if (fd) spdlog::info("{}: no O_DIRECT on this file system; using buffered I/O", path);
+  }
+  if (!fd) throw std::runtime_error(fmt::format("disk '{}': cannot open: {}", path, std::strerror(errno)));
+
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw std::runtime_error(fmt::format("disk '{}': fstat: {}", path, std::strerror(errno)));
+  }
+  std::uint64_t bytes = 0;
+  if (S_ISREG(st.st_mode)) {
+    bytes = static_cast<std::uint64_t>(st.st_size);
+    info.discard = !readonly;  // FALLOC_FL_PUNCH_HOLE; a file system that lacks it answers EOPNOTSUPP
+  } else if (S_ISBLK(st.st_mode)) {
+    info.block_device = true;
+    if (::ioctl(fd.get(), BLKGETSIZE64, &bytes) != 0) {
+      throw std::runtime_error(fmt::format("disk '{}': BLKGETSIZE64: {}", path, std::strerror(errno)));
+    }
+    int lbs = 0;
+    unsigned pbs = 0;
+    if (::ioctl(fd.get(), BLKSSZGET, &lbs) == 0 && lbs >= 512) info.logical_block_size = static_cast<std::uint32_t>(lbs);
+    if (::ioctl(fd.get(), BLKPBSZGET, &pbs) == 0 && pbs >= 512) info.physical_block_size = pbs;
+    info.discard = !readonly;  // BLKDISCARD-style via fallocate on the device
+  } else {
+    throw std::runtime_error(fmt::format("disk '{}': not a regular file or block device", path));
+  }
+  if (bytes == 0 || bytes % 512 != 0) {
+    throw std::runtime_error(
+        fmt::format("disk '{}': size {} bytes is not a positive multiple of 512", path, bytes));
+  }
+  info.sectors = bytes / 512;
+  return Disk(path, std::move(fd), info);
+}
+
+}  // namespace xpv::blkback
