@@ -1,0 +1,121 @@
+#include <gtest/gtest.h>
+
+#include "xpv/config/device_specs.h"
+#include "xpv/config/error.h"
+
+namespace xpv::config {
+namespace {
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DiskSpec, KeyValueForm) {
+  auto d = parse_disk_spec("format=raw, vdev=xvdb, access=ro, target=/srv/a,b.img");
+  EXPECT_EQ(d.target, "/srv/a,b.img");  // target= takes the rest, commas included
+  EXPECT_EQ(d.vdev.devid, 51728u);
+  EXPECT_EQ(d.access, Access::ro);
+  EXPECT_EQ(d.format, "raw");
+}
+
+TEST(DiskSpec, PositionalFormAndDefaults) {
+  auto d = parse_disk_spec("/srv/a.img,raw,xvda,w");
+  EXPECT_EQ(d.target, "/srv/a.img");
+  EXPECT_EQ(d.vdev.name, "xvda");
+  EXPECT_EQ(d.access, Access::rw);
+  auto e = parse_disk_spec("/srv/b.img,,xvdc");
+  EXPECT_EQ(e.access, Access::rw);
+  EXPECT_EQ(e.format, "raw");
+}
+
+TEST(DiskSpec, ErrorsNameTheItem) {
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=xvda"); }),
+            "disk spec 'vdev=xvda': no target (the image file or block device)");
+  EXPECT_EQ(error_of([] { parse_disk_spec("target=/a"); }), "disk spec 'target=/a': no vdev (e.g. vdev=xvda)");
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=xvda, access=rx, target=/a"); }),
+            "disk spec 'vdev=xvda, access=rx, target=/a': access 'rx' is not one of rw, w, ro, r");
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=vda, target=/a"); }),
+            "disk spec 'vdev=vda, target=/a': 'vda' is not a virtual disk name (xvda, xvdb1, hda, sdc, d0p1)");
+  EXPECT_EQ(error_of([] { parse_disk_spec("format=qcow2, vdev=xvda, target=/a"); }),
+            "disk spec 'format=qcow2, vdev=xvda, target=/a': format 'qcow2' is not supported (only raw)");
+  EXPECT_EQ(error_of([] { parse_disk_spec("colour=red, vdev=xvda, target=/a"); }),
+            "disk spec 'colour=red, vdev=xvda, target=/a': unknown key 'colour'");
+  EXPECT_EQ(error_of([] { parse_disk_spec("/a,raw,xvda,rw,extra"); }),
+            "disk spec '/a,raw,xvda,rw,extra': unexpected extra item 'extra'");
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=xvda, devtype=cdrom, target=/a"); }),
+            "disk spec 'vdev=xvda, devtype=cdrom, target=/a': devtype 'cdrom' is not supported (only disk)");
+}
+
+TEST(Mac, ParsesUnicastOnly) {
+  auto m = parse_mac("00:16:3e:0A:bc:ff");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->str(), "00:16:3e:0a:bc:ff");
+  for (const char* bad : {"01:16:3e:00:00:01", "00:00:00:00:00:00", "00:16:3e:00:00", "00-16-3e-00-00-01",
+                          "00:16:3e:00:00:0g", "00:16:3e:00:00:001", ""}) {
+    EXPECT_FALSE(parse_mac(bad)) << bad;
+  }
+}
+
+TEST(Ipv4, HostAddressesWithPrefix) {
+  auto a = parse_ipv4_cidr("10.1.2.3");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->prefix, 24u);
+  EXPECT_EQ(a->str(), "10.1.2.3/24");
+  EXPECT_EQ(a->network(), 0x0a010200u);
+  auto b = parse_ipv4_cidr("192.168.7.9/16");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->network(), 0xc0a80000u);
+  for (const char* bad : {"10.1.2", "10.1.2.3.4", "10.1.2.256", "10.1.2.0", "10.1.2.255", "10.01.2.3",
+                          "10.1.2.3/31", "10.1.2.3/0", "10.1.2.3/x", "a.b.c.d", ""}) {
+    EXPECT_FALSE(parse_ipv4_cidr(bad)) << bad;
+  }
+}
+
+TEST(Rate, XlSyntax) {
+  auto r = parse_rate("10Mb/s");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->interval_us, 50000u);
+  EXPECT_EQ(r->bytes_per_interval, 10'000'000u / 8 / 20);
+  auto r2 = parse_rate("100MB/s@20ms");
+  ASSERT_TRUE(r2);
+  EXPECT_EQ(r2->interval_us, 20000u);
+  EXPECT_EQ(r2->bytes_per_interval, 2'000'000u);
+  for (const char* bad : {"10Mb", "10Xb/s", "Mb/s", "0Mb/s", "10Mb/s@", "10Mb/s@0ms", "10Mb/s@20m", "10Mb/s@20s"}) {
+    EXPECT_FALSE(parse_rate(bad)) << bad;
+  }
+}
+
+TEST(VifSpec, AllKeys) {
+  auto v = parse_vif_spec("mac=00:16:3e:00:00:01, ip=10.0.0.2/24, rate=1Gb/s, vifname=web0, bridge=br0, model=vif");
+  ASSERT_TRUE(v.mac);
+  EXPECT_EQ(v.mac->str(), "00:16:3e:00:00:01");
+  ASSERT_TRUE(v.ip);
+  EXPECT_EQ(v.ip->str(), "10.0.0.2/24");
+  ASSERT_TRUE(v.rate);
+  EXPECT_EQ(v.vifname, "web0");
+  EXPECT_EQ(v.bridge, "br0");
+  EXPECT_FALSE(parse_vif_spec("").mac);
+}
+
+TEST(VifSpec, ErrorsNameTheItem) {
+  EXPECT_EQ(error_of([] { parse_vif_spec("mac=01:00:00:00:00:01"); }),
+            "vif spec 'mac=01:00:00:00:00:01': '01:00:00:00:00:01' is not a unicast MAC address (aa:bb:cc:dd:ee:ff)");
+  EXPECT_EQ(error_of([] { parse_vif_spec("ip=10.0.0.300"); }),
+            "vif spec 'ip=10.0.0.300': '10.0.0.300' is not an IPv4 host address with an optional /1../30 prefix");
+  EXPECT_EQ(error_of([] { parse_vif_spec("model=e1000"); }),
+            "vif spec 'model=e1000': model 'e1000' is not supported (xpv offers PV NICs only)");
+  EXPECT_EQ(error_of([] { parse_vif_spec("mac"); }), "vif spec 'mac': 'mac' is not key=value");
+  EXPECT_EQ(error_of([] { parse_vif_spec("vifname=abcdefghijklmnop"); }),
+            "vif spec 'vifname=abcdefghijklmnop': vifname must be 1..15 characters");
+  EXPECT_EQ(error_of([] { parse_vif_spec("script=vif-bridge"); }),
+            "vif spec 'script=vif-bridge': script is not supported: xpv-netback configures the host side itself");
+}
+
+}  // namespace
+}  // namespace xpv::config

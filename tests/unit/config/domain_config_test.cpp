@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "xpv/config/domain_config.h"
+#include "xpv/config/error.h"
+
+namespace xpv::config {
+namespace {
+
+std::string error_of(std::string_view text, bool check_files = false) {
+  try {
+    parse_domain_config(text, "vm.cfg", check_files);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DomainConfig, ProcessDomainWithDevices) {
+  auto c = parse_domain_config(
+      "name = 'store1'\ntype = 'process'\nmemory = 64\n"
+      "disk = [ 'format=raw, vdev=xvda, access=rw, target=/srv/a.img', '/srv/b.img,raw,xvdb,ro' ]\n"
+      "vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]\n",
+      "vm.cfg", false);
+  EXPECT_EQ(c.name, "store1");
+  EXPECT_EQ(c.type, DomainType::process);
+  EXPECT_EQ(c.memory_mib, 64u);
+  ASSERT_EQ(c.disks.size(), 2u);
+  EXPECT_EQ(c.disks[1].access, Access::ro);
+  ASSERT_EQ(c.vifs.size(), 1u);
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(DomainConfig, HvmDefaultsAndXlSpellings) {
+  auto c = parse_domain_config(
+      "name = 'g'\nbuilder = 'hvm'\nkernel = '/boot/vmlinuz'\nvcpus = 2\nvnc = 1\nupcall = 'intx'\n"
+      "on_reboot = 'destroy'\n",
+      "vm.cfg", false);
+  EXPECT_EQ(c.type, DomainType::hvm);
+  EXPECT_EQ(c.memory_mib, 512u);
+  EXPECT_EQ(c.vcpus, 2u);
+  EXPECT_EQ(c.upcall, Upcall::intx);
+  EXPECT_EQ(c.on_reboot, LifecycleAction::destroy);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0], "vm.cfg:5: 'vnc' has no meaning for xpv; ignored");
+}
+
+TEST(DomainConfig, ErrorsNameFileLineAndSetting) {
+  EXPECT_EQ(error_of("type = 'process'\n"), "vm.cfg: 'name' is required");
+  EXPECT_EQ(error_of("name = 'a b'\n"),
+            "vm.cfg:1: 'name': 'a b' is not a valid domain name (1..64 of A-Z a-z 0-9 _ . -, not all digits)");
+  EXPECT_EQ(error_of("name = '42'\n").substr(0, 18), "vm.cfg:1: 'name': ");
+  EXPECT_EQ(error_of("name = 'a'\nmemory = 0\n"), "vm.cfg:2: 'memory': 0 is out of range 1..1048576");
+  EXPECT_EQ(error_of("name = 'a'\nmemory = '512'\n"), "vm.cfg:2: 'memory': must be a number");
+  EXPECT_EQ(error_of("name = 'a'\nvcpus = 129\n"), "vm.cfg:2: 'vcpus': 129 is out of range 1..128");
+  EXPECT_EQ(error_of("name = 'a'\ntype = 'pv'\n"),
+            "vm.cfg:2: 'type': 'pv' guests are not supported by xpv (use \"hvm\" or \"process\")");
+  EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\n"), "vm.cfg: an hvm domain needs 'kernel' (xpv boots Linux directly)");
+  EXPECT_EQ(error_of("name = 'a'\nkernel = '/k'\n"), "vm.cfg: 'kernel'/'ramdisk' make sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\nfrobnicate = 1\n"), "vm.cfg:2: 'frobnicate': unknown setting");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = 'x'\n"),
+            "vm.cfg:2: 'disk': must be a list of quoted strings: [ '...', '...' ]");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ 'vdev=xvda' ]\n"),
+            "vm.cfg:2: 'disk': item 0: disk spec 'vdev=xvda': no target (the image file or block device)");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/a,raw,xvda', '/b,raw,xvda' ]\n"), "vm.cfg: disk xvda is given twice");
+  EXPECT_EQ(error_of("name = 'a'\nvif = [ 'mac=00:16:3e:00:00:01', 'mac=00:16:3e:00:00:01' ]\n"),
+            "vm.cfg: MAC 00:16:3e:00:00:01 is given to two vifs");
+  EXPECT_EQ(error_of("name = 'a'\nupcall = 'smoke'\n"), "vm.cfg:2: 'upcall': 'smoke' is not one of vector, callback, intx");
+}
+
+TEST(DomainConfig, MissingFilesAreNamed) {
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/nonexistent/x.img,raw,xvda' ]\n", true),
+            "vm.cfg: disk xvda: '/nonexistent/x.img' does not exist");
+  EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\nkernel = '/nonexistent/vmlinuz'\n", true),
+            "vm.cfg: kernel '/nonexistent/vmlinuz' does not exist");
+}
+
+TEST(DomainConfig, LoadFromFile) {
+  char tmpl[] = "/tmp/xpv-cfg-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  {
+    std::ofstream(tmpl) << "name = \"f\"\nmemory = 32\n";
+  }
+  auto c = load_domain_config(tmpl);
+  EXPECT_EQ(c.name, "f");
+  EXPECT_EQ(c.memory_mib, 32u);
+  std::filesystem::remove(tmpl);
+  try {
+    load_domain_config(tmpl);
+    FAIL() << "a missing file loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), std::string(tmpl) + ": cannot read the configuration file");
+  }
+}
+
+}  // namespace
+}  // namespace xpv::config

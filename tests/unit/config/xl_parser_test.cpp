@@ -1,0 +1,65 @@
+#include <gtest/gtest.h>
+
+#include "xpv/config/error.h"
+#include "xpv/config/xl_parser.h"
+
+namespace xpv::config {
+namespace {
+
+std::string error_of(std::string_view text) {
+  try {
+    parse_xl(text, "t.cfg");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(XlParser, StringsNumbersAndLists) {
+  auto es = parse_xl("name = \"a\"\nmemory = 512 # MiB\nvcpus=0x2; extra='x y'\n"
+                     "disk = [ 'one',\n  \"two\", # trailing comment\n]\n",
+                     "t.cfg");
+  ASSERT_EQ(es.size(), 5u);
+  EXPECT_EQ(std::get<std::string>(es[0].value.v), "a");
+  EXPECT_EQ(std::get<std::int64_t>(es[1].value.v), 512);
+  EXPECT_EQ(es[1].line, 2);
+  EXPECT_EQ(std::get<std::int64_t>(es[2].value.v), 2);
+  EXPECT_EQ(es[3].key, "extra");
+  EXPECT_EQ(std::get<std::string>(es[3].value.v), "x y");
+  EXPECT_EQ(std::get<std::vector<std::string>>(es[4].value.v),
+            (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(es[4].line, 4);
+}
+
+TEST(XlParser, EscapesAndEmptyList) {
+  auto es = parse_xl("a = \"q\\\"uote\\\\\"\nb = []\n", "t.cfg");
+  EXPECT_EQ(std::get<std::string>(es[0].value.v), "q\"uote\\");
+  EXPECT_TRUE(std::get<std::vector<std::string>>(es[1].value.v).empty());
+}
+
+TEST(XlParser, ErrorsNameTheLine) {
+  EXPECT_EQ(error_of("name = \"a\"\nmemory = lots\n"), "t.cfg:2: unexpected 'l' (strings need quotes)");
+  EXPECT_EQ(error_of("name = \"a\nb = 1\n"), "t.cfg:1: unterminated string");
+  EXPECT_EQ(error_of("\n\nname \"a\"\n"), "t.cfg:3: expected '=' after 'name'");
+  EXPECT_EQ(error_of("x = 1\nx = 2\n"), "t.cfg:2: 'x' is set twice");
+  EXPECT_EQ(error_of("x = [ 'a' 'b' ]"), "t.cfg:1: expected ',' or ']' in a list");
+  EXPECT_EQ(error_of("x = [ 1 ]"), "t.cfg:1: list items must be quoted strings");
+  EXPECT_EQ(error_of("x = 12abc"), "t.cfg:1: '12abc' is not a number (strings need quotes)");
+  EXPECT_EQ(error_of("x = 1 2"), "t.cfg:1: unexpected '2' after the value");
+  EXPECT_EQ(error_of("x ="), "t.cfg:1: missing value");
+  EXPECT_EQ(error_of("x = 'a\\q'"), "t.cfg:1: unknown escape '\\q' in a string");
+  EXPECT_EQ(error_of("= 3"), "t.cfg:1: expected a setting name, found '='");
+  EXPECT_EQ(error_of("x = [ 'a',"), "t.cfg:1: list items must be quoted strings");
+}
+
+TEST(XlParser, UnterminatedListAcrossLinesNamesWhereItEnded) {
+  EXPECT_EQ(error_of("x = [ 'a',\n 'b'\n"), "t.cfg:3: expected ',' or ']' in a list");
+}
+
+TEST(XlParser, EmptyAndCommentOnlyFilesHaveNoEntries) {
+  EXPECT_TRUE(parse_xl("", "t.cfg").empty());
+  EXPECT_TRUE(parse_xl("# nothing\n\n  ;;\n", "t.cfg").empty());
+}
+
+}  // namespace
+}  // namespace xpv::config

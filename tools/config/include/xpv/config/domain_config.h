@@ -1,0 +1,52 @@
+// A domain's configuration, from an xl-style file:
+//   name = "web1"                 required; [A-Za-z0-9_.-], 1..64, not starting with '-'
+//   type = "process" | "hvm"      (xl's builder = "hvm" is accepted as type = "hvm")
+//   memory = 512                  MiB, 1..1048576 (default 128 for process, 512 for hvm)
+//   vcpus = 2                     1..128 (default 1)
+//   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist)
+//   disk = [ 'format=raw, vdev=xvda, access=rw, target=/srv/a.img' ]
+//   vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
+//   upcall = "vector" | "callback" | "intx"   hvm: how event channels interrupt the guest
+//   on_poweroff/on_reboot/on_crash = "destroy" | "restart" | "preserve"
+// Every error names the file, the line and the setting. Keys xl knows but xpv has no use for
+// (vnc, sdl, serial, boot, ...) are reported as warnings, never silently half-applied; keys
+// nobody knows are errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "xpv/config/device_specs.h"
+
+namespace xpv::config {
+
+enum class DomainType { process, hvm };
+enum class Upcall { vector, callback, intx };
+enum class LifecycleAction { destroy, restart, preserve };
+
+struct DomainConfig {
+  std::string name;
+  DomainType type = DomainType::process;
+  std::uint64_t memory_mib = 0;
+  unsigned vcpus = 1;
+  std::string kernel, ramdisk, extra;
+  Upcall upcall = Upcall::vector;
+  LifecycleAction on_poweroff = LifecycleAction::destroy;
+  LifecycleAction on_reboot = LifecycleAction::restart;
+  LifecycleAction on_crash = LifecycleAction::destroy;
+  std::vector<DiskSpec> disks;
+  std::vector<VifSpec> vifs;
+  std::vector<std::string> warnings;  // "vm.cfg:9: 'vnc' has no meaning for xpv; ignored"
+};
+
+// Throws ConfigError. `check_files`: whether kernel/ramdisk/disk targets must exist now (the CLI
+// sets it; unit tests of pure syntax may not).
+DomainConfig parse_domain_config(std::string_view text, const std::string& source,
+                                 bool check_files = true);
+DomainConfig load_domain_config(const std::string& path, bool check_files = true);
+
+bool valid_domain_name(std::string_view name);
+
+}  // namespace xpv::config

@@ -1,0 +1,171 @@
+#include "xpv/config/domain_config.h"
+
+#include <fmt/core.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "xpv/config/error.h"
+#include "xpv/config/xl_parser.h"
+
+namespace xpv::config {
+namespace {
+
+// xl settings that describe emulated hardware or display xpv does not provide.
+const std::set<std::string_view> kIgnoredXlKeys = {
+    "vnc", "vnclisten", "vncpasswd", "sdl", "opengl", "serial", "boot", "stdvga", "vga",
+    "videoram", "usb", "usbdevice", "acpi", "apic", "pae", "hap", "viridian", "device_model_version",
+    "localtime", "rtc_timeoffset", "xen_platform_pci", "maxmem", "cpus", "cpu_weight", "uuid"};
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+bool valid_domain_name(std::string_view name) {
+  if (name.empty() || name.size() > 64 || name[0] == '-') return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  // Domain-0 is dom0's name; an all-digit name would be taken for a domain id by the CLI.
+  if (name == "Domain-0" || name.find_first_not_of("0123456789") == std::string_view::npos) return false;
+  return true;
+}
+
+DomainConfig parse_domain_config(std::string_view text, const std::string& source, bool check_files) {
+  DomainConfig c;
+  const auto entries = parse_xl(text, source);
+  bool have_memory = false;
+  for (const XlEntry& e : entries) {
+    auto where = [&]() { return fmt::format("{}:{}: '{}'", source, e.line, e.key); };
+    auto err = [&](const std::string& why) { return ConfigError(where() + ": " + why); };
+    auto str = [&]() -> const std::string& {
+      if (!e.value.is_string()) throw err("must be a quoted string");
+      return std::get<std::string>(e.value.v);
+    };
+    auto num = [&](std::int64_t lo, std::int64_t hi) {
+      if (!e.value.is_int()) throw err("must be a number");
+      auto v = std::get<std::int64_t>(e.value.v);
+      if (v < lo || v > hi) throw err(fmt::format("{} is out of range {}..{}", v, lo, hi));
+      return v;
+    };
+    auto list = [&]() -> const std::vector<std::string>& {
+      if (!e.value.is_list()) throw err("must be a list of quoted strings: [ '...', '...' ]");
+      return std::get<std::vector<std::string>>(e.value.v);
+    };
+    auto action = [&]() {
+      const std::string& s = str();
+      if (s == "destroy") return LifecycleAction::destroy;
+      if (s == "restart") return LifecycleAction::restart;
+      if (s == "preserve") return LifecycleAction::preserve;
+      throw err(fmt::format("'{}' is not one of destroy, restart, preserve", s));
+    };
+
+    if (e.key == "name") {
+      c.name = str();
+      
+      if (!valid_domain_name(c.name)) {
+        throw err(fmt::format("'{}' is not a valid domain name (1..64 of A-Z a-z 0-9 _ . -, not all digits)", c.name));
+      }
+    } else if (e.key == "type" || e.key == "builder") {
+      const std::string& t = str();
+      if (t == "process") c.type = DomainType::process;
+      else if (t == "hvm") c.type = DomainType::hvm;
+      else if (t == "pv" || t == "pvh" || t == "generic" || t == "linux") {
+        throw err(fmt::format("'{}' guests are not supported by xpv (use \"hvm\" or \"process\")", t));
+      } else {
+        throw err(fmt::format("'{}' is not one of process, hvm", t));
+      }
+    } else if (e.key == "memory") {
+      c.memory_mib = static_cast<std::uint64_t>(num(1, 1 << 20));
+      have_memory = true;
+    } else if (e.key == "vcpus") {
+      c.vcpus = static_cast<unsigned>(num(1, 128));
+    } else if (e.key == "kernel") {
+      c.kernel = str();
+    } else if (e.key == "ramdisk") {
+      c.ramdisk = str();
+    } else if (e.key == "extra" || e.key == "cmdline") {
+      c.extra = str();
+    } else if (e.key == "upcall") {
+      const std::string& u = str();
+      if (u == "vector") c.upcall = Upcall::vector;
+      else if (u == "callback") c.upcall = Upcall::callback;
+      else if (u == "intx") c.upcall = Upcall::intx;
+      else throw err(fmt::format("'{}' is not one of vector, callback, intx", u));
+    } else if (e.key == "on_poweroff") {
+      c.on_poweroff = action();
+    } else if (e.key == "on_reboot") {
+      c.on_reboot = action();
+    } else if (e.key == "on_crash") {
+      c.on_crash = action();
+    } else if (e.key == "disk") {
+      const auto& items = list();
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        try {
+          c.disks.push_back(parse_disk_spec(items[i]));
+        } catch (const ConfigError& ex) {
+          throw err(fmt::format("item {}: {}", i, ex.what()));
+        }
+      }
+    } else if (e.key == "vif") {
+      const auto& items = list();
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        try {
+          c.vifs.push_back(parse_vif_spec(items[i]));
+        } catch (const ConfigError& ex) {
+          throw err(fmt::format("item {}: {}", i, ex.what()));
+        }
+      }
+    } else if (kIgnoredXlKeys.count(e.key)) {
+      c.warnings.push_back(where() + " has no meaning for xpv; ignored");
+    } else {
+      throw err("unknown setting");
+    }
+  }
+
+  auto fail_at = [&](const std::string& why) { return ConfigError(fmt::format("{}: {}", source, why)); };
+  if (c.name.empty()) throw fail_at("'name' is required");
+  if (!have_memory) c.memory_mib = c.type == DomainType::hvm ? 512 : 128;
+  if (c.type == DomainType::hvm) {
+    if (c.kernel.empty()) throw fail_at("an hvm domain needs 'kernel' (xpv boots Linux directly)");
+  } else if (!c.kernel.empty() || !c.ramdisk.empty()) {
+    throw fail_at("'kernel'/'ramdisk' make sense only for type = \"hvm\"");
+  }
+  std::set<std::uint32_t> devids;
+  for (const DiskSpec& d : c.disks) {
+    if (!devids.insert(d.vdev.devid).second) throw fail_at(fmt::format("disk {} is given twice", d.vdev.name));
+  }
+  std::set<std::string> macs;
+  for (const VifSpec& v : c.vifs) {
+    if (v.mac && !macs.insert(v.mac->str()).second) {
+      throw fail_at(fmt::format("MAC {} is given to two vifs", v.mac->str()));
+    }
+  }
+  if (check_files) {
+    if (!c.kernel.empty() && !file_exists(c.kernel)) throw fail_at(fmt::format("kernel '{}' does not exist", c.kernel));
+    if (!c.ramdisk.empty() && !file_exists(c.ramdisk)) throw fail_at(fmt::format("ramdisk '{}' does not exist", c.ramdisk));
+    for (const DiskSpec& d : c.disks) {
+      if (!file_exists(d.target)) throw fail_at(fmt::format("disk {}: '{}' does not exist", d.vdev.name, d.target));
+    }
+  }
+  return c;
+}
+
+DomainConfig load_domain_config(const std::string& path, bool check_files) {
+  std::ifstream f(path);
+  if (!f) throw ConfigError(fmt::format("{}: cannot read the configuration file", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  if (text.size() > (1 << 20)) throw ConfigError(fmt::format("{}: larger than 1 MiB; not a domain configuration", path));
+  return parse_domain_config(text, path, check_files);
+}
+
+}  // namespace xpv::config
