@@ -1,0 +1,119 @@
+#include <gtest/gtest.h>
+
+extern "C" {
+#include <xen/io/xenbus.h>
+}
+
+#include "xpv/xenbus/device_state.h"
+
+namespace xpv::xenbus {
+namespace {
+
+using S = XenbusState;
+
+TEST(XenbusStateAbi, ValuesMatchTheOfficialHeader) {
+  EXPECT_EQ(static_cast<int>(S::unknown), XenbusStateUnknown);
+  EXPECT_EQ(static_cast<int>(S::initialising), XenbusStateInitialising);
+  EXPECT_EQ(static_cast<int>(S::init_wait), XenbusStateInitWait);
+  EXPECT_EQ(static_cast<int>(S::initialised), XenbusStateInitialised);
+  EXPECT_EQ(static_cast<int>(S::connected), XenbusStateConnected);
+  EXPECT_EQ(static_cast<int>(S::closing), XenbusStateClosing);
+  EXPECT_EQ(static_cast<int>(S::closed), XenbusStateClosed);
+  EXPECT_EQ(static_cast<int>(S::reconfiguring), XenbusStateReconfiguring);
+  EXPECT_EQ(static_cast<int>(S::reconfigured), XenbusStateReconfigured);
+}
+
+TEST(XenbusState, ParsesOnlySingleDigits) {
+  EXPECT_EQ(parse_state("4"), S::connected);
+  EXPECT_EQ(parse_state("0"), S::unknown);
+  EXPECT_EQ(parse_state("8"), S::reconfigured);
+  for (const char* bad : {"", "9", "04", "4 ", "-1", "x", "44"}) EXPECT_FALSE(parse_state(bad)) << bad;
+  EXPECT_STREQ(to_string(S::init_wait), "InitWait");
+}
+
+// Walks both ends through the whole life of a device, each end acting only on what it sees.
+TEST(XenbusState, FullLifecycleConverges) {
+  S back = S::init_wait, front = S::initialising;
+  auto f = frontend_step(front, back);
+  EXPECT_EQ(f.action, FrontendAction::setup);
+  front = f.next;
+  EXPECT_EQ(front, S::initialised);
+  auto b = backend_step(back, front, true);
+  EXPECT_EQ(b.action, BackendAction::connect);
+  back = b.next;
+  EXPECT_EQ(back, S::connected);
+  f = frontend_step(front, back);
+  EXPECT_EQ(f.action, FrontendAction::connect);
+  front = f.next;
+  EXPECT_EQ(front, S::connected);
+  // Steady state: nobody moves.
+  EXPECT_EQ(backend_step(back, front, true).action, BackendAction::none);
+  EXPECT_EQ(frontend_step(front, back).action, FrontendAction::none);
+  // The guest closes (module unload).
+  front = S::closing;
+  b = backend_step(back, front, true);
+  EXPECT_EQ(b.action, BackendAction::disconnect);
+  back = b.next;
+  EXPECT_EQ(back, S::closing);
+  front = S::closed;
+  b = backend_step(back, front, true);
+  EXPECT_EQ(b.action, BackendAction::disconnect);
+  EXPECT_EQ(b.next, S::closed);
+  back = b.next;
+  // It comes back (module reload): the backend offers the device again.
+  front = S::initialising;
+  b = backend_step(back, front, true);
+  EXPECT_EQ(b.action, BackendAction::none);
+  EXPECT_EQ(b.next, S::init_wait);
+}
+
+TEST(XenbusState, BackendConnectsWhenTheFrontendSkippedInitialised) {
+  auto b = backend_step(S::init_wait, S::connected, true);
+  EXPECT_EQ(b.action, BackendAction::connect);
+  EXPECT_EQ(b.next, S::connected);
+}
+
+TEST(XenbusState, BackendDoesNotReconnectAfterCloseUntilTheFrontendStartsOver) {
+  EXPECT_EQ(backend_step(S::closed, S::connected, true).action, BackendAction::none);
+  EXPECT_EQ(backend_step(S::closing, S::initialised, true).action, BackendAction::none);
+}
+
+TEST(XenbusState, VanishedFrontendRemovesTheDevice) {
+  auto b = backend_step(S::connected, S::unknown, true);
+  EXPECT_EQ(b.action, BackendAction::disconnect_remove);
+  EXPECT_EQ(b.next, S::closed);
+}
+
+TEST(XenbusState, OfflineDeviceIsRemovedOnceClosed) {
+  EXPECT_EQ(backend_step(S::closing, S::closed, false).action, BackendAction::disconnect_remove);
+  EXPECT_EQ(backend_step(S::closed, S::initialising, false).next, S::closed)
+      << "a device the toolstack removed is not offered again";
+}
+
+TEST(XenbusState, BackendIgnoresStatesThatAreNotTheFrontends) {
+  for (S s : {S::init_wait, S::reconfiguring, S::reconfigured}) {
+    auto b = backend_step(S::connected, s, true);
+    EXPECT_EQ(b.action, BackendAction::none);
+    EXPECT_EQ(b.next, S::connected);
+  }
+}
+
+TEST(XenbusState, FrontendFollowsABackendThatCloses) {
+  auto f = frontend_step(S::connected, S::closing);
+  EXPECT_EQ(f.action, FrontendAction::disconnect);
+  EXPECT_EQ(f.next, S::closing);
+  f = frontend_step(S::closing, S::closed);
+  EXPECT_EQ(f.action, FrontendAction::disconnect);
+  EXPECT_EQ(f.next, S::closed);
+  EXPECT_EQ(frontend_step(S::closed, S::closed).action, FrontendAction::none);
+}
+
+TEST(XenbusState, FrontendSetsUpFirstWhenTheBackendIsAlreadyConnected) {
+  auto f = frontend_step(S::initialising, S::connected);
+  EXPECT_EQ(f.action, FrontendAction::setup);
+  EXPECT_EQ(f.next, S::initialised);
+  EXPECT_EQ(frontend_step(f.next, S::connected).action, FrontendAction::connect);
+}
+
+}  // namespace
+}  // namespace xpv::xenbus

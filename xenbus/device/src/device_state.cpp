@@ -1,0 +1,89 @@
+#include "xpv/xenbus/device_state.h"
+
+namespace xpv::xenbus {
+
+const char* to_string(XenbusState s) noexcept {
+  switch (s) {
+    case XenbusState::unknown: return "Unknown";
+    case XenbusState::initialising: return "Initialising";
+    case XenbusState::init_wait: return "InitWait";
+    case XenbusState::initialised: return "Initialised";
+    case XenbusState::connected: return "Connected";
+    case XenbusState::closing: return "Closing";
+    case XenbusState::closed: return "Closed";
+    case XenbusState::reconfiguring: return "Reconfiguring";
+    case XenbusState::reconfigured: return "Reconfigured";
+  }
+  return "Invalid";
+}
+
+std::optional<XenbusState> parse_state(std::string_view node) noexcept {
+  if (node.size() != 1 || node[0] < '0' || node[0] > '8') return std::nullopt;
+  return static_cast<XenbusState>(node[0] - '0');
+}
+
+BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online) noexcept {
+  using S = XenbusState;
+  using A = BackendAction;
+  switch (frontend) {
+    case S::initialising:
+      // A frontend starting over after we closed: offer the device again.
+      if (backend == S::closed && online) return {A::none, S::init_wait};
+      return {A::none, backend};
+    case S::initialised:
+    case S::connected:
+      // Connect as soon as the frontend has published its rings, whichever of the two states we
+      // catch it in. Only from InitWait: after a close we wait for the frontend to start over.
+      if (backend == S::init_wait) return {A::connect, S::connected};
+      return {A::none, backend};
+    case S::closing:
+      if (backend == S::connected || backend == S::init_wait) return {A::disconnect, S::closing};
+      return {A::none, backend};
+    case S::closed:
+      if (!online) return {A::disconnect_remove, S::closed};
+      if (backend == S::closed) return {A::none, backend};
+      return {A::disconnect, S::closed};
+    case S::unknown:
+      // The frontend's directory is gone: the device is being destroyed.
+      return {A::disconnect_remove, S::closed};
+    case S::init_wait:
+    case S::reconfiguring:
+    case S::reconfigured:
+      // InitWait is a backend state; the XDP handshake is not offered by this state machine.
+      return {A::none, backend};
+  }
+  return {A::none, backend};
+}
+
+FrontendStep frontend_step(XenbusState frontend, XenbusState backend) noexcept {
+  using S = XenbusState;
+  using A = FrontendAction;
+  switch (backend) {
+    case S::init_wait:
+      if (frontend == S::initialising) return {A::setup, S::initialised};
+      return {A::none, frontend};
+    case S::connected:
+      if (frontend == S::initialised) return {A::connect, S::connected};
+      // A backend that restarted straight into Connected while we were still setting up: set up
+      // first; the next observation connects.
+      if (frontend == S::initialising) return {A::setup, S::initialised};
+      return {A::none, frontend};
+    case S::closing:
+      if (frontend == S::connected || frontend == S::initialised) return {A::disconnect, S::closing};
+      return {A::none, frontend};
+    case S::closed:
+      if (frontend == S::closing || frontend == S::connected || frontend == S::initialised) {
+        return {A::disconnect, S::closed};
+      }
+      return {A::none, frontend};
+    case S::unknown:
+    case S::initialising:
+    case S::initialised:
+    case S::reconfiguring:
+    case S::reconfigured:
+      return {A::none, frontend};
+  }
+  return {A::none, frontend};
+}
+
+}  // namespace xpv::xenbus
