@@ -51,6 +51,7 @@ class [[nodiscard]] Expected {
   constexpr T&& value() && { assert(has_value()); return std::get<0>(std::move(v_)); }
   constexpr T& operator*() & { return value(); }
   constexpr const T& operator*() const& { return value(); }
+  constexpr T&& operator*() && { return std::move(*this).value(); }
   constexpr T* operator->() { return &value(); }
   constexpr const T* operator->() const { return &value(); }
 

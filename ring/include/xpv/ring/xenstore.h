@@ -9,11 +9,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
+
+#include "xpv/expected.h"
+#include "xpv/ring/byte_ring.h"
+#include "xpv/ring/ring_error.h"
 
 namespace xpv::ring {
 
 inline constexpr std::uint32_t kXenstoreRingSize = 1024;
+// Wire limits (xs_wire.h): the largest message payload and path lengths.
+inline constexpr std::uint32_t kXenstorePayloadMax = 4096;
+inline constexpr std::uint32_t kXenstoreAbsPathMax = 3072;
+inline constexpr std::uint32_t kXenstoreRelPathMax = 2048;
 
 constexpr std::uint32_t xenstore_mask(std::uint32_t idx) noexcept {
   return idx & (kXenstoreRingSize - 1);
@@ -47,5 +56,33 @@ static_assert(offsetof(XenstoreDomainInterface, rsp) == 0x400);
 static_assert(offsetof(XenstoreDomainInterface, req_cons) == 0x800);
 static_assert(offsetof(XenstoreDomainInterface, rsp_prod) == 0x80c);
 static_assert(offsetof(XenstoreDomainInterface, error) == 0x818);
+
+static_assert(offsetof(XenstoreDomainInterface, req_prod) == 0x804);
+static_assert(offsetof(XenstoreDomainInterface, rsp_cons) == 0x808);
+static_assert(offsetof(XenstoreDomainInterface, server_features) == 0x810);
+static_assert(offsetof(XenstoreDomainInterface, connection) == 0x814);
+static_assert(xenstore_mask(1024) == 0 && xenstore_mask(0xffffffffu) == 1023);
+
+// Helpers (added for the ring library; the names above are used by xpv-xenstored and stay put).
+
+// The interface at the start of a shared page: refuses a span shorter than the struct or not
+// 4-byte aligned. The pointer is valid for sizeof(XenstoreDomainInterface) bytes.
+inline Expected<XenstoreDomainInterface*, RingError> xenstore_interface(
+    std::span<std::uint8_t> page) noexcept {
+  if (page.size() < sizeof(XenstoreDomainInterface)) return fail(RingError::too_small);
+  if (reinterpret_cast<std::uintptr_t>(page.data()) % alignof(XenstoreDomainInterface) != 0) {
+    return fail(RingError::misaligned);
+  }
+  return reinterpret_cast<XenstoreDomainInterface*>(page.data());
+}
+
+// req: the domain writes, xenstored reads. rsp: xenstored writes, the domain reads. Every read and
+// write validates `prod - cons <= kXenstoreRingSize` first (ByteRing).
+inline Expected<ByteRing, RingError> xenstore_req_ring(XenstoreDomainInterface& intf) noexcept {
+  return ByteRing::make(intf.req, intf.req_cons, intf.req_prod);
+}
+inline Expected<ByteRing, RingError> xenstore_rsp_ring(XenstoreDomainInterface& intf) noexcept {
+  return ByteRing::make(intf.rsp, intf.rsp_cons, intf.rsp_prod);
+}
 
 }  // namespace xpv::ring
