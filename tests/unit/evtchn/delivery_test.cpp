@@ -1,11 +1,14 @@
 // The exact 2-level delivery sequence (XEN-GUEST-ABI.md "Upcalls"): pending → (mask) →
 // pending_sel → upcall_pending → sink, and unmask's re-delivery.
+#include <algorithm>
+#include <thread>
+
 #include "fixture.h"
 
 namespace xpv::domain::test {
 namespace {
 
-using Delivery = EvtchnTest;
+using EvtchnDelivery = EvtchnTest;
 
 // Binds IPI ports on vcpu until `want` is allocated (ports are handed out lowest first).
 Port ipi_port_number(EventChannels& ev, unsigned vcpu, Port want) {
@@ -14,7 +17,7 @@ Port ipi_port_number(EventChannels& ev, unsigned vcpu, Port want) {
   return got;
 }
 
-TEST_F(Delivery, SendSetsPendingThenSelThenUpcallPendingThenCallsTheSink) {
+TEST_F(EvtchnDelivery, SendSetsPendingThenSelThenUpcallPendingThenCallsTheSink) {
   const Port p = ipi_port_number(*ev_, 0, 5);
   ASSERT_TRUE(ev_->send(p));
   EXPECT_EQ(si().evtchn_pending[0], std::uint64_t{1} << 5);
@@ -27,7 +30,7 @@ TEST_F(Delivery, SendSetsPendingThenSelThenUpcallPendingThenCallsTheSink) {
   }
 }
 
-TEST_F(Delivery, PortInTheSecondWordSetsSelectorBitOne) {
+TEST_F(EvtchnDelivery, PortInTheSecondWordSetsSelectorBitOne) {
   const Port p = ipi_port_number(*ev_, 1, 70);
   ASSERT_TRUE(ev_->send(p));
   EXPECT_EQ(si().evtchn_pending[0], 0u);
@@ -36,14 +39,14 @@ TEST_F(Delivery, PortInTheSecondWordSetsSelectorBitOne) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{1});
 }
 
-TEST_F(Delivery, LastPortUsesTheLastWordAndSelectorBit) {
+TEST_F(EvtchnDelivery, LastPortUsesTheLastWordAndSelectorBit) {
   const Port p = ipi_port_number(*ev_, 0, 4095);
   ASSERT_TRUE(ev_->send(p));
   EXPECT_EQ(si().evtchn_pending[63], std::uint64_t{1} << 63);
   EXPECT_EQ(sel(0), std::uint64_t{1} << 63);
 }
 
-TEST_F(Delivery, TwoSendsBeforeTheGuestClearsGiveExactlyOneUpcall) {
+TEST_F(EvtchnDelivery, TwoSendsBeforeTheGuestClearsGiveExactlyOneUpcall) {
   auto p = ev_->bind_ipi(0);
   ASSERT_TRUE(ev_->send(*p));
   ASSERT_TRUE(ev_->send(*p));
@@ -55,7 +58,7 @@ TEST_F(Delivery, TwoSendsBeforeTheGuestClearsGiveExactlyOneUpcall) {
   EXPECT_EQ(sink_.count(), 2u);
 }
 
-TEST_F(Delivery, AnAlreadyPendingPortDoesNothingElse) {
+TEST_F(EvtchnDelivery, AnAlreadyPendingPortDoesNothingElse) {
   auto p = ev_->bind_ipi(0);
   ASSERT_TRUE(ev_->send(*p));
   // The guest cleared the selector and upcall_pending but not (yet) the port's pending bit.
@@ -67,7 +70,7 @@ TEST_F(Delivery, AnAlreadyPendingPortDoesNothingElse) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-TEST_F(Delivery, SecondPortOfAWordWhoseSelectorBitIsSetDoesNotUpcall) {
+TEST_F(EvtchnDelivery, SecondPortOfAWordWhoseSelectorBitIsSetDoesNotUpcall) {
   auto a = ev_->bind_ipi(0);
   auto b = ev_->bind_ipi(0);
   ASSERT_TRUE(ev_->send(*a));
@@ -78,7 +81,7 @@ TEST_F(Delivery, SecondPortOfAWordWhoseSelectorBitIsSetDoesNotUpcall) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-TEST_F(Delivery, UpcallPendingStillSetMeansNoSecondUpcall) {
+TEST_F(EvtchnDelivery, UpcallPendingStillSetMeansNoSecondUpcall) {
   const Port a = ipi_port_number(*ev_, 0, 1);
   const Port b = ipi_port_number(*ev_, 0, 65);
   ASSERT_TRUE(ev_->send(a));
@@ -87,7 +90,7 @@ TEST_F(Delivery, UpcallPendingStillSetMeansNoSecondUpcall) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-TEST_F(Delivery, MaskedPortSetsPendingOnly) {
+TEST_F(EvtchnDelivery, MaskedPortSetsPendingOnly) {
   auto p = ev_->bind_ipi(2);
   set_mask(*p, true);
   ASSERT_TRUE(ev_->send(*p));
@@ -97,7 +100,7 @@ TEST_F(Delivery, MaskedPortSetsPendingOnly) {
   EXPECT_EQ(sink_.count(), 0u);
 }
 
-TEST_F(Delivery, UnmaskDeliversAPendingMaskedPort) {
+TEST_F(EvtchnDelivery, UnmaskDeliversAPendingMaskedPort) {
   auto p = ev_->bind_ipi(2);
   set_mask(*p, true);
   ASSERT_TRUE(ev_->send(*p));
@@ -108,7 +111,7 @@ TEST_F(Delivery, UnmaskDeliversAPendingMaskedPort) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{2});
 }
 
-TEST_F(Delivery, UnmaskWithNothingPendingOnlyClearsTheMask) {
+TEST_F(EvtchnDelivery, UnmaskWithNothingPendingOnlyClearsTheMask) {
   auto p = ev_->bind_ipi(0);
   set_mask(*p, true);
   ASSERT_TRUE(ev_->unmask(*p));
@@ -117,7 +120,7 @@ TEST_F(Delivery, UnmaskWithNothingPendingOnlyClearsTheMask) {
   EXPECT_EQ(sink_.count(), 0u);
 }
 
-TEST_F(Delivery, UnmaskOfAnUnmaskedPortDoesNotRedeliver) {
+TEST_F(EvtchnDelivery, UnmaskOfAnUnmaskedPortDoesNotRedeliver) {
   // Xen re-delivers only on a 1 → 0 mask transition.
   auto p = ev_->bind_ipi(0);
   ASSERT_TRUE(ev_->send(*p));
@@ -128,14 +131,14 @@ TEST_F(Delivery, UnmaskOfAnUnmaskedPortDoesNotRedeliver) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-TEST_F(Delivery, UnmaskRangeChecks) {
+TEST_F(EvtchnDelivery, UnmaskRangeChecks) {
   EXPECT_EQ(ev_->unmask(4096).error(), XenErrno::einval);
   set_mask(0, true);
   EXPECT_TRUE(ev_->unmask(0));  // port 0 is a valid index in Xen
   EXPECT_FALSE(masked(0));
 }
 
-TEST_F(Delivery, UpcallMaskDoesNotSuppressRecordingOrTheSink) {
+TEST_F(EvtchnDelivery, UpcallMaskDoesNotSuppressRecordingOrTheSink) {
   std::atomic_ref<std::uint8_t>(si().vcpu_info[1].evtchn_upcall_mask).store(1);
   EXPECT_TRUE(ev_->upcall_masked(1));
   EXPECT_FALSE(ev_->upcall_masked(0));
@@ -145,7 +148,7 @@ TEST_F(Delivery, UpcallMaskDoesNotSuppressRecordingOrTheSink) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{1});  // the sink decides about the mask
 }
 
-TEST_F(Delivery, BindVcpuMovesDeliveryToAnotherVcpu) {
+TEST_F(EvtchnDelivery, BindVcpuMovesDeliveryToAnotherVcpu) {
   auto a = ev_->alloc_unbound(kDomidSelf);
   auto b = ev_->bind_interdomain(kDomidSelf, *a);
   ASSERT_TRUE(a && b);
@@ -161,7 +164,7 @@ TEST_F(Delivery, BindVcpuMovesDeliveryToAnotherVcpu) {
   EXPECT_EQ(guest_handle(3), std::vector<Port>{*b});
 }
 
-TEST_F(Delivery, RegisteredVcpuInfoReplacesTheLegacySlot) {
+TEST_F(EvtchnDelivery, RegisteredVcpuInfoReplacesTheLegacySlot) {
   auto area = std::make_unique<Page>();
   auto* info = reinterpret_cast<VcpuInfo*>(area->bytes + 256);
   ASSERT_TRUE(ev_->register_vcpu_info(1, area->span().subspan(256, 64)));
@@ -181,7 +184,7 @@ TEST_F(Delivery, RegisteredVcpuInfoReplacesTheLegacySlot) {
   EXPECT_EQ(sink_.count(), 2u);
 }
 
-TEST_F(Delivery, RegistrationCarriesOverPendingState) {
+TEST_F(EvtchnDelivery, RegistrationCarriesOverPendingState) {
   auto p = ev_->bind_ipi(2);
   ASSERT_TRUE(ev_->send(*p));  // upcall_pending = 1 in the legacy slot
   si().vcpu_info[2].time.system_time = 12345;
@@ -193,12 +196,49 @@ TEST_F(Delivery, RegistrationCarriesOverPendingState) {
   EXPECT_EQ(sink_.count(), 1u);  // upcall_pending was already 1: no second upcall
 }
 
-class ManyVcpus : public EvtchnTest {
+// Four "vCPU" threads send on their own IPI ports while a fifth binds and closes other ports of
+// the same pending word (exclusive lock, atomic clears next to the senders' atomic sets). Nothing
+// is lost: every port ends pending and each vCPU got exactly one upcall (the guest never cleared).
+TEST_F(EvtchnDelivery, ConcurrentSendersAndBindersLoseNothing) {
+  std::vector<Port> ports;
+  for (unsigned v = 0; v < 4; ++v) ports.push_back(*ev_->bind_ipi(v));
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (unsigned v = 0; v < 4; ++v) {
+    threads.emplace_back([&, v] {
+      while (!go.load()) std::this_thread::yield();
+      for (int i = 0; i < 5000; ++i) (void)ev_->send(ports[v]);
+    });
+  }
+  threads.emplace_back([&] {
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < 2000; ++i) {
+      auto p = ev_->bind_ipi(0);
+      if (p) {
+        (void)ev_->send(*p);
+        (void)ev_->close(*p);
+      }
+    }
+  });
+  go.store(true);
+  for (auto& t : threads) t.join();
+  for (unsigned v = 0; v < 4; ++v) {
+    EXPECT_TRUE(pending(ports[v])) << v;
+    EXPECT_EQ(sel(v), 1u) << v;
+    EXPECT_EQ(upcall_pending(v), 1) << v;
+  }
+  auto calls = sink_.calls();
+  std::sort(calls.begin(), calls.end());
+  EXPECT_EQ(calls, (std::vector<unsigned>{0, 1, 2, 3}));
+  EXPECT_EQ(si().evtchn_pending[0], (std::uint64_t{1} << 1) | (1 << 2) | (1 << 3) | (1 << 4));
+}
+
+class EvtchnManyVcpus : public EvtchnTest {
  protected:
-  ManyVcpus() : EvtchnTest(40) {}
+  EvtchnManyVcpus() : EvtchnTest(40) {}
 };
 
-TEST_F(ManyVcpus, VcpuBeyond32HasNoUpcallUntilItRegisters) {
+TEST_F(EvtchnManyVcpus, VcpuBeyond32HasNoUpcallUntilItRegisters) {
   auto p = ev_->bind_ipi(35);
   ASSERT_TRUE(p);
   ASSERT_TRUE(ev_->send(*p));

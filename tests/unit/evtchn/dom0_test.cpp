@@ -10,7 +10,7 @@
 namespace xpv::domain::test {
 namespace {
 
-using Dom0 = EvtchnTest;
+using EvtchnDom0 = EvtchnTest;
 
 TEST(EvtchnEventFd, NotifyConsumeWaitAndDup) {
   auto e = EventFd::create();
@@ -41,7 +41,7 @@ TEST(EvtchnEventFd, ErrorsOnABadDescriptor) {
   EXPECT_EQ(none.notify().error(), EBADF);
 }
 
-TEST_F(Dom0, BindToDom0NeedsAPortUnboundForDom0) {
+TEST_F(EvtchnDom0, BindToDom0NeedsAPortUnboundForDom0) {
   auto other = ev_->alloc_unbound(5);
   auto self = ev_->alloc_unbound(kDomidSelf);
   auto ipi = ev_->bind_ipi(0);
@@ -57,7 +57,7 @@ TEST_F(Dom0, BindToDom0NeedsAPortUnboundForDom0) {
   EXPECT_EQ(ev_->bind_to_dom0(*p).error(), XenErrno::einval);  // already interdomain
 }
 
-TEST_F(Dom0, BindToDom0ConnectsAndWakesTheBackendOnce) {
+TEST_F(EvtchnDom0, BindToDom0ConnectsAndWakesTheBackendOnce) {
   auto p = ev_->alloc_unbound(0);
   ASSERT_TRUE(p);
   auto fds = ev_->bind_to_dom0(*p);
@@ -82,7 +82,7 @@ TEST_F(Dom0, BindToDom0ConnectsAndWakesTheBackendOnce) {
   EXPECT_NE(ev_->kick_fd(dp), -1);
 }
 
-TEST_F(Dom0, GuestSendMakesToDom0ReadableWithTheCount) {
+TEST_F(EvtchnDom0, GuestSendMakesToDom0ReadableWithTheCount) {
   auto p = ev_->alloc_unbound(0);
   auto fds = ev_->bind_to_dom0(*p);
   ASSERT_TRUE(fds);
@@ -96,7 +96,7 @@ TEST_F(Dom0, GuestSendMakesToDom0ReadableWithTheCount) {
   EXPECT_EQ(sink_.count(), 0u);  // nothing toward the guest
 }
 
-TEST_F(Dom0, Dom0NotifyIsDeliveredToTheGuestWhenServiced) {
+TEST_F(EvtchnDom0, Dom0NotifyIsDeliveredToTheGuestWhenServiced) {
   auto p = ev_->alloc_unbound(0);
   ASSERT_TRUE(ev_->bind_vcpu(*p, 1));
   auto fds = ev_->bind_to_dom0(*p);
@@ -119,7 +119,7 @@ TEST_F(Dom0, Dom0NotifyIsDeliveredToTheGuestWhenServiced) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-TEST_F(Dom0, ServiceAllKicksCoversEveryEndpoint) {
+TEST_F(EvtchnDom0, ServiceAllKicksCoversEveryEndpoint) {
   auto a = ev_->alloc_unbound(0);
   auto b = ev_->alloc_unbound(0);
   auto fa = ev_->bind_to_dom0(*a);
@@ -137,7 +137,7 @@ TEST_F(Dom0, ServiceAllKicksCoversEveryEndpoint) {
   EXPECT_EQ(ev_->service_dom0_kicks(), 0u);
 }
 
-TEST_F(Dom0, UnknownEndpointsAreRefused) {
+TEST_F(EvtchnDom0, UnknownEndpointsAreRefused) {
   EXPECT_EQ(ev_->service_dom0_kick(0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->service_dom0_kick(1).error(), XenErrno::einval);
   EXPECT_EQ(ev_->dom0_close(1).error(), XenErrno::einval);
@@ -146,7 +146,7 @@ TEST_F(Dom0, UnknownEndpointsAreRefused) {
   EXPECT_EQ(ev_->kick_fd(0), -1);
 }
 
-TEST_F(Dom0, GuestCloseLeavesTheDom0EndpointUnboundAndWakesTheBackend) {
+TEST_F(EvtchnDom0, GuestCloseLeavesTheDom0EndpointUnboundAndWakesTheBackend) {
   auto p = ev_->alloc_unbound(0);
   auto fds = ev_->bind_to_dom0(*p);
   ASSERT_TRUE(fds);
@@ -172,7 +172,7 @@ TEST_F(Dom0, GuestCloseLeavesTheDom0EndpointUnboundAndWakesTheBackend) {
   EXPECT_EQ(*backend.consume(), 1u);
 }
 
-TEST_F(Dom0, Dom0CloseReturnsTheGuestPortToUnboundForDom0) {
+TEST_F(EvtchnDom0, Dom0CloseReturnsTheGuestPortToUnboundForDom0) {
   auto p = ev_->alloc_unbound(0);
   auto fds = ev_->bind_to_dom0(*p);
   ASSERT_TRUE(fds);
@@ -195,7 +195,7 @@ TEST_F(Dom0, Dom0CloseReturnsTheGuestPortToUnboundForDom0) {
   EXPECT_EQ(again->dom0_port, dp);       // the endpoint number is reused
 }
 
-TEST_F(Dom0, Dom0AllocUnboundThenTheGuestBindsIt) {
+TEST_F(EvtchnDom0, Dom0AllocUnboundThenTheGuestBindsIt) {
   auto fds = ev_->dom0_alloc_unbound();
   ASSERT_TRUE(fds);
   EXPECT_EQ(fds->guest_port, 0u);
@@ -221,7 +221,7 @@ TEST_F(Dom0, Dom0AllocUnboundThenTheGuestBindsIt) {
   EXPECT_EQ(sink_.count(), 2u);
 }
 
-TEST_F(Dom0, ResetUnbindsDom0Endpoints) {
+TEST_F(EvtchnDom0, ResetUnbindsDom0Endpoints) {
   auto p = ev_->alloc_unbound(0);
   auto fds = ev_->bind_to_dom0(*p);
   ASSERT_TRUE(fds);
@@ -230,12 +230,12 @@ TEST_F(Dom0, ResetUnbindsDom0Endpoints) {
   EXPECT_EQ(ev_->status(*p)->status, EvtchnStat::closed);
 }
 
-class Dom0Small : public EvtchnTest {
+class EvtchnDom0Small : public EvtchnTest {
  protected:
-  Dom0Small() : EvtchnTest(1, 3) {}
+  EvtchnDom0Small() : EvtchnTest(1, 3) {}
 };
 
-TEST_F(Dom0Small, Dom0EndpointsAreLimited) {
+TEST_F(EvtchnDom0Small, Dom0EndpointsAreLimited) {
   ASSERT_TRUE(ev_->dom0_alloc_unbound());
   ASSERT_TRUE(ev_->dom0_alloc_unbound());
   EXPECT_EQ(ev_->dom0_alloc_unbound().error(), XenErrno::enospc);
@@ -250,7 +250,7 @@ TEST_F(Dom0Small, Dom0EndpointsAreLimited) {
 // then services the kick. Every notification must be consumed exactly once in total, every
 // non-empty service must produce exactly one upcall (the guest had cleared everything before),
 // and the last one leaves the port pending.
-TEST_F(Dom0, TwoThreadsEveryKickIsDelivered) {
+TEST_F(EvtchnDom0, TwoThreadsEveryKickIsDelivered) {
   auto p = ev_->alloc_unbound(0);
   auto fds = ev_->bind_to_dom0(*p);
   ASSERT_TRUE(fds);

@@ -7,7 +7,7 @@
 namespace xpv::domain::test {
 namespace {
 
-using Ops = EvtchnTest;
+using EvtchnOps = EvtchnTest;
 
 TEST(EvtchnSetup, RejectsBadConstructorArguments) {
   RecordingSink sink;
@@ -22,7 +22,7 @@ TEST(EvtchnSetup, RejectsBadConstructorArguments) {
   EXPECT_NO_THROW(EventChannels(1, 1, page->span(), sink, 4096));
 }
 
-TEST_F(Ops, AllocUnboundHandsOutPortsFromOne) {
+TEST_F(EvtchnOps, AllocUnboundHandsOutPortsFromOne) {
   auto a = ev_->alloc_unbound(0);
   auto b = ev_->alloc_unbound(3);
   ASSERT_TRUE(a && b);
@@ -35,18 +35,18 @@ TEST_F(Ops, AllocUnboundHandsOutPortsFromOne) {
   EXPECT_EQ(s->vcpu, 0u);
 }
 
-TEST_F(Ops, AllocUnboundDomidSelfMeansThisDomain) {
+TEST_F(EvtchnOps, AllocUnboundDomidSelfMeansThisDomain) {
   auto a = ev_->alloc_unbound(kDomidSelf);
   ASSERT_TRUE(a);
   EXPECT_EQ(ev_->status(*a)->remote_dom, kDomid);
 }
 
-class SmallTable : public EvtchnTest {
+class EvtchnSmallTable : public EvtchnTest {
  protected:
-  SmallTable() : EvtchnTest(2, 8) {}
+  EvtchnSmallTable() : EvtchnTest(2, 8) {}
 };
 
-TEST_F(SmallTable, PortsRunOutWithEnospcAndTheLowestFreeIsReused) {
+TEST_F(EvtchnSmallTable, PortsRunOutWithEnospcAndTheLowestFreeIsReused) {
   for (Port expect = 1; expect < 8; ++expect) {
     auto p = ev_->bind_ipi(0);
     ASSERT_TRUE(p);
@@ -63,7 +63,7 @@ TEST_F(SmallTable, PortsRunOutWithEnospcAndTheLowestFreeIsReused) {
   EXPECT_EQ(ev_->status(8).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, StatusOfPortZeroAndFreePortsIsClosedOutOfRangeIsEinval) {
+TEST_F(EvtchnOps, StatusOfPortZeroAndFreePortsIsClosedOutOfRangeIsEinval) {
   auto z = ev_->status(0);
   ASSERT_TRUE(z);
   EXPECT_EQ(z->status, EvtchnStat::closed);
@@ -72,7 +72,7 @@ TEST_F(Ops, StatusOfPortZeroAndFreePortsIsClosedOutOfRangeIsEinval) {
   EXPECT_EQ(ev_->status(0xffffffffu).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, CloseRejectsPortZeroOutOfRangeAndClosedPorts) {
+TEST_F(EvtchnOps, CloseRejectsPortZeroOutOfRangeAndClosedPorts) {
   EXPECT_EQ(ev_->close(0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->close(4096).error(), XenErrno::einval);
   EXPECT_EQ(ev_->close(17).error(), XenErrno::einval);
@@ -82,7 +82,7 @@ TEST_F(Ops, CloseRejectsPortZeroOutOfRangeAndClosedPorts) {
   EXPECT_EQ(ev_->close(*p).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, SendOnClosedPortZeroOutOfRangeOrVirqIsEinval) {
+TEST_F(EvtchnOps, SendOnClosedPortZeroOutOfRangeOrVirqIsEinval) {
   EXPECT_EQ(ev_->send(0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->send(4096).error(), XenErrno::einval);
   EXPECT_EQ(ev_->send(9).error(), XenErrno::einval);
@@ -93,7 +93,7 @@ TEST_F(Ops, SendOnClosedPortZeroOutOfRangeOrVirqIsEinval) {
   EXPECT_EQ(sink_.count(), 0u);
 }
 
-TEST_F(Ops, SendOnUnboundPortSucceedsAndDropsTheEvent) {
+TEST_F(EvtchnOps, SendOnUnboundPortSucceedsAndDropsTheEvent) {
   auto p = ev_->alloc_unbound(0);
   ASSERT_TRUE(p);
   EXPECT_TRUE(ev_->send(*p));  // Xen: "silently drop the notification"
@@ -101,7 +101,7 @@ TEST_F(Ops, SendOnUnboundPortSucceedsAndDropsTheEvent) {
   EXPECT_EQ(sink_.count(), 0u);
 }
 
-TEST_F(Ops, CloseThenSendIsEinval) {
+TEST_F(EvtchnOps, CloseThenSendIsEinval) {
   auto p = ev_->bind_ipi(0);
   ASSERT_TRUE(p);
   ASSERT_TRUE(ev_->send(*p));
@@ -110,7 +110,7 @@ TEST_F(Ops, CloseThenSendIsEinval) {
   EXPECT_EQ(ev_->send(*p).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, BindVirqPerVcpuAndStatus) {
+TEST_F(EvtchnOps, BindVirqPerVcpuAndStatus) {
   auto t0 = ev_->bind_virq(kVirqTimer, 0);
   auto t3 = ev_->bind_virq(kVirqTimer, 3);
   ASSERT_TRUE(t0 && t3);
@@ -122,7 +122,7 @@ TEST_F(Ops, BindVirqPerVcpuAndStatus) {
   EXPECT_EQ(s->vcpu, 3u);
 }
 
-TEST_F(Ops, BindVirqTwiceOnTheSameVcpuIsEexist) {
+TEST_F(EvtchnOps, BindVirqTwiceOnTheSameVcpuIsEexist) {
   ASSERT_TRUE(ev_->bind_virq(kVirqTimer, 1));
   auto again = ev_->bind_virq(kVirqTimer, 1);
   ASSERT_FALSE(again);
@@ -131,7 +131,7 @@ TEST_F(Ops, BindVirqTwiceOnTheSameVcpuIsEexist) {
   EXPECT_EQ(ev_->bind_virq(kVirqConsole, 0).error(), XenErrno::eexist);
 }
 
-TEST_F(Ops, BindVirqBadArguments) {
+TEST_F(EvtchnOps, BindVirqBadArguments) {
   EXPECT_EQ(ev_->bind_virq(kNrVirqs, 0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->bind_virq(0xffffffffu, 0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->bind_virq(kVirqConsole, 1).error(), XenErrno::einval);  // global: vCPU 0 only
@@ -139,7 +139,7 @@ TEST_F(Ops, BindVirqBadArguments) {
   EXPECT_EQ(ev_->bind_virq(kVirqTimer, 0xffffffffu).error(), XenErrno::enoent);
 }
 
-TEST_F(Ops, ClosingAVirqPortAllowsRebinding) {
+TEST_F(EvtchnOps, ClosingAVirqPortAllowsRebinding) {
   auto p = ev_->bind_virq(kVirqDebug, 2);
   ASSERT_TRUE(p);
   ASSERT_TRUE(ev_->close(*p));
@@ -148,7 +148,7 @@ TEST_F(Ops, ClosingAVirqPortAllowsRebinding) {
   EXPECT_EQ(*again, *p);
 }
 
-TEST_F(Ops, BindIpiAndBadVcpu) {
+TEST_F(EvtchnOps, BindIpiAndBadVcpu) {
   auto a = ev_->bind_ipi(2);
   auto b = ev_->bind_ipi(2);  // several IPI ports per vCPU are allowed
   ASSERT_TRUE(a && b);
@@ -158,7 +158,7 @@ TEST_F(Ops, BindIpiAndBadVcpu) {
   EXPECT_EQ(ev_->bind_ipi(4).error(), XenErrno::enoent);
 }
 
-TEST_F(Ops, BindVcpuFollowsXenRules) {
+TEST_F(EvtchnOps, BindVcpuFollowsXenRules) {
   auto unbound = ev_->alloc_unbound(0);
   auto ipi = ev_->bind_ipi(1);
   auto timer = ev_->bind_virq(kVirqTimer, 1);
@@ -179,7 +179,7 @@ TEST_F(Ops, BindVcpuFollowsXenRules) {
   EXPECT_EQ(ev_->bind_vcpu(4096, 4).error(), XenErrno::enoent);
 }
 
-TEST_F(Ops, LoopbackInterdomainConnectsTwoLocalPorts) {
+TEST_F(EvtchnOps, LoopbackInterdomainConnectsTwoLocalPorts) {
   auto a = ev_->alloc_unbound(kDomidSelf);
   ASSERT_TRUE(a);
   auto b = ev_->bind_interdomain(kDomidSelf, *a);
@@ -203,7 +203,7 @@ TEST_F(Ops, LoopbackInterdomainConnectsTwoLocalPorts) {
   EXPECT_TRUE(pending(*a));
 }
 
-TEST_F(Ops, LoopbackByNumericOwnDomid) {
+TEST_F(EvtchnOps, LoopbackByNumericOwnDomid) {
   auto a = ev_->alloc_unbound(kDomid);
   ASSERT_TRUE(a);
   auto b = ev_->bind_interdomain(kDomid, *a);
@@ -211,7 +211,7 @@ TEST_F(Ops, LoopbackByNumericOwnDomid) {
   EXPECT_EQ(ev_->status(*a)->remote_port, *b);
 }
 
-TEST_F(Ops, BindInterdomainRejectsPortsThatAreNotUnboundForUs) {
+TEST_F(EvtchnOps, BindInterdomainRejectsPortsThatAreNotUnboundForUs) {
   auto for_dom0 = ev_->alloc_unbound(0);
   auto ipi = ev_->bind_ipi(0);
   ASSERT_TRUE(for_dom0 && ipi);
@@ -227,12 +227,12 @@ TEST_F(Ops, BindInterdomainRejectsPortsThatAreNotUnboundForUs) {
   EXPECT_EQ(ev_->status(*a + 2)->status, EvtchnStat::closed);
 }
 
-TEST_F(Ops, BindInterdomainToAnotherDomainIsEsrch) {
+TEST_F(EvtchnOps, BindInterdomainToAnotherDomainIsEsrch) {
   EXPECT_EQ(ev_->bind_interdomain(3, 1).error(), XenErrno::esrch);
   EXPECT_EQ(ev_->bind_interdomain(0x7FF1, 1).error(), XenErrno::esrch);
 }
 
-TEST_F(Ops, ClosingOneLoopbackEndLeavesThePeerUnbound) {
+TEST_F(EvtchnOps, ClosingOneLoopbackEndLeavesThePeerUnbound) {
   auto a = ev_->alloc_unbound(kDomidSelf);
   auto b = ev_->bind_interdomain(kDomidSelf, *a);
   ASSERT_TRUE(a && b);
@@ -249,7 +249,7 @@ TEST_F(Ops, ClosingOneLoopbackEndLeavesThePeerUnbound) {
   EXPECT_EQ(ev_->status(*b)->remote_port, *c);
 }
 
-TEST_F(Ops, ClosedPortIsReusedWithVcpuZero) {
+TEST_F(EvtchnOps, ClosedPortIsReusedWithVcpuZero) {
   auto p = ev_->alloc_unbound(0);
   ASSERT_TRUE(ev_->bind_vcpu(*p, 2));
   ASSERT_TRUE(ev_->close(*p));
@@ -258,7 +258,7 @@ TEST_F(Ops, ClosedPortIsReusedWithVcpuZero) {
   EXPECT_EQ(ev_->status(*q)->vcpu, 0u);
 }
 
-TEST_F(Ops, ResetClosesEverything) {
+TEST_F(EvtchnOps, ResetClosesEverything) {
   auto a = ev_->alloc_unbound(kDomidSelf);
   auto b = ev_->bind_interdomain(kDomidSelf, *a);
   auto t = ev_->bind_virq(kVirqTimer, 1);
@@ -273,7 +273,7 @@ TEST_F(Ops, ResetClosesEverything) {
   EXPECT_EQ(ev_->send(*a).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, RaiseVirqDeliversToTheBoundVcpu) {
+TEST_F(EvtchnOps, RaiseVirqDeliversToTheBoundVcpu) {
   EXPECT_EQ(ev_->raise_virq(kVirqTimer, 1).error(), XenErrno::enoent);
   EXPECT_EQ(ev_->raise_virq(kNrVirqs, 0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->raise_virq(kVirqTimer, 4).error(), XenErrno::einval);
@@ -286,7 +286,7 @@ TEST_F(Ops, RaiseVirqDeliversToTheBoundVcpu) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{1});
 }
 
-TEST_F(Ops, GlobalVirqFollowsBindVcpu) {
+TEST_F(EvtchnOps, GlobalVirqFollowsBindVcpu) {
   auto c = ev_->bind_virq(kVirqConsole, 0);
   ASSERT_TRUE(c);
   ASSERT_TRUE(ev_->bind_vcpu(*c, 2));
@@ -297,7 +297,7 @@ TEST_F(Ops, GlobalVirqFollowsBindVcpu) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{2});
 }
 
-TEST_F(Ops, DeliverNeedsABoundPort) {
+TEST_F(EvtchnOps, DeliverNeedsABoundPort) {
   EXPECT_EQ(ev_->deliver(0).error(), XenErrno::einval);
   EXPECT_EQ(ev_->deliver(5).error(), XenErrno::einval);
   EXPECT_EQ(ev_->deliver(4096).error(), XenErrno::einval);
@@ -306,7 +306,7 @@ TEST_F(Ops, DeliverNeedsABoundPort) {
   EXPECT_TRUE(pending(*p));
 }
 
-TEST_F(Ops, RegisterVcpuInfoValidatesItsArguments) {
+TEST_F(EvtchnOps, RegisterVcpuInfoValidatesItsArguments) {
   auto area = std::make_unique<Page>();
   EXPECT_EQ(ev_->register_vcpu_info(4, area->span().subspan(0, 64)).error(), XenErrno::enoent);
   EXPECT_EQ(ev_->register_vcpu_info(1, area->span().subspan(4, 64)).error(), XenErrno::enxio);
@@ -317,7 +317,7 @@ TEST_F(Ops, RegisterVcpuInfoValidatesItsArguments) {
   EXPECT_EQ(ev_->register_vcpu_info(1, area->span().subspan(128, 64)).error(), XenErrno::einval);
 }
 
-TEST_F(Ops, RegisterVcpuInfoRefusesAnAreaThatCrossesAPage) {
+TEST_F(EvtchnOps, RegisterVcpuInfoRefusesAnAreaThatCrossesAPage) {
   struct alignas(4096) TwoPages {
     std::uint8_t b[8192] = {};
   };
@@ -327,7 +327,7 @@ TEST_F(Ops, RegisterVcpuInfoRefusesAnAreaThatCrossesAPage) {
   EXPECT_TRUE(ev_->register_vcpu_info(1, std::span<std::uint8_t>(two->b + 4096 - 64, 64)));
 }
 
-TEST_F(Ops, RegisterVcpuInfoThroughGuestMemory) {
+TEST_F(EvtchnOps, RegisterVcpuInfoThroughGuestMemory) {
   auto area = std::make_unique<Page>();
   GuestMemory mem({{0x5000, 4096, area->bytes}});
   EXPECT_EQ(ev_->register_vcpu_info(1, mem, 5, 4096 - 63).error(), XenErrno::enxio);

@@ -18,8 +18,10 @@
 //  and the event loop deliver concurrently. The hot paths do not allocate. The pending / mask /
 //  pending_sel / upcall_pending bits themselves are changed lock-free with std::atomic_ref on
 //  guest memory (the guest changes them concurrently on other CPUs). Lock order: table_mu_ is
-//  the only lock; UpcallSink::upcall is called with it held (shared), so a sink must not call
-//  back into EventChannels and should be short (an eventfd write, an interrupt injection).
+//  the only lock; UpcallSink::upcall is called with it held (shared on the hot paths, exclusive
+//  from bind_interdomain / register_vcpu_info), so a sink must not call back into EventChannels
+//  and should be short (an eventfd write, an interrupt injection). The shared_mutex is glibc's
+//  rwlock (readers preferred): a guest flooding sends can delay a bind, never corrupt it.
 //
 // ── Delivery (XEN-GUEST-ABI.md "Upcalls", event_2l.c set_pending) ────────────────────────────
 //   1. test-and-set the port's bit in shared_info.evtchn_pending; already set → stop.
@@ -86,7 +88,8 @@ namespace xpv::domain {
 
 // How a domain tells a vCPU "look at your vcpu_info": xpv-vmm injects the upcall vector or
 // raises the platform-pci INTx; a process domain writes an eventfd; tests record calls.
-// Called with EventChannels' lock held (shared): must not call back into EventChannels.
+// Called on the delivering thread with EventChannels' lock held: must not call back into
+// EventChannels.
 class UpcallSink {
  public:
   virtual ~UpcallSink() = default;
@@ -145,8 +148,10 @@ class EventChannels {
   // 64 are used). It must be 8-byte aligned and must not cross a 4 KiB page (guest RAM is mapped
   // page-aligned, so the host page offset is the guest page offset): else ENXIO. A vCPU can
   // register once (EINVAL afterwards, as Xen ≤ 4.17); bad vCPU ENOENT. As Xen does, the current
-  // contents are copied over, pending_sel is set to all ones and an upcall is raised, so nothing
-  // pending is lost.
+  // contents are copied over (zeroes for a vCPU ≥ 32 that had only the placeholder), pending_sel
+  // is set to all ones and upcall_pending to 1 (with an upcall if it was 0), so nothing pending is
+  // lost. Called on the registering vCPU's own thread (Xen allows only the vCPU itself or an
+  // offline one; the dispatcher checks that).
   Expected<void, XenErrno> register_vcpu_info(unsigned vcpu, std::span<std::uint8_t> at) noexcept;
   // The hypercall form: (gfn, offset) translated through the domain's memory. offset > 4096-64 →
   // ENXIO; a gfn outside guest RAM → EINVAL.
