@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "xpv/domain/event_fd.h"
-#include "xpv/domain/unique_fd.h"
+#include "xpv/unique_fd.h"
 #include "xpv/expected.h"
 
 namespace xpv::domain {

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "xpv/expected.h"
-#include "xpv/domain/unique_fd.h"
+#include "xpv/unique_fd.h"
 
 namespace xpv::domain {
 

@@ -1,4 +1,4 @@
-// UniqueFd — sole owner of one file descriptor. The only place in the domain library that calls
+// UniqueFd — sole owner of one file descriptor. The only place in xpv that calls
 // close(); everything else holds a UniqueFd or borrows an int for the length of a call.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include <utility>
 
-namespace xpv::domain {
+namespace xpv {
 
 class UniqueFd {
  public:
@@ -34,4 +34,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace xpv::domain
+}  // namespace xpv
