@@ -1,0 +1,110 @@
+// BlkifQueue — one blkif ring of one virtual disk, served by one data-plane thread
+// (DESIGN.md §3): drain the ring, validate each request (a copy), map its grants, queue one
+// io_uring operation per request, submit the whole batch with one syscall, reap completions,
+// unmap, push responses and notify the frontend once per batch, and only when the ring's event
+// index asks for it.
+//
+//   guest ring ──pop_request──► validate ──map grants──► IoRing.readv/writev/fsync/punch
+//        ▲                                                           │
+//        └───push_responses (notify?)◄──unmap◄──response◄──reap──────┘
+//
+// Guest faults, in DESIGN.md §5's tiers:
+//   malformed request (bad segment, range past the disk, write to a read-only disk, bad grant,
+//   unknown op)            → an error response (BLKIF_RSP_ERROR / EOPNOTSUPP) + rate-limited log
+//   protocol violation (ring producer index out of range)
+//                          → the queue is disabled (sticky); in-flight I/O still completes into
+//                            our own bookkeeping, nothing more is read from the ring
+// An acknowledged write has completed: a response is produced only from its completion.
+//
+// Threading: everything runs on the queue's thread (run()); stop() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xpv/blkback/disk.h"
+#include "xpv/blkback/io_ring.h"
+#include "xpv/domain/dom0_port.h"
+#include "xpv/domain/event_fd.h"
+#include "xpv/gnttab/mapper.h"
+#include "xpv/ring/blkif.h"
+
+namespace xpv::blkback {
+
+struct QueueConfig {
+  // What this backend advertises as feature-max-indirect-segments (0: no indirect requests).
+  std::uint32_t max_indirect_segments = 256;
+  bool flush = true;  // feature-flush-cache
+};
+
+// Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
+struct QueueCounters {
+  std::atomic<std::uint64_t> requests{0}, reads{0}, writes{0}, flushes{0}, discards{0};
+  std::atomic<std::uint64_t> sectors_read{0}, sectors_written{0};
+  std::atomic<std::uint64_t> errors{0}, unsupported{0};
+  std::atomic<std::uint64_t> batches{0}, notifications{0}, wakeups{0};
+};
+
+class BlkifQueue {
+ public:
+  // `mapper` maps the frontend's grants (it belongs to this queue's thread from now on);
+  // `ring` is attached to the mapped shared ring page(s); `evtchn` is the interdomain channel.
+  BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& mapper,
+             ring::BlkifBackRing ring, std::unique_ptr<domain::EventChannel> evtchn,
+             QueueConfig config);
+  ~BlkifQueue();
+  BlkifQueue(const BlkifQueue&) = delete;
+  BlkifQueue& operator=(const BlkifQueue&) = delete;
+
+  // The data-plane loop: returns after stop() or when the queue was disabled, once every I/O in
+  // flight has completed and been answered (or, if disabled, dropped).
+  void run() noexcept;
+  void stop() noexcept;
+
+  bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
+  const QueueCounters& counters() const noexcept { return counters_; }
+  const std::string& name() const noexcept { return name_; }
+
+  // One pass without blocking (tests drive the queue with it): reap, drain, submit, respond.
+  // Returns false once the queue is disabled.
+  bool poll_once() noexcept;
+  unsigned in_flight() const noexcept { return io_.in_flight(); }
+
+ private:
+  struct Pending;
+  enum class Admit { queued, answered, ring_busy };
+
+  void drain_ring() noexcept;
+  Admit admit(const ring::BlkifRequest& req) noexcept;
+  Admit admit_rw(const ring::BlkifRequest& req, Pending& p) noexcept;
+  Admit admit_indirect(const ring::BlkifRequest& req, Pending& p) noexcept;
+  Admit admit_discard(const ring::BlkifRequest& req, Pending& p) noexcept;
+  bool map_segments(Pending& p, const ring::BlkifRequestSegment* segs, unsigned n, bool write) noexcept;
+  void complete(std::uint32_t slot, int res) noexcept;
+  void respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept;
+  void release(Pending& p) noexcept;
+  void push_and_notify() noexcept;
+  void disable(const char* why) noexcept;
+  template <class... Args>
+  void guest_error(const char* fmt, Args&&... args) noexcept;
+
+  std::string name_;
+  const Disk& disk_;
+  gnttab::GrantMapper& mapper_;
+  ring::BlkifBackRing ring_;
+  std::unique_ptr<domain::EventChannel> evtchn_;
+  QueueConfig config_;
+  IoRing io_;
+  domain::EventFd stop_;
+  std::vector<Pending> pending_;  // one per ring slot: at most ring-size requests outstanding
+  std::vector<std::uint32_t> free_;
+  bool respond_pending_ = false;
+  std::atomic<bool> disabled_{false};
+  QueueCounters counters_;
+  std::uint64_t guest_errors_logged_ = 0;
+};
+
+}  // namespace xpv::blkback

@@ -1,0 +1,376 @@
+#include "xpv/blkback/queue.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace xpv::blkback {
+
+using namespace xpv::ring;
+
+namespace {
+constexpr std::int16_t kOkay = kBlkifRspOkay;
+constexpr std::int16_t kError = kBlkifRspError;
+constexpr std::int16_t kUnsupported = kBlkifRspEopnotsupp;
+constexpr std::uint64_t kSector = kBlkifSectorSize;
+}  // namespace
+
+// One admitted request: what its completion needs to answer it and to release its grants.
+struct BlkifQueue::Pending {
+  std::uint64_t id = 0;
+  std::uint8_t op = 0;         // the operation as the guest wrote it (echoed in the response)
+  std::uint64_t expect = 0;    // bytes a read/write must transfer; 0 for flush/discard
+  std::vector<gnttab::GrantHandle> maps;
+  std::vector<iovec> iov;
+  std::vector<BlkifRequestSegment> segs;  // indirect segments copied out of the guest's pages
+};
+
+template <class... Args>
+void BlkifQueue::guest_error(const char* format, Args&&... args) noexcept {
+  // A guest can send bad requests at line rate: log the first few, then one in a thousand.
+  ++guest_errors_logged_;
+  if (guest_errors_logged_ > 10 && guest_errors_logged_ % 1000 != 0) return;
+  try {
+    spdlog::warn("{}: {}{}", name_, fmt::format(fmt::runtime(format), std::forward<Args>(args)...),
+                 guest_errors_logged_ > 10 ? " (rate-limited)" : "");
+  } catch (...) {
+  }
+}
+
+BlkifQueue::BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& mapper,
+                       BlkifBackRing ring, std::unique_ptr<domain::EventChannel> evtchn,
+                       QueueConfig config)
+    : name_(std::move(name)),
+      disk_(disk),
+      mapper_(mapper),
+      ring_(std::move(ring)),
+      evtchn_(std::move(evtchn)),
+      config_(config),
+      io_(std::max<unsigned>(ring_.size(), 8)) {
+  auto s = domain::EventFd::create();
+  if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
+  stop_ = std::move(*s);
+  const std::size_t max_segs =
+      std::max<std::size_t>(kBlkifMaxSegmentsPerRequest, config_.max_indirect_segments);
+  if (config_.max_indirect_segments > kBlkifMaxIndirectSegments) {
+    throw std::invalid_argument("max_indirect_segments above the blkif limit");
+  }
+  // Everything the data path needs is allocated here, never on it.
+  pending_.resize(ring_.size());
+  for (Pending& p : pending_) {
+    p.maps.reserve(max_segs + kBlkifMaxIndirectPagesPerRequest);
+    p.iov.reserve(max_segs);
+    p.segs.reserve(max_segs);
+  }
+  for (std::uint32_t i = ring_.size(); i-- > 0;) free_.push_back(i);
+}
+
+BlkifQueue::~BlkifQueue() {
+  // The kernel may still be writing into granted pages: wait for every I/O before the grants
+  // (and the pages behind them) are released.
+  for (int i = 0; i < 100000 && io_.in_flight() > 0; ++i) {
+    (void)io_.submit_and_wait(1);
+    io_.reap([this](std::uint64_t user, int) {
+      Pending& p = pending_[user];
+      release(p);
+      free_.push_back(static_cast<std::uint32_t>(user));
+    });
+  }
+}
+
+void BlkifQueue::stop() noexcept { (void)stop_.notify(); }
+
+void BlkifQueue::disable(const char* why) noexcept {
+  if (!disabled_.exchange(true, std::memory_order_acq_rel)) {
+    spdlog::error("{}: disabled: {}", name_, why);
+  }
+}
+
+void BlkifQueue::release(Pending& p) noexcept {
+  for (gnttab::GrantHandle h : p.maps) {
+    if (auto r = mapper_.unmap(h); !r) {
+      // Our own handle table disagrees with us: a host bug, not a guest fault.
+      spdlog::critical("{}: unmap of our own grant handle failed: {}", name_, gnttab::to_string(r.error()));
+      std::abort();
+    }
+  }
+  p.maps.clear();
+  p.iov.clear();
+  p.segs.clear();
+}
+
+void BlkifQueue::respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept {
+  BlkifResponse rsp{};
+  rsp.id = id;
+  rsp.operation = op;
+  rsp.status = status;
+  if (auto r = ring_.produce_response(rsp); !r) {
+    disable(to_string(r.error()));
+    return;
+  }
+  if (status == kError) counters_.errors.fetch_add(1, std::memory_order_relaxed);
+  if (status == kUnsupported) counters_.unsupported.fetch_add(1, std::memory_order_relaxed);
+  respond_pending_ = true;
+}
+
+void BlkifQueue::push_and_notify() noexcept {
+  if (!respond_pending_) return;  // never notify without new responses (late-EOI frontends)
+  respond_pending_ = false;
+  counters_.batches.fetch_add(1, std::memory_order_relaxed);
+  if (ring_.push_responses()) {
+    counters_.notifications.fetch_add(1, std::memory_order_relaxed);
+    if (auto r = evtchn_->notify(); !r) disable("event channel notify failed");
+  }
+}
+
+bool BlkifQueue::map_segments(Pending& p, const BlkifRequestSegment* segs, unsigned n,
+                              bool write) noexcept {
+  for (unsigned i = 0; i < n; ++i) {
+    const BlkifRequestSegment s = segs[i];
+    if (s.first_sect > s.last_sect || s.last_sect >= kBlkifSectorsPerPage) {
+      guest_error("request {:#x}: segment {} sectors {}..{} do not fit a page", p.id, i,
+                  s.first_sect, s.last_sect);
+      return false;
+    }
+    // A write to the disk only reads the guest's page: map it read-only.
+    auto m = mapper_.map(s.gref, /*readonly=*/write);
+    if (!m) {
+      guest_error("request {:#x}: segment {} grant {}: {}", p.id, i, s.gref, gnttab::to_string(m.error()));
+      return false;
+    }
+    p.maps.push_back(m->handle());
+    std::uint8_t* base = write ? const_cast<std::uint8_t*>(m->data().data()) : m->writable().data();
+    const std::size_t len = (std::size_t{s.last_sect} - s.first_sect + 1) * kSector;
+    p.iov.push_back({base + std::size_t{s.first_sect} * kSector, len});
+    p.expect += len;
+  }
+  return true;
+}
+
+BlkifQueue::Admit BlkifQueue::admit_rw(const BlkifRequest& req, Pending& p) noexcept {
+  const bool write = req.operation == kBlkifOpWrite;
+  if (req.nr_segments == 0 || req.nr_segments > kBlkifMaxSegmentsPerRequest) {
+    guest_error("request {:#x}: {} segments", req.id, req.nr_segments);
+    return Admit::answered;
+  }
+  if (!map_segments(p, req.seg, req.nr_segments, write)) return Admit::answered;
+  return Admit::queued;
+}
+
+BlkifQueue::Admit BlkifQueue::admit_indirect(const BlkifRequest& raw, Pending& p) noexcept {
+  const auto req = blkif_view<BlkifRequestIndirect>(raw);
+  if (req.indirect_op != kBlkifOpRead && req.indirect_op != kBlkifOpWrite) {
+    guest_error("request {:#x}: indirect operation {}", req.id, req.indirect_op);
+    return Admit::answered;
+  }
+  if (req.nr_segments == 0 || req.nr_segments > config_.max_indirect_segments) {
+    guest_error("request {:#x}: {} indirect segments (max {})", req.id, req.nr_segments,
+                config_.max_indirect_segments);
+    return Admit::answered;
+  }
+  // Copy the descriptors out of the guest's indirect pages, then let go of those pages.
+  p.segs.resize(req.nr_segments);
+  const std::uint32_t pages = blkif_indirect_pages(req.nr_segments);
+  std::uint32_t done = 0;
+  for (std::uint32_t i = 0; i < pages; ++i) {
+    const std::uint32_t n = std::min(req.nr_segments - done, kBlkifSegsPerIndirectFrame);
+    auto m = mapper_.map(req.indirect_grefs[i], /*readonly=*/true);
+    if (!m) {
+      guest_error("request {:#x}: indirect page {} grant {}: {}", req.id, i, req.indirect_grefs[i],
+                  gnttab::to_string(m.error()));
+      return Admit::answered;
+    }
+    std::memcpy(p.segs.data() + done, m->data().data(), n * sizeof(BlkifRequestSegment));
+    (void)mapper_.unmap(*m);
+    done += n;
+  }
+  if (!map_segments(p, p.segs.data(), req.nr_segments, req.indirect_op == kBlkifOpWrite)) {
+    return Admit::answered;
+  }
+  return Admit::queued;
+}
+
+BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req) noexcept {
+  counters_.requests.fetch_add(1, std::memory_order_relaxed);
+  const std::uint32_t slot = free_.back();
+  Pending& p = pending_[slot];
+  p.id = req.id;
+  p.op = req.operation;
+  // blkfront matches a response to an indirect request by its indirect_op (READ or WRITE).
+  if (req.operation == kBlkifOpIndirect) {
+    const auto ind = blkif_view<BlkifRequestIndirect>(req);
+    if (ind.indirect_op == kBlkifOpRead || ind.indirect_op == kBlkifOpWrite) p.op = ind.indirect_op;
+  }
+  p.expect = 0;
+  std::int16_t reject = kError;
+  Admit a = Admit::answered;
+  bool queued = false;
+  const int fd = disk_.fd();
+
+  switch (req.operation) {
+    case kBlkifOpRead:
+    case kBlkifOpWrite:
+    case kBlkifOpIndirect: {
+      if (req.operation == kBlkifOpIndirect && config_.max_indirect_segments == 0) {
+        reject = kUnsupported;
+        break;
+      }
+      const auto sector = req.operation == kBlkifOpIndirect
+                              ? blkif_view<BlkifRequestIndirect>(req).sector_number
+                              : req.sector_number;
+      const bool write = req.operation == kBlkifOpIndirect
+                             ? blkif_view<BlkifRequestIndirect>(req).indirect_op == kBlkifOpWrite
+                             : req.operation == kBlkifOpWrite;
+      if (write && disk_.info().readonly) {
+        guest_error("request {:#x}: write to a read-only disk", req.id);
+        break;
+      }
+      a = req.operation == kBlkifOpIndirect ? admit_indirect(req, p) : admit_rw(req, p);
+      if (a != Admit::queued) break;
+      const std::uint64_t sectors = p.expect / kSector;
+      if (sector > disk_.info().sectors || sectors > disk_.info().sectors - sector) {
+        guest_error("request {:#x}: sectors {}+{} beyond the disk's {}", req.id, sector, sectors,
+                    disk_.info().sectors);
+        a = Admit::answered;
+        break;
+      }
+      queued = write ? io_.writev(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot)
+                     : io_.readv(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot);
+      (write ? counters_.sectors_written : counters_.sectors_read).fetch_add(sectors, std::memory_order_relaxed);
+      (write ? counters_.writes : counters_.reads).fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    case kBlkifOpFlushDiskcache:
+      if (!config_.flush) {
+        reject = kUnsupported;
+        break;
+      }
+      counters_.flushes.fetch_add(1, std::memory_order_relaxed);
+      queued = io_.fsync(fd, /*datasync=*/true, slot);
+      a = Admit::queued;
+      break;
+    case kBlkifOpDiscard: {
+      const auto d = blkif_view<BlkifRequestDiscard>(req);
+      if (!disk_.info().discard || (d.flag & kBlkifDiscardSecure) != 0) {
+        reject = kUnsupported;
+        break;
+      }
+      if (d.nr_sectors == 0 || d.sector_number > disk_.info().sectors ||
+          d.nr_sectors > disk_.info().sectors - d.sector_number) {
+        guest_error("request {:#x}: discard {}+{} beyond the disk's {}", req.id, d.sector_number,
+                    d.nr_sectors, disk_.info().sectors);
+        break;
+      }
+      counters_.discards.fetch_add(1, std::memory_order_relaxed);
+      queued = io_.punch_hole(fd, d.sector_number * kSector, d.nr_sectors * kSector, slot);
+      a = Admit::queued;
+      break;
+    }
+    default:
+      // WRITE_BARRIER is not offered (feature-barrier absent); anything else is unknown.
+      reject = kUnsupported;
+      break;
+  }
+
+  if (a == Admit::queued && !queued) {
+    // The submission queue is sized to the ring, so this means earlier SQEs are unsubmitted:
+    // submit them and try once more.
+    (void)io_.submit();
+    a = Admit::ring_busy;
+  }
+  if (a != Admit::queued) {
+    release(p);
+    if (a == Admit::answered) respond(p.id, p.op, reject);
+    return a;
+  }
+  free_.pop_back();
+  return a;
+}
+
+void BlkifQueue::complete(std::uint32_t slot, int res) noexcept {
+  Pending& p = pending_[slot];
+  std::int16_t status = kOkay;
+  if (res < 0) {
+    status = (p.op == kBlkifOpDiscard && res == -EOPNOTSUPP) ? kUnsupported : kError;
+    if (status == kError) spdlog::error("{}: request {:#x}: I/O failed: {}", name_, p.id, std::strerror(-res));
+  } else if (static_cast<std::uint64_t>(res) != p.expect) {
+    spdlog::error("{}: request {:#x}: short I/O ({} of {} bytes)", name_, p.id, res, p.expect);
+    status = kError;
+  }
+  release(p);
+  if (!disabled()) respond(p.id, p.op, status);
+  free_.push_back(slot);
+}
+
+void BlkifQueue::drain_ring() noexcept {
+  for (int rounds = 0; rounds < 1024; ++rounds) {
+    while (!free_.empty()) {
+      auto req = ring_.pop_request();
+      if (!req) {
+        if (req.error() != RingError::empty) disable(to_string(req.error()));
+        break;
+      }
+      Admit a = admit(*req);
+      if (a == Admit::ring_busy) {
+        // Retry the same request after the submit admit() did.
+        a = admit(*req);
+        if (a == Admit::ring_busy) {
+          disable("io_uring submission queue stuck");
+          return;
+        }
+      }
+    }
+    if (disabled() || free_.empty()) return;
+    // Nothing more right now: re-arm req_event and look once more (no lost wake-up).
+    auto more = ring_.final_check_for_requests();
+    if (!more) {
+      disable(to_string(more.error()));
+      return;
+    }
+    if (!*more) return;
+  }
+}
+
+bool BlkifQueue::poll_once() noexcept {
+  io_.reap([this](std::uint64_t user, int res) { complete(static_cast<std::uint32_t>(user), res); });
+  if (!disabled()) drain_ring();
+  if (io_.in_flight() > 0) {
+    if (auto s = io_.submit(); !s) disable("io_uring submit failed");
+  }
+  if (!disabled()) push_and_notify();
+  return !disabled();
+}
+
+void BlkifQueue::run() noexcept {
+  pollfd fds[3] = {{evtchn_->wait_fd(), POLLIN, 0}, {io_.completion_fd(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
+  bool stopping = false;
+  while (true) {
+    if (!poll_once()) break;
+    if (stopping && io_.in_flight() == 0) break;
+    if (::poll(fds, stopping ? 2 : 3, -1) < 0 && errno != EINTR) {
+      disable("poll failed");
+      break;
+    }
+    counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
+    if (fds[0].revents) (void)evtchn_->consume();
+    if (fds[1].revents) {
+      std::uint64_t n;
+      (void)!::read(io_.completion_fd(), &n, sizeof n);
+    }
+    if (!stopping && fds[2].revents) {
+      stopping = true;  // finish what is in flight, answer it, then leave
+    }
+  }
+  // Disabled: wait for the kernel to finish with the guest's pages, answer nothing more.
+  for (int i = 0; i < 100000 && io_.in_flight() > 0; ++i) {
+    (void)io_.submit_and_wait(1);
+    io_.reap([this](std::uint64_t user, int res) { complete(static_cast<std::uint32_t>(user), res); });
+  }
+  if (!disabled()) push_and_notify();
+}
+
+}  // namespace xpv::blkback
