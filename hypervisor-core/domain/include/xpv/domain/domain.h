@@ -1,0 +1,96 @@
+// Domain — what one domain process owns, assembled: its memory, its grant table, its event
+// channels, and the control socket that exports them to dom0 (DESIGN.md §1). xpv-front (process
+// domains) uses it as is; xpv-vmm builds the same pieces around a KVM guest.
+//
+// Guest-physical layout of a process domain (gfn = 4 KiB frame number):
+//   0                  shared_info (event-channel bitmaps, vcpu_info)
+//   1                  xenstore ring page (struct xenstore_domain_interface)
+//   2 .. 2+G-1         grant-table frames (G = max_grant_frames; all present from the start)
+//   2+G ..             free pages, handed out by alloc_pages() to the domain's frontends
+//
+// Threading: construct, then run the io_context on the domain's control thread. ControlHandler
+// calls, dom0-kick servicing and alloc/free of pages happen there or under the page lock;
+// EventChannels and GrantTable are safe for the frontends' threads as documented in their headers.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xpv/domain/control.h"
+#include "xpv/domain/event_channels.h"
+#include "xpv/domain/memory.h"
+#include "xpv/gnttab/granter.h"
+
+namespace xpv::domain {
+
+struct DomainConfig {
+  std::uint16_t domid = 0;
+  std::string name;
+  control::DomainKind kind = control::DomainKind::process;
+  unsigned vcpus = 1;
+  std::uint64_t memory_bytes = 64 << 20;  // page multiple, >= the fixed pages + 1
+  std::uint32_t max_grant_frames = 64;
+  std::string run_dir = "/run/xpv";  // where dom<N>.sock lives
+};
+
+class Domain final : public ControlHandler {
+ public:
+  static constexpr std::uint64_t kSharedInfoGfn = 0;
+  static constexpr std::uint64_t kXenstoreGfn = 1;
+  static constexpr std::uint64_t kFirstGrantGfn = 2;
+
+  // Creates the memory, grant table and event channels and starts serving the control socket.
+  // Throws (setup path) with a message naming what failed; nothing is left behind then.
+  Domain(boost::asio::io_context& io, DomainConfig config, UpcallSink& sink);
+  ~Domain() override;
+  Domain(const Domain&) = delete;
+  Domain& operator=(const Domain&) = delete;
+
+  const DomainConfig& config() const noexcept { return config_; }
+  const DomainMemory& mem() const noexcept { return memory_; }
+  EventChannels& evtchn() noexcept { return *evtchn_; }
+  gnttab::GrantTable& grants() noexcept { return *grants_; }
+  std::span<std::uint8_t> xenstore_page() const { return memory_.view().page(kXenstoreGfn).value(); }
+  // The xenstore event channel port (allocated unbound for dom0 at construction).
+  std::uint32_t xenstore_port() const noexcept { return xenstore_port_; }
+  const std::string& socket_path() const noexcept { return server_->path(); }
+
+  // Contiguous free guest pages for a frontend (rings, buffers); nullopt when none are left.
+  std::optional<std::uint64_t> alloc_pages(std::uint64_t count);
+  void free_pages(std::uint64_t gfn, std::uint64_t count);
+  std::span<std::uint8_t> pages(std::uint64_t gfn, std::uint64_t count) const {
+    return memory_.view().translate(gfn << kPageShift, count << kPageShift).value();
+  }
+
+  // ControlHandler (control thread).
+  DomainInfo info() override;
+  const DomainMemory& memory() override { return memory_; }
+  GrantTableInfo grant_table() override;
+  Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) override;
+  Expected<void, int> unbind(std::uint32_t port) override;
+  Expected<XenstoreInfo, int> xenstore() override;
+
+ private:
+  void watch_kicks(std::uint32_t dom0_port);
+
+  boost::asio::io_context& io_;
+  DomainConfig config_;
+  DomainMemory memory_;
+  std::unique_ptr<EventChannels> evtchn_;
+  std::unique_ptr<gnttab::GrantTable> grants_;
+  std::uint32_t xenstore_port_ = 0;
+  // dom0 port → a watcher of its kick eventfd (the backend's notifications toward the guest).
+  std::map<std::uint32_t, std::unique_ptr<boost::asio::posix::stream_descriptor>> kick_watch_;
+  std::mutex pages_lock_;
+  std::vector<bool> page_used_;  // by gfn
+  std::unique_ptr<ControlServer> server_;  // last: torn down first
+};
+
+}  // namespace xpv::domain

@@ -1,0 +1,173 @@
+// A process Domain (memory, grant table, event channels, control socket) and a dom0 service's
+// ForeignDomain view of it, over a real control socket: the contract every backend relies on.
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "xpv/domain/domain.h"
+#include "xpv/domain/foreign_domain.h"
+#include "xpv/domain/shared_info.h"
+
+namespace xpv::domain {
+namespace {
+
+namespace asio = boost::asio;
+
+class CountingSink : public UpcallSink {
+ public:
+  void upcall(unsigned) noexcept override {
+    count.fetch_add(1);
+    (void)ev.notify();
+  }
+  std::atomic<int> count{0};
+  EventFd ev = EventFd::create().value();
+};
+
+bool readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1;
+}
+
+class ForeignDomainTest : public ::testing::Test {
+ protected:
+  template <class F>
+  auto on_io(F f) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto fut = task.get_future();
+    asio::post(io_, [&task] { task(); });
+    return fut.get();
+  }
+  void SetUp() override {
+    char tmpl[] = "/tmp/xpv-run-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    run_dir_ = tmpl;
+    DomainConfig cfg;
+    cfg.domid = 9;
+    cfg.name = "proc9";
+    cfg.memory_bytes = 16 << 20;
+    cfg.max_grant_frames = 4;
+    cfg.run_dir = run_dir_;
+    domain_ = std::make_unique<Domain>(io_, cfg, sink_);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    on_io([this] { domain_.reset(); });
+    work_.reset();
+    io_.stop();
+    thread_.join();
+    std::filesystem::remove_all(run_dir_);
+  }
+
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  CountingSink sink_;
+  std::string run_dir_;
+  std::unique_ptr<Domain> domain_;
+  std::thread thread_;
+};
+
+TEST_F(ForeignDomainTest, SeesTheDomainsMemoryAndGrantTable) {
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  EXPECT_EQ(d.domid(), 9);
+  EXPECT_EQ(d.info().name, "proc9");
+  EXPECT_EQ(d.grant_frames().size(), 4u);
+  auto gfn = domain_->alloc_pages(1);
+  ASSERT_TRUE(gfn);
+  std::memcpy(domain_->pages(*gfn, 1).data(), "granted", 8);
+  auto ref = domain_->grants().grant_access(0, *gfn, /*readonly=*/true);
+  ASSERT_TRUE(ref);
+  auto mapper = d.make_mapper();
+  auto m = mapper->map(*ref, true);
+  ASSERT_TRUE(m);
+  EXPECT_STREQ(reinterpret_cast<const char*>(m->data().data()), "granted");
+  EXPECT_FALSE(mapper->map(*ref, false)) << "a read-only grant cannot be mapped writable";
+  EXPECT_EQ(domain_->grants().end_access(*ref).error(), gnttab::Status::eagain) << "still mapped";
+  ASSERT_TRUE(mapper->unmap(*m));
+  EXPECT_TRUE(domain_->grants().end_access(*ref));
+}
+
+TEST_F(ForeignDomainTest, EventChannelBothWays) {
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  auto port = domain_->evtchn().alloc_unbound(0);
+  ASSERT_TRUE(port);
+  auto ch = d.bind(*port);
+  // As Xen does, binding leaves one conservative notification for the binder (events sent to
+  // the port while it was unbound would otherwise be lost).
+  EXPECT_EQ(ch->consume().value(), 1u);
+  // Guest → dom0.
+  ASSERT_TRUE(domain_->evtchn().send(*port));
+  ASSERT_TRUE(readable(ch->wait_fd(), 5000));
+  EXPECT_EQ(ch->consume().value(), 1u);
+  // dom0 → guest: the domain's event loop turns the kick into a pending bit and an upcall.
+  ASSERT_TRUE(ch->notify());
+  ASSERT_TRUE(readable(sink_.ev.fd(), 5000));
+  EXPECT_EQ(sink_.count.load(), 1);
+  auto* si = reinterpret_cast<const SharedInfo*>(domain_->pages(Domain::kSharedInfoGfn, 1).data());
+  EXPECT_NE(si->evtchn_pending[*port / 64] & (std::uint64_t{1} << (*port % 64)), 0u);
+}
+
+TEST_F(ForeignDomainTest, ABackendThatGoesAwayCanBindAgain) {
+  auto port = domain_->evtchn().alloc_unbound(0);
+  ASSERT_TRUE(port);
+  {
+    auto d = ForeignDomain::connect(9, "first", run_dir_);
+    auto ch = d.bind(*port);
+    EXPECT_THROW(d.bind(*port), ControlError) << "already bound";
+  }
+  // The first connection closed: the domain's port is unbound for dom0 again (bounded wait).
+  for (int i = 0; i < 500; ++i) {
+    auto st = domain_->evtchn().status(*port);
+    if (st && st->status == EvtchnStat::unbound) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto again = ForeignDomain::connect(9, "second", run_dir_);
+  auto ch = again.bind(*port);
+  ASSERT_TRUE(domain_->evtchn().send(*port));
+  ASSERT_TRUE(readable(ch->wait_fd(), 5000));
+}
+
+TEST_F(ForeignDomainTest, XenstoreRingIsExported) {
+  auto d = ForeignDomain::connect(9, "xenstored", run_dir_);
+  auto x = d.xenstore();
+  EXPECT_EQ(x.gfn, Domain::kXenstoreGfn);
+  EXPECT_EQ(x.port, domain_->xenstore_port());
+  EXPECT_TRUE(d.memory().page(x.gfn));
+}
+
+TEST_F(ForeignDomainTest, DeathOfTheDomainIsVisible) {
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  EXPECT_FALSE(readable(d.death_fd(), 0));
+  on_io([this] { domain_.reset(); });
+  EXPECT_TRUE(readable(d.death_fd(), 5000));
+}
+
+TEST_F(ForeignDomainTest, UnknownDomainIsAClearError) {
+  try {
+    ForeignDomain::connect(42, "test", run_dir_);
+    FAIL() << "connected to a domain that does not exist";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("dom42.sock"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ForeignDomainTest, PageAllocatorHandsOutFreeRuns) {
+  auto a = domain_->alloc_pages(3);
+  auto b = domain_->alloc_pages(2);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(*a, Domain::kFirstGrantGfn + 4) << "after the fixed pages";
+  EXPECT_EQ(*b, *a + 3);
+  domain_->free_pages(*a, 3);
+  EXPECT_EQ(domain_->alloc_pages(2), *a);
+  EXPECT_FALSE(domain_->alloc_pages(1u << 20));
+  EXPECT_FALSE(domain_->alloc_pages(0));
+}
+
+}  // namespace
+}  // namespace xpv::domain
