@@ -153,7 +153,8 @@ inline std::atomic_ref<RingIdx> index_at(std::uint8_t* base, std::size_t offset)
 
 // Copy a T out of shared memory. The compiler barrier after the memcpy pins the copy: without it
 // the optimiser may drop the local and re-load fields from shared memory at each later use (a
-// double fetch: the peer could change a value between its check and its use).
+// double fetch: the peer could change a value between its check and its use). g++ implements
+// atomic_signal_fence(seq_cst) as a full compiler memory barrier (no instruction is emitted).
 template <class T>
 inline T copy_out(const std::uint8_t* src) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
