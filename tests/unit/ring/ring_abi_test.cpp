@@ -2,6 +2,7 @@
 // /usr/include/xen/io/*.h): sizeof, every field's offset and size, the constants, the ring sizes
 // for 1/2/4/8-page rings against __RING_SIZE, and rings driven by the official macros on one side
 // and by xpv's FrontRing/BackRing on the other.
+// Every test name carries "abi" in lower case too (RingAbi.*_abi), so `ctest -R abi` selects them.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -56,7 +57,7 @@ PageBuf pages(std::size_t n) {
   return PageBuf(p);
 }
 
-TEST(RingAbi, SharedRingHeaderMatchesSring) {
+TEST(RingAbi, SharedRingHeaderMatchesSring_abi) {
   EXPECT_EQ(offsetof(blkif_sring, ring), xr::kRingEntriesOffset);
   EXPECT_EQ(offsetof(netif_tx_sring, ring), xr::kRingEntriesOffset);
   EXPECT_EQ(offsetof(netif_rx_sring, ring), xr::kRingEntriesOffset);
@@ -70,7 +71,7 @@ TEST(RingAbi, SharedRingHeaderMatchesSring) {
   EXPECT_FIELD2(xr::SharedRingHeader, pad, blkif_sring, __pad);
 }
 
-TEST(RingAbi, EntryUnionsMatchSringEntry) {
+TEST(RingAbi, EntryUnionsMatchSringEntry_abi) {
   EXPECT_SAME_SIZE(xr::BlkifEntry, blkif_sring_entry);
   EXPECT_SAME_SIZE(xr::NetifTxEntry, netif_tx_sring_entry);
   EXPECT_SAME_SIZE(xr::NetifRxEntry, netif_rx_sring_entry);
@@ -80,7 +81,7 @@ TEST(RingAbi, EntryUnionsMatchSringEntry) {
   EXPECT_EQ(alignof(xr::NetifRxEntry), alignof(netif_rx_sring_entry));
 }
 
-TEST(RingAbi, BlkifStructs) {
+TEST(RingAbi, BlkifStructs_abi) {
   EXPECT_SAME_SIZE(xr::BlkifRequestSegment, blkif_request_segment);
   EXPECT_FIELD(xr::BlkifRequestSegment, blkif_request_segment, gref);
   EXPECT_FIELD(xr::BlkifRequestSegment, blkif_request_segment, first_sect);
@@ -124,7 +125,7 @@ TEST(RingAbi, BlkifStructs) {
   EXPECT_FIELD(xr::BlkifResponse, blkif_response, status);
 }
 
-TEST(RingAbi, BlkifConstants) {
+TEST(RingAbi, BlkifConstants_abi) {
   EXPECT_EQ(xr::kBlkifOpRead, BLKIF_OP_READ);
   EXPECT_EQ(xr::kBlkifOpWrite, BLKIF_OP_WRITE);
   EXPECT_EQ(xr::kBlkifOpWriteBarrier, BLKIF_OP_WRITE_BARRIER);
@@ -145,7 +146,7 @@ TEST(RingAbi, BlkifConstants) {
   EXPECT_EQ(xr::kBlkifSectorsPerPage * xr::kBlkifSectorSize, XEN_PAGE_SIZE);
 }
 
-TEST(RingAbi, NetifStructs) {
+TEST(RingAbi, NetifStructs_abi) {
   EXPECT_SAME_SIZE(xr::NetifTxRequest, netif_tx_request);
   EXPECT_FIELD(xr::NetifTxRequest, netif_tx_request, gref);
   EXPECT_FIELD(xr::NetifTxRequest, netif_tx_request, offset);
@@ -179,7 +180,7 @@ TEST(RingAbi, NetifStructs) {
   EXPECT_FIELD(xr::NetifCtrlResponse, xen_netif_ctrl_response, data);
 }
 
-TEST(RingAbi, NetifExtraInfoAndItsVariants) {
+TEST(RingAbi, NetifExtraInfoAndItsVariants_abi) {
   EXPECT_SAME_SIZE(xr::NetifExtraInfo, netif_extra_info);
   EXPECT_FIELD(xr::NetifExtraInfo, netif_extra_info, type);
   EXPECT_FIELD(xr::NetifExtraInfo, netif_extra_info, flags);
@@ -198,7 +199,7 @@ TEST(RingAbi, NetifExtraInfoAndItsVariants) {
   EXPECT_FIELD(xr::NetifExtraInfo, netif_extra_info, u.pad);
 }
 
-TEST(RingAbi, NetifConstants) {
+TEST(RingAbi, NetifConstants_abi) {
   EXPECT_EQ(xr::kXenNetifNrSlotsMin, unsigned{XEN_NETIF_NR_SLOTS_MIN});
   EXPECT_EQ(xr::kXenNetifMaxTxSize, unsigned{XEN_NETIF_MAX_TX_SIZE});
   EXPECT_EQ(xr::kNettxfCsumBlank, NETTXF_csum_blank);
@@ -232,7 +233,7 @@ TEST(RingAbi, NetifConstants) {
   EXPECT_EQ(xr::kNetifRspNull, NETIF_RSP_NULL);
 }
 
-TEST(RingAbi, ConsoleInterface) {
+TEST(RingAbi, ConsoleInterface_abi) {
   EXPECT_SAME_SIZE(xr::XenconsInterface, xencons_interface);
   EXPECT_FIELD(xr::XenconsInterface, xencons_interface, in);
   EXPECT_FIELD(xr::XenconsInterface, xencons_interface, out);
@@ -247,7 +248,7 @@ TEST(RingAbi, ConsoleInterface) {
   }
 }
 
-TEST(RingAbi, XenstoreInterface) {
+TEST(RingAbi, XenstoreInterface_abi) {
   EXPECT_SAME_SIZE(xr::XenstoreDomainInterface, xenstore_domain_interface);
   EXPECT_FIELD(xr::XenstoreDomainInterface, xenstore_domain_interface, req);
   EXPECT_FIELD(xr::XenstoreDomainInterface, xenstore_domain_interface, rsp);
@@ -276,7 +277,7 @@ TEST(RingAbi, XenstoreInterface) {
 }
 
 // Ring sizes of 1, 2, 4 and 8 pages against __RING_SIZE and __CONST_RING_SIZE.
-TEST(RingAbi, RingSizesMatchRingSizeMacro) {
+TEST(RingAbi, RingSizesMatchRingSizeMacro_abi) {
   blkif_sring blk{};
   netif_tx_sring tx{};
   netif_rx_sring rx{};
@@ -313,7 +314,7 @@ TEST(RingAbi, RingSizesMatchRingSizeMacro) {
 
 // The official macros as the front end (guest driver), xpv's BackRing as the back end, on one
 // shared page: requests in, responses out, notify decisions as the macros compute them.
-TEST(RingAbi, OfficialFrontMacrosInteroperateWithBackRing) {
+TEST(RingAbi, OfficialFrontMacrosInteroperateWithBackRing_abi) {
   PageBuf page = pages(2);
   auto* sring = reinterpret_cast<blkif_sring*>(page.get());
   blkif_front_ring_t front;
@@ -379,7 +380,7 @@ TEST(RingAbi, OfficialFrontMacrosInteroperateWithBackRing) {
 }
 
 // xpv's FrontRing as the guest driver, the official macros as the back end (netif tx).
-TEST(RingAbi, FrontRingInteroperatesWithOfficialBackMacros) {
+TEST(RingAbi, FrontRingInteroperatesWithOfficialBackMacros_abi) {
   PageBuf page = pages(1);
   auto front = xr::NetifTxFrontRing::init(std::span(page.get(), XEN_PAGE_SIZE));
   ASSERT_TRUE(front);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "test_pages.h"
@@ -513,6 +514,72 @@ TEST_F(BlkPair, ResponseProducerMovingBackwardsIsAProtocolError) {
   b2.push_responses();
   header(page)->rsp_prod = 0xffffffffu;  // behind rsp_cons (0): 2^32 - 1 "responses"
   EXPECT_EQ(f2.unconsumed_responses().error(), RingError::bad_producer_index);
+}
+
+TEST(SharedRing, RandomPeerIndexesNeverEscapeTheRing) {
+  // A hostile front end writes arbitrary indexes; the back ring either hands out at most `size`
+  // requests (all inside the span: ASan would catch a stray read) or reports the protocol error.
+  Pages p(1);
+  std::mt19937 rng(12345);
+  unsigned refused = 0, accepted = 0;
+  for (int iter = 0; iter < 2000; ++iter) {
+    auto* h = header(p);
+    const RingIdx base = rng();
+    h->rsp_prod = base;
+    // Half near the valid window, half anywhere.
+    h->req_prod = (iter % 2) ? base + static_cast<RingIdx>(rng() % 70) : static_cast<RingIdx>(rng());
+    auto back = BlkifBackRing::attach(p.span());
+    if (!back) {
+      EXPECT_EQ(back.error(), RingError::bad_producer_index);
+      EXPECT_GT(static_cast<RingIdx>(h->req_prod - base), 32u);
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    unsigned popped = 0;
+    for (int i = 0; i < 40; ++i) {
+      if (i == 20) h->req_prod = static_cast<RingIdx>(rng());  // changes its mind mid-batch
+      auto r = back->pop_request();
+      if (!r) {
+        EXPECT_TRUE(r.error() == RingError::empty || r.error() == RingError::bad_producer_index);
+        break;
+      }
+      ++popped;
+    }
+    EXPECT_LE(popped, 32u);
+    EXPECT_LE(back->unanswered(), back->size());
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_GT(accepted, 0u);
+}
+
+TEST(SharedRing, ReattachedBackEndRedeliversUnansweredRequests) {
+  // A back end that consumed requests and died before answering: its successor attaches at the
+  // shared rsp_prod and sees those requests again (nothing acknowledged is lost).
+  Pages p(1);
+  auto front = BlkifFrontRing::init(p.span());
+  ASSERT_TRUE(front);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(front->produce_request(blk_req(i)));
+  front->push_requests();
+  {
+    auto old_back = BlkifBackRing::attach(p.span());
+    ASSERT_TRUE(old_back);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(old_back->pop_request());
+    ASSERT_TRUE(old_back->produce_response(blk_rsp(0)));
+    ASSERT_TRUE(old_back->produce_response(blk_rsp(1)));
+    old_back->push_responses();  // answered 0 and 1; 2 and 3 consumed, never answered
+  }
+  auto back = BlkifBackRing::attach(p.span());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->req_cons(), 2u);
+  auto n = back->unconsumed_requests();
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 4u);
+  for (std::uint64_t id = 2; id < 6; ++id) {
+    auto r = back->pop_request();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->id, id);
+  }
 }
 
 // ---- copy-out semantics ----

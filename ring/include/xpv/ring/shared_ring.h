@@ -153,7 +153,8 @@ inline std::atomic_ref<RingIdx> index_at(std::uint8_t* base, std::size_t offset)
 
 // Copy a T out of shared memory. The compiler barrier after the memcpy pins the copy: without it
 // the optimiser may drop the local and re-load fields from shared memory at each later use (a
-// double fetch: the peer could change a value between its check and its use).
+// double fetch: the peer could change a value between its check and its use). g++ implements
+// atomic_signal_fence(seq_cst) as a full compiler memory barrier (no instruction is emitted).
 template <class T>
 inline T copy_out(const std::uint8_t* src) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
@@ -167,6 +168,23 @@ template <class T>
 inline void copy_in(std::uint8_t* dst, const T& v) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
   std::memcpy(dst, &v, sizeof(T));
+}
+
+// The consumer half of RING_FINAL_CHECK_FOR_*: "notify me once the producer passes `want`", then
+// a seq_cst fence so the caller's re-read of the producer index is ordered after the store (mb).
+//
+// If the event index already holds `want`, it was stored by an earlier arm_event (followed by its
+// fence and a re-read that found nothing) or by init on the producer's side; either way a producer
+// push after that point sees it: by the fence rule, either the producer's fence comes after ours
+// and its load of the event index sees `want`, or it comes before and our earlier re-read would
+// have seen its index. So re-checking needs no new store and no new fence. This matters when a
+// consumer polls: rewriting the event index on every idle poll would bounce the header's cache
+// line (which the producer writes on every push) for nothing. A peer that overwrites our event
+// index only changes whether IT notifies US.
+inline void arm_event(std::atomic_ref<RingIdx> event, RingIdx want) noexcept {
+  if (event.load(std::memory_order_relaxed) == want) return;
+  event.store(want, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read (mb)
 }
 
 // What FrontRing and BackRing share: the bounded view of the shared memory and its geometry.
@@ -329,8 +347,7 @@ class FrontRing {
     auto n = refresh();
     if (!n) return fail(n.error());
     if (*n != 0) return true;
-    mem_.rsp_event().store(rsp_cons_ + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read (mb)
+    detail::arm_event(mem_.rsp_event(), rsp_cons_ + 1);
     n = refresh();
     if (!n) return fail(n.error());
     return *n != 0;
@@ -450,8 +467,7 @@ class BackRing {
     auto n = refresh();
     if (!n) return fail(n.error());
     if (*n != 0) return true;
-    mem_.req_event().store(req_cons_ + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read (mb)
+    detail::arm_event(mem_.req_event(), req_cons_ + 1);
     n = refresh();
     if (!n) return fail(n.error());
     return *n != 0;
