@@ -199,6 +199,17 @@ TEST(XenstoredCli, BadOptionsGiveOneClearLine) {
   EXPECT_TRUE(s.err.starts_with("xpv-xenstored: socket path too long: ")) << s.err;
 }
 
+TEST(XenstoredCli, DaemonModeReportsLateErrorsBeforeExiting) {
+  xpv::test::TempDir dir;
+  std::string sock = dir.path() + "/socket", pidf = dir.path() + "/no/such/dir/xs.pid";
+  auto r = run({XPV_XENSTORED_BIN, "--socket", sock, "--pid-file", pidf}, {});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv-xenstored: cannot write pid file " + pidf + "\n");
+  // The daemon that failed after the fork removed its socket.
+  for (int i = 0; i < 500 && std::filesystem::exists(sock); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(std::filesystem::exists(sock));
+}
+
 TEST(XenstoredCli, SecondDaemonOnLiveSocketRefuses) {
   Daemon d(XPV_XENSTORED_BIN);
   auto r = run({XPV_XENSTORED_BIN, "--foreground", "--socket", d.socket()}, {});

@@ -70,11 +70,16 @@ void daemonize(boost::asio::io_context& io, int& ready_fd) {
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid > 0) {
     ::close(p[1]);
-    char c = '0';
-    ssize_t n = ::read(p[0], &c, 1);
+    // '1' = serving; '0' followed by the error line = failed after the fork.
+    std::string msg;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(p[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<std::size_t>(n));
     int st = 0;
     ::waitpid(pid, &st, 0);
-    std::_Exit(n == 1 && c == '1' ? 0 : 1);
+    if (!msg.empty() && msg[0] == '1') std::_Exit(0);
+    if (msg.size() > 1) std::fprintf(stderr, "xpv-xenstored: %s\n", msg.c_str() + 1);
+    std::_Exit(1);
   }
   ::close(p[0]);
   ::setsid();
@@ -191,7 +196,8 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xpv-xenstored: %s\n", e.what());
     if (ready_fd >= 0) {
-      [[maybe_unused]] auto n = ::write(ready_fd, "0", 1);
+      std::string msg = std::string("0") + e.what();
+      [[maybe_unused]] auto n = ::write(ready_fd, msg.data(), msg.size());
       ::close(ready_fd);
     }
     spdlog::error("xenstored: {}", e.what());
