@@ -181,6 +181,16 @@ TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {
   EXPECT_FALSE(std::filesystem::exists(sock));
 }
 
+TEST(XenstoreCompatQuota, TransactionAndWatchQuotasGiveStandardErrors) {
+  Daemon d(XPV_XENSTORED_BIN, {"--quota", "transactions=1", "--quota", "watches=2"});
+  auto r = run({XPV_XS_CLIENT_BIN, "quota"}, d.env());
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "first transaction: ok\n"
+            "second transaction: ENOSPC\n"
+            "watches: ok ok E2BIG\n");
+}
+
 // Options and daemon mode.
 TEST(XenstoredCli, BadOptionsGiveOneClearLine) {
   auto q = run({XPV_XENSTORED_BIN, "--foreground", "--quota", "bogus=1"}, {});

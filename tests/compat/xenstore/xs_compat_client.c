@@ -169,6 +169,23 @@ static int errors(void) {
   return 0;
 }
 
+/* Run against a daemon started with --quota transactions=1 --quota watches=2. */
+static int quota(void) {
+  struct xs_handle *h = open_or_die();
+  xs_transaction_t t1 = xs_transaction_start(h);
+  printf("first transaction: %s\n", t1 != XBT_NULL ? "ok" : "failed");
+  xs_transaction_t t2 = xs_transaction_start(h);
+  printf("second transaction: %s\n",
+         t2 != XBT_NULL ? "ok" : (errno == ENOSPC ? "ENOSPC" : "other"));
+  xs_transaction_end(h, t1, true);
+  bool a = xs_watch(h, "/q/a", "a"), b = xs_watch(h, "/q/b", "b");
+  bool c = xs_watch(h, "/q/c", "c");
+  printf("watches: %s %s %s\n", a ? "ok" : "failed", b ? "ok" : "failed",
+         c ? "ok" : (errno == E2BIG ? "E2BIG" : "other"));
+  xs_close(h);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc != 2) {
@@ -181,6 +198,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "introduce")) return introduce();
   if (!strcmp(argv[1], "directory")) return directory();
   if (!strcmp(argv[1], "errors")) return errors();
+  if (!strcmp(argv[1], "quota")) return quota();
   fprintf(stderr, "unknown scenario %s\n", argv[1]);
   return 2;
 }
