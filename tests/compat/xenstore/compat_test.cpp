@@ -55,6 +55,16 @@ TEST_F(XenstoreCompat, LsShowsTreeAndPermissions) {
             "c = \"x y\"  . . . . . . . . . . . . . . . . . . . . . . . . .  (n0)\n");
 }
 
+TEST_F(XenstoreCompat, RelativePathsResolveUnderDom0Home) {
+  ASSERT_EQ(xs("write", {"rel/x", "5"}).rc, 0);
+  EXPECT_EQ(xs("read", {"/local/domain/0/rel/x"}).out, "5\n");
+  EXPECT_EQ(xs("read", {"rel/x"}).out, "5\n");
+  EXPECT_EQ(xs("ls", {"/local"}).out, "domain = \"\"\n 0 = \"\"\n  rel = \"\"\n   x = \"5\"\n");
+  // rm -t removes the node and every parent left empty (client-side logic over RM/DIRECTORY).
+  EXPECT_EQ(xs("rm", {"-t", "/local/domain/0/rel/x"}).rc, 0);
+  EXPECT_EQ(xs("list", {"/"}).out, "tool\n");
+}
+
 TEST_F(XenstoreCompat, ExistsAndRm) {
   ASSERT_EQ(xs("write", {"/e/x", "1"}).rc, 0);
   EXPECT_EQ(xs("exists", {"/e/x"}).rc, 0);
