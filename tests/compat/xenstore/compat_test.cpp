@@ -166,6 +166,18 @@ TEST_F(XenstoreCompat, ErrorNames) {
             "rm without parent: ENOENT\n");
 }
 
+TEST_F(XenstoreCompat, ControlCommands) {
+  auto r = client("control");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "control print: OK\n"
+            "control log-level: OK\n"
+            "control log-level: EINVAL\n"
+            "control quota: nodes 1000\n"
+            "control bogus: EINVAL\n"
+            "control log-level: OK\n");
+}
+
 TEST_F(XenstoreCompat, ManyConcurrentClients) {
   std::vector<std::unique_ptr<xpv::test::Proc>> ps;
   for (int i = 0; i < 8; ++i)

@@ -186,6 +186,30 @@ static int quota(void) {
   return 0;
 }
 
+static void print_control(struct xs_handle *h, const char *cmd, const char *arg) {
+  char *r = xs_control_command(h, cmd, (void *)arg, arg ? (unsigned int)strlen(arg) + 1 : 0);
+  if (!r) {
+    printf("control %s: %s\n", cmd, errno == EINVAL ? "EINVAL" : "other error");
+    return;
+  }
+  char *nl = strchr(r, '\n');
+  if (nl) *nl = '\0'; /* first line only */
+  printf("control %s: %s\n", cmd, r);
+  free(r);
+}
+
+static int control(void) {
+  struct xs_handle *h = open_or_die();
+  print_control(h, "print", "hello from the compat suite");
+  print_control(h, "log-level", "warn");
+  print_control(h, "log-level", "loud");
+  print_control(h, "quota", NULL);
+  print_control(h, "bogus", NULL);
+  print_control(h, "log-level", "error");
+  xs_close(h);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc != 2) {
@@ -199,6 +223,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "directory")) return directory();
   if (!strcmp(argv[1], "errors")) return errors();
   if (!strcmp(argv[1], "quota")) return quota();
+  if (!strcmp(argv[1], "control")) return control();
   fprintf(stderr, "unknown scenario %s\n", argv[1]);
   return 2;
 }
