@@ -4,6 +4,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
+#include <cstdio>
 #include <future>
 #include <stdexcept>
 
@@ -17,7 +18,12 @@ SyncClient::SyncClient(const std::string& socket_path, std::chrono::milliseconds
   client_ = Client::create(*io_);
   thread_ = std::thread([io = io_.get()] {
     auto guard = asio::make_work_guard(*io);
-    io->run();
+    try {
+      io->run();
+    } catch (const std::exception& e) {
+      // A handler threw (a user callback): stop serving; pending calls time out with EIO.
+      std::fprintf(stderr, "xenstore SyncClient: io thread stopped: %s\n", e.what());
+    }
   });
   auto r = call<void>([this, socket_path](Done d) { client_->connect(socket_path, std::move(d)); });
   if (!r) {
