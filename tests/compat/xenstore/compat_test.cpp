@@ -1,0 +1,272 @@
+// Compat suite: the real xpv-xenstored on a temporary socket, driven by Debian's xenstore-utils
+// and by a small program linked against Debian's libxenstore. Every case asserts exact output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "process.h"
+
+using namespace std::chrono_literals;
+using xpv::test::Daemon;
+using xpv::test::run;
+using xpv::test::RunResult;
+
+namespace {
+
+class XenstoreCompat : public ::testing::Test {
+ protected:
+  RunResult xs(const std::string& tool, std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/bin/xenstore-" + tool);
+    return run(args, d_.env());
+  }
+  RunResult client(const std::string& scenario) {
+    return run({XPV_XS_CLIENT_BIN, scenario}, d_.env());
+  }
+  Daemon d_{XPV_XENSTORED_BIN};
+};
+
+}  // namespace
+
+TEST_F(XenstoreCompat, WriteReadList) {
+  auto w = xs("write", {"/a/b", "hello", "/a/c", "x y"});
+  EXPECT_EQ(w.rc, 0) << w.err;
+  EXPECT_EQ(w.out, "");
+  auto r = xs("read", {"/a/b", "/a/c"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "hello\nx y\n");
+  auto l = xs("list", {"/a"});
+  EXPECT_EQ(l.out, "b\nc\n");
+  auto root = xs("list", {"/"});
+  EXPECT_EQ(root.out, "tool\na\n");
+}
+
+TEST_F(XenstoreCompat, LsShowsTreeAndPermissions) {
+  ASSERT_EQ(xs("write", {"/a/b", "hello", "/a/c", "x y"}).rc, 0);
+  auto ls = xs("ls", {"/"});
+  EXPECT_EQ(ls.rc, 0) << ls.err;
+  EXPECT_EQ(ls.out, "tool = \"\"\n xenstored = \"\"\na = \"\"\n b = \"hello\"\n c = \"x y\"\n");
+  auto ch = xs("chmod", {"/a/b", "r5", "w6"});
+  EXPECT_EQ(ch.rc, 0) << ch.err;
+  auto lp = xs("ls", {"-p", "/a"});
+  EXPECT_EQ(lp.out,
+            "b = \"hello\"  . . . . . . . . . . . . . . . . . . . . . . . .  (r5,w6)\n"
+            "c = \"x y\"  . . . . . . . . . . . . . . . . . . . . . . . . .  (n0)\n");
+}
+
+TEST_F(XenstoreCompat, RelativePathsResolveUnderDom0Home) {
+  ASSERT_EQ(xs("write", {"rel/x", "5"}).rc, 0);
+  EXPECT_EQ(xs("read", {"/local/domain/0/rel/x"}).out, "5\n");
+  EXPECT_EQ(xs("read", {"rel/x"}).out, "5\n");
+  EXPECT_EQ(xs("ls", {"/local"}).out, "domain = \"\"\n 0 = \"\"\n  rel = \"\"\n   x = \"5\"\n");
+  // rm -t removes the node and every parent left empty (client-side logic over RM/DIRECTORY).
+  EXPECT_EQ(xs("rm", {"-t", "/local/domain/0/rel/x"}).rc, 0);
+  EXPECT_EQ(xs("list", {"/"}).out, "tool\n");
+}
+
+TEST_F(XenstoreCompat, ExistsAndRm) {
+  ASSERT_EQ(xs("write", {"/e/x", "1"}).rc, 0);
+  EXPECT_EQ(xs("exists", {"/e/x"}).rc, 0);
+  EXPECT_EQ(xs("exists", {"/e/nope"}).rc, 1);
+  auto rm = xs("rm", {"/e/x"});
+  EXPECT_EQ(rm.rc, 0) << rm.err;
+  EXPECT_EQ(xs("exists", {"/e/x"}).rc, 1);
+  auto r = xs("read", {"/e/x"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "xenstore-read: couldn't read path /e/x\n");
+  EXPECT_EQ(xs("list", {"/e"}).out, "");
+}
+
+TEST_F(XenstoreCompat, BadPathsAreRejected) {
+  auto r = xs("read", {"/a//b"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xenstore-read: couldn't read path /a//b\n");
+  auto w = xs("write", {"/bad path", "v"});
+  EXPECT_EQ(w.rc, 1);
+  EXPECT_EQ(w.err, "xenstore-write: could not write path /bad path\n");
+}
+
+TEST_F(XenstoreCompat, WatchSeesRegistrationAndChange) {
+  xpv::test::Proc watch({"/usr/bin/xenstore-watch", "-n", "3", "/w"}, d_.env());
+  auto first = watch.read_line(10s);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(*first, "/w");
+  ASSERT_EQ(xs("write", {"/w/x", "1"}).rc, 0);
+  ASSERT_EQ(xs("write", {"/other", "1"}).rc, 0);
+  ASSERT_EQ(xs("rm", {"/w"}).rc, 0);
+  EXPECT_EQ(watch.wait(10s), 0);
+  EXPECT_EQ(watch.out(), "/w/x\n/w\n");
+}
+
+TEST_F(XenstoreCompat, TransactionConflictAndRetry) {
+  auto r = client("txn-conflict");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "read /c/x: \"0\" (1 bytes)\n"
+            "first commit: EAGAIN\n"
+            "read /c/y: errno ENOENT\n"
+            "read /c/x: \"other\" (5 bytes)\n"
+            "retry committed after 1 attempt(s)\n"
+            "read /c/y: \"tx\" (2 bytes)\n"
+            "read /c/z: errno ENOENT\n");
+}
+
+TEST_F(XenstoreCompat, WatchAndReadWatch) {
+  auto r = client("watch");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "event /w tok\n"
+            "event /w/a/b tok\n"
+            "event /w tok\n"
+            "unwatch twice: failed\n");
+}
+
+TEST_F(XenstoreCompat, GetAndSetPermissions) {
+  auto r = client("perms");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "default: 1 entry, owner 0 perms 0\n"
+            "perm 0: dom 5 perms 0\n"
+            "perm 1: dom 7 perms 1\n"
+            "perm 2: dom 8 perms 3\n"
+            "set on missing node: ENOENT\n");
+}
+
+TEST_F(XenstoreCompat, IntroduceAndReleaseFireSpecialWatches) {
+  auto r = client("introduce");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "event @introduceDomain intro\n"
+            "event @releaseDomain rel\n"
+            "introduced before: no\n"
+            "event @introduceDomain intro\n"
+            "introduced after: yes\n"
+            "domain path: /local/domain/5\n"
+            "event @releaseDomain rel\n"
+            "introduced after release: no\n"
+            "release again: ENOENT\n");
+}
+
+TEST_F(XenstoreCompat, LargeDirectoryUsesDirectoryPart) {
+  auto r = client("directory");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out, "400 children, first entry-with-long-name-000, last entry-with-long-name-399\n");
+}
+
+TEST_F(XenstoreCompat, ErrorNames) {
+  auto r = client("errors");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "read /missing: errno ENOENT\n"
+            "read /bad//path: errno EINVAL\n"
+            "read /bad path: errno EINVAL\n"
+            "write special: EINVAL\n"
+            "rm without parent: ENOENT\n");
+}
+
+TEST_F(XenstoreCompat, ControlCommands) {
+  auto r = client("control");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "control print: OK\n"
+            "control log-level: OK\n"
+            "control log-level: EINVAL\n"
+            "control quota: nodes 1000\n"
+            "control bogus: EINVAL\n"
+            "control log-level: OK\n");
+}
+
+TEST_F(XenstoreCompat, ManyConcurrentClients) {
+  std::vector<std::unique_ptr<xpv::test::Proc>> ps;
+  for (int i = 0; i < 8; ++i)
+    ps.push_back(std::make_unique<xpv::test::Proc>(
+        std::vector<std::string>{"/usr/bin/xenstore-write", "/conc/" + std::to_string(i),
+                                 std::to_string(i * i)},
+        d_.env()));
+  for (auto& p : ps) EXPECT_EQ(p->wait(20s), 0);
+  // Children are listed in creation order, which depends on scheduling: compare sorted.
+  auto l = xs("list", {"/conc"});
+  std::vector<std::string> names;
+  std::istringstream in(l.out);
+  for (std::string line; std::getline(in, line);) names.push_back(line);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7"}));
+  auto r = xs("read", {"/conc/0", "/conc/3", "/conc/7"});
+  EXPECT_EQ(r.out, "0\n9\n49\n");
+}
+
+TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {
+  std::string sock = d_.socket();
+  EXPECT_EQ(d_.stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists(sock));
+}
+
+TEST(XenstoreCompatQuota, TransactionAndWatchQuotasGiveStandardErrors) {
+  Daemon d(XPV_XENSTORED_BIN, {"--quota", "transactions=1", "--quota", "watches=2"});
+  auto r = run({XPV_XS_CLIENT_BIN, "quota"}, d.env());
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "first transaction: ok\n"
+            "second transaction: ENOSPC\n"
+            "watches: ok ok E2BIG\n");
+}
+
+// Options and daemon mode.
+TEST(XenstoredCli, BadOptionsGiveOneClearLine) {
+  auto q = run({XPV_XENSTORED_BIN, "--foreground", "--quota", "bogus=1"}, {});
+  EXPECT_EQ(q.rc, 2);
+  EXPECT_EQ(q.err,
+            "xpv-xenstored: --quota 'bogus=1': expected KEY=N with N > 0 and KEY one of nodes, "
+            "node-size, watches, transactions, outstanding, path-max, perms, pending-events\n");
+  auto l = run({XPV_XENSTORED_BIN, "--foreground", "--log-level", "loud"}, {});
+  EXPECT_EQ(l.rc, 2);
+  EXPECT_EQ(l.err,
+            "xpv-xenstored: --log-level 'loud': expected trace, debug, info, warn, error or off\n");
+  xpv::test::TempDir dir;
+  auto s = run({XPV_XENSTORED_BIN, "--foreground", "--socket", dir.path() + "/no/such/dir/x/" +
+                std::string(120, 'l')}, {});
+  EXPECT_EQ(s.rc, 1);
+  EXPECT_TRUE(s.err.starts_with("xpv-xenstored: socket path too long: ")) << s.err;
+}
+
+TEST(XenstoredCli, DaemonModeReportsLateErrorsBeforeExiting) {
+  xpv::test::TempDir dir;
+  std::string sock = dir.path() + "/socket", pidf = dir.path() + "/no/such/dir/xs.pid";
+  auto r = run({XPV_XENSTORED_BIN, "--socket", sock, "--pid-file", pidf}, {});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv-xenstored: cannot write pid file " + pidf + "\n");
+  // The daemon that failed after the fork removed its socket.
+  for (int i = 0; i < 500 && std::filesystem::exists(sock); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(std::filesystem::exists(sock));
+}
+
+TEST(XenstoredCli, SecondDaemonOnLiveSocketRefuses) {
+  Daemon d(XPV_XENSTORED_BIN);
+  auto r = run({XPV_XENSTORED_BIN, "--foreground", "--socket", d.socket()}, {});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv-xenstored: another xenstored is listening on " + d.socket() + "\n");
+}
+
+TEST(XenstoredCli, DaemonizesWritesPidFileAndCleansUpOnSigterm) {
+  xpv::test::TempDir dir;
+  std::string sock = dir.path() + "/sub/socket", pidf = dir.path() + "/xs.pid";
+  auto r = run({XPV_XENSTORED_BIN, "--socket", sock, "--pid-file", pidf}, {});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  ASSERT_TRUE(std::filesystem::exists(pidf));
+  pid_t pid = 0;
+  std::ifstream(pidf) >> pid;
+  ASSERT_GT(pid, 1);
+  // The daemon serves as soon as the launcher returned.
+  auto w = run({"/usr/bin/xenstore-write", "/d", "1"}, {"XENSTORED_PATH=" + sock});
+  EXPECT_EQ(w.rc, 0) << w.err;
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  for (int i = 0; i < 1000 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(10ms);
+  bool gone = ::kill(pid, 0) != 0;
+  if (!gone) ::kill(pid, SIGKILL);
+  EXPECT_TRUE(gone);
+  EXPECT_FALSE(std::filesystem::exists(sock));
+  EXPECT_FALSE(std::filesystem::exists(pidf));
+}

@@ -1,0 +1,208 @@
+// The async client (through its blocking wrapper and directly) against an in-process daemon:
+// Store + SocketServer on their own io_context thread, on a socket in a temporary directory.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <condition_variable>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/daemon/socket_server.h"
+
+using namespace std::chrono_literals;
+using namespace xpv::xenbus;
+using client::SyncClient;
+using wire::Error;
+
+namespace {
+
+class InProcessDaemon {
+ public:
+  InProcessDaemon() : work_(boost::asio::make_work_guard(io_)) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "xpv-xsc-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp");
+    dir_ = tmpl;
+    server_ = std::make_unique<daemon::SocketServer>(io_, store_, dir_ + "/socket");
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~InProcessDaemon() {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      server_.reset();
+      done.set_value();
+    });
+    done.get_future().wait();
+    work_.reset();
+    io_.stop();
+    thread_.join();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string socket() const { return dir_ + "/socket"; }
+
+ private:
+  boost::asio::io_context io_;
+  Store store_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::string dir_;
+  std::unique_ptr<daemon::SocketServer> server_;
+  std::thread thread_;
+};
+
+// Collects watch events from the client's thread; waits are bounded.
+class Events {
+ public:
+  client::WatchCallback callback() {
+    return [this](const std::string& path, const std::string& token) {
+      std::lock_guard<std::mutex> l(m_);
+      got_.push_back(path + "|" + token);
+      cv_.notify_all();
+    };
+  }
+  std::vector<std::string> wait_for(std::size_t n) {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait_for(l, 5s, [&] { return got_.size() >= n; });
+    return got_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::string> got_;
+};
+
+}  // namespace
+
+TEST(XenstoreClient, BasicOperationsRoundTrip) {
+  InProcessDaemon d;
+  SyncClient c(d.socket());
+  ASSERT_TRUE(c.write("/a/b", "hello"));
+  EXPECT_EQ(*c.read("/a/b"), "hello");
+  ASSERT_TRUE(c.mkdir("/a/c"));
+  EXPECT_EQ(*c.directory("/a"), (std::vector<std::string>{"b", "c"}));
+  ASSERT_TRUE(c.set_perms("/a/b", {{3, kPermRead}, {4, kPermWrite}}));
+  EXPECT_EQ(*c.get_perms("/a/b"), (PermList{{3, kPermRead}, {4, kPermWrite}}));
+  ASSERT_TRUE(c.rm("/a"));
+  auto r = c.read("/a/b");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), Error::enoent);
+  auto bad = c.write("/bad path", "x");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error(), Error::einval);
+  EXPECT_EQ(*c.directory("/"), (std::vector<std::string>{"tool"}));
+}
+
+TEST(XenstoreClient, WatchCallbackFiresOnRegistrationAndChange) {
+  InProcessDaemon d;
+  SyncClient watcher(d.socket()), writer(d.socket());
+  Events ev;
+  ASSERT_TRUE(watcher.watch("/w", "tok", ev.callback()));
+  EXPECT_EQ(ev.wait_for(1), std::vector<std::string>{"/w|tok"});
+  ASSERT_TRUE(writer.write("/w/x", "1"));
+  EXPECT_EQ(ev.wait_for(2), (std::vector<std::string>{"/w|tok", "/w/x|tok"}));
+  ASSERT_TRUE(watcher.unwatch("/w", "tok"));
+  auto again = watcher.unwatch("/w", "tok");
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error(), Error::enoent);
+}
+
+TEST(XenstoreClient, SyncTransactionRetriesOnConflict) {
+  InProcessDaemon d;
+  SyncClient c(d.socket()), other(d.socket());
+  ASSERT_TRUE(c.write("/counter", "0"));
+  int attempts = 0;
+  auto r = c.transaction([&](client::TxId tx) -> client::Result<void> {
+    ++attempts;
+    auto v = c.read("/counter", tx);
+    if (!v) return xpv::fail(v.error());
+    if (attempts == 1) {
+      auto w = other.write("/counter", "10");  // conflicting write between read and commit
+      if (!w) return xpv::fail(w.error());
+    }
+    return c.write("/counter", std::to_string(std::stoi(*v) + 1), tx);
+  });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(c.retries(), 1u);
+  EXPECT_EQ(*c.read("/counter"), "11");
+}
+
+TEST(XenstoreClient, SyncTransactionGivesUpAfterMaxRetries) {
+  InProcessDaemon d;
+  SyncClient c(d.socket()), other(d.socket());
+  ASSERT_TRUE(c.write("/x", "0"));
+  int attempts = 0;
+  auto r = c.transaction(
+      [&](client::TxId tx) -> client::Result<void> {
+        ++attempts;
+        (void)c.read("/x", tx);
+        (void)other.write("/x", std::to_string(attempts));  // always conflicts
+        return c.write("/y", "z", tx);
+      },
+      2);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), Error::eagain);
+  EXPECT_EQ(attempts, 3);
+  EXPECT_EQ(c.read("/y").error(), Error::enoent);
+}
+
+TEST(XenstoreClient, AsyncTransactionRetriesAndBodyErrorAborts) {
+  InProcessDaemon d;
+  SyncClient other(d.socket());
+  ASSERT_TRUE(other.write("/t", "0"));
+  boost::asio::io_context io;
+  auto c = client::Client::create(io);
+  int attempts = 0;
+  client::Result<void> result = xpv::fail(Error::eio);
+  client::Result<void> aborted = xpv::fail(Error::eio);
+  c->connect(d.socket(), [&](client::Result<void> r) {
+    ASSERT_TRUE(r);
+    c->transaction(
+        [&](client::TxId tx, client::Finish finish) {
+          ++attempts;
+          c->read("/t", [&, tx, finish](client::Result<std::string> v) {
+            if (!v) return finish(xpv::fail(v.error()));
+            if (attempts == 1) (void)other.write("/t", "5");  // blocking: other's own thread
+            c->write("/t", std::to_string(std::stoi(*v) + 1), finish, tx);
+          }, tx);
+        },
+        [&](client::Result<void> r2) {
+          result = r2;
+          c->transaction(
+              [&](client::TxId tx, client::Finish finish) {
+                c->write("/never", "x", [finish](client::Result<void>) {
+                  finish(xpv::fail(Error::eperm));
+                }, tx);
+              },
+              [&](client::Result<void> r3) {
+                aborted = r3;
+                c->close();
+              });
+        });
+  });
+  io.run_for(10s);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(c->retries(), 1u);
+  EXPECT_EQ(*other.read("/t"), "6");
+  ASSERT_FALSE(aborted);
+  EXPECT_EQ(aborted.error(), Error::eperm);
+  EXPECT_EQ(other.read("/never").error(), Error::enoent);
+}
+
+TEST(XenstoreClient, ConnectFailureAndBrokenConnection) {
+  EXPECT_THROW(SyncClient("/nonexistent/xpv/socket", 2s), std::runtime_error);
+  std::optional<SyncClient> c;
+  {
+    InProcessDaemon d;
+    c.emplace(d.socket());
+    ASSERT_TRUE(c->write("/x", "1"));
+  }  // daemon gone
+  auto r = c->read("/x");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error(), Error::eio);
+}

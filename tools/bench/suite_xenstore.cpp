@@ -1,0 +1,257 @@
+// `xpv bench xenstore`: xpv-xenstored driven by Debian's libxenstore — write, read and
+// directory throughput with 1 and 8 concurrent clients, and watch-fire latency (write on one
+// client → xs_read_watch returns on the watchers) with 1 and 8 watching clients; plus pipelined
+// writes through xpv's own async client. The suite starts its own daemon (the xpv-xenstored next
+// to this xpv binary) on a temporary socket and stops it afterwards.
+//
+// Reference: none. Debian's C xenstored (xen-utils-4.17, started with --no-domain-init) crashes
+// on its first socket request without a hypervisor, and oxenstored needs Xen (xenctrl); there is
+// no other xenstore daemon on Debian that runs on a host without Xen.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <boost/asio/io_context.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include <xenstore.h>
+}
+
+#include "bench/bench.h"
+#include "xpv/xenbus/client/client.h"
+
+extern char** environ;
+
+namespace {
+
+using xpv::bench::Clock;
+using xpv::bench::Result;
+
+constexpr const char* kNoReference =
+    "no reference: Debian's xenstored/oxenstored do not run without Xen";
+
+// The daemon under test, on a socket in a private temporary directory. SIGTERM on destruction.
+class BenchDaemon {
+ public:
+  BenchDaemon() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "xpv-bench-xs-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    dir_ = tmpl;
+    socket_ = dir_ + "/socket";
+    std::string bin =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "xpv-xenstored").string();
+    if (!std::filesystem::exists(bin)) {
+      std::filesystem::remove_all(dir_);
+      throw std::runtime_error("xenstore bench: " + bin + " not built");
+    }
+    std::vector<std::string> args{bin, "--foreground", "--socket", socket_, "--log-level",
+                                  "error", "--quota", "watches=1024", "--quota",
+                                  "outstanding=1024"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      std::filesystem::remove_all(dir_);
+      throw std::runtime_error("xenstore bench: cannot start " + bin);
+    }
+    for (int i = 0; i < 500 && !connectable(); ++i) ::usleep(10000);
+    if (!connectable()) {
+      stop();
+      throw std::runtime_error("xenstore bench: xpv-xenstored did not come up");
+    }
+  }
+  ~BenchDaemon() { stop(); }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  bool connectable() const {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, socket_.c_str(), sizeof sa.sun_path - 1);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    ::close(fd);
+    return ok;
+  }
+  void stop() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  pid_t pid_ = -1;
+  std::string dir_;
+  std::string socket_;
+};
+
+struct XsHandle {
+  XsHandle() : h(xs_open(0)) {
+    if (!h) throw std::runtime_error("xenstore bench: xs_open failed");
+  }
+  ~XsHandle() { xs_close(h); }
+  XsHandle(const XsHandle&) = delete;
+  XsHandle& operator=(const XsHandle&) = delete;
+  xs_handle* h;
+};
+
+enum class Op { write, read, directory };
+
+// ops/s over `clients` threads, each with its own connection doing `per_client` operations.
+double throughput(Op op, int clients, int per_client) {
+  std::vector<std::unique_ptr<XsHandle>> hs;
+  for (int c = 0; c < clients; ++c) hs.push_back(std::make_unique<XsHandle>());
+  // Setup: each client's own subtree with 32 keys.
+  for (int c = 0; c < clients; ++c)
+    for (int k = 0; k < 32; ++k) {
+      std::string p = "/bench/c" + std::to_string(c) + "/k" + std::to_string(k);
+      xs_write(hs[c]->h, XBT_NULL, p.c_str(), "value", 5);
+    }
+  std::atomic<int> failures{0};
+  std::barrier start(clients + 1);
+  std::vector<std::thread> ts;
+  for (int c = 0; c < clients; ++c) {
+    ts.emplace_back([&, c] {
+      xs_handle* h = hs[c]->h;
+      std::string base = "/bench/c" + std::to_string(c);
+      start.arrive_and_wait();
+      for (int i = 0; i < per_client; ++i) {
+        std::string p = base + "/k" + std::to_string(i % 32);
+        unsigned int len = 0;
+        bool ok = true;
+        switch (op) {
+          case Op::write: ok = xs_write(h, XBT_NULL, p.c_str(), "value-42", 8); break;
+          case Op::read: {
+            void* v = xs_read(h, XBT_NULL, p.c_str(), &len);
+            ok = v != nullptr;
+            std::free(v);
+            break;
+          }
+          case Op::directory: {
+            char** d = xs_directory(h, XBT_NULL, base.c_str(), &len);
+            ok = d != nullptr && len == 32;
+            std::free(d);
+            break;
+          }
+        }
+        if (!ok) failures.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  start.arrive_and_wait();
+  auto t0 = Clock::now();
+  for (auto& t : ts) t.join();
+  double secs = xpv::bench::seconds_since(t0);
+  if (failures.load() != 0) throw std::runtime_error("xenstore bench: operations failed");
+  return static_cast<double>(clients) * per_client / secs;
+}
+
+// Median microseconds from the start of xs_write on a separate client until the last of
+// `watchers` clients has read the event.
+double watch_latency_us(int watchers, int iterations) {
+  XsHandle writer;
+  std::vector<std::unique_ptr<XsHandle>> ws;
+  for (int i = 0; i < watchers; ++i) {
+    ws.push_back(std::make_unique<XsHandle>());
+    if (!xs_watch(ws.back()->h, "/bench/w", "t"))
+      throw std::runtime_error("xenstore bench: xs_watch failed");
+  }
+  auto read_one = [](xs_handle* h) {
+    pollfd p{xs_fileno(h), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) throw std::runtime_error("xenstore bench: watch event lost");
+    unsigned int n = 0;
+    std::free(xs_read_watch(h, &n));
+  };
+  for (auto& w : ws) read_one(w->h);  // the registration event
+  std::vector<double> lat;
+  lat.reserve(static_cast<std::size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    if (!xs_write(writer.h, XBT_NULL, "/bench/w/x", "1", 1))
+      throw std::runtime_error("xenstore bench: write failed");
+    for (auto& w : ws) read_one(w->h);
+    lat.push_back(xpv::bench::seconds_since(t0) * 1e6);
+  }
+  std::nth_element(lat.begin(), lat.begin() + lat.size() / 2, lat.end());
+  return lat[lat.size() / 2];
+}
+
+// Pipelined writes through xpv's async client: `depth` requests in flight.
+double async_client_writes(const std::string& socket, int total, int depth) {
+  boost::asio::io_context io;
+  auto c = xpv::xenbus::client::Client::create(io);
+  int issued = 0, done = 0, failed = 0;
+  Clock::time_point t0;
+  std::function<void()> issue = [&] {
+    int i = issued++;
+    c->write("/bench/async/k" + std::to_string(i % 64), "value-42",
+             [&](xpv::xenbus::client::Result<void> r) {
+               if (!r) ++failed;
+               if (++done == total) return c->close();
+               if (issued < total) issue();
+             });
+  };
+  c->connect(socket, [&](xpv::xenbus::client::Result<void> r) {
+    if (!r) return;
+    t0 = Clock::now();
+    for (int i = 0; i < depth && issued < total; ++i) issue();
+  });
+  io.run();
+  double secs = xpv::bench::seconds_since(t0);
+  if (done != total || failed != 0) throw std::runtime_error("xenstore bench: async writes failed");
+  return total / secs;
+}
+
+std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
+  BenchDaemon daemon;
+  ::setenv("XENSTORED_PATH", daemon.socket().c_str(), 1);
+  auto n = [&](int base) { return std::max(50, static_cast<int>(base * opts.scale)); };
+  std::vector<Result> rs;
+  auto add = [&](std::string metric, std::string unit, double v, bool lower = false) {
+    Result r;
+    r.metric = std::move(metric);
+    r.unit = std::move(unit);
+    r.xpv = v;
+    r.note = kNoReference;
+    r.lower_is_better = lower;
+    rs.push_back(std::move(r));
+  };
+  for (int clients : {1, 8}) {
+    int per = n(clients == 1 ? 20000 : 5000);
+    std::string sfx = clients == 1 ? " (1 client)" : " (8 clients)";
+    add("write" + sfx, "ops/s", throughput(Op::write, clients, per));
+    add("read" + sfx, "ops/s", throughput(Op::read, clients, per));
+    add("directory 32 entries" + sfx, "ops/s", throughput(Op::directory, clients, per));
+  }
+  add("watch fire latency, median (1 watcher)", "us", watch_latency_us(1, n(2000)), true);
+  add("watch fire latency, median (8 watchers)", "us", watch_latency_us(8, n(1000)), true);
+  add("write, xpv async client, 64 in flight", "ops/s",
+      async_client_writes(daemon.socket(), n(50000), 64));
+  ::unsetenv("XENSTORED_PATH");
+  return rs;
+}
+
+}  // namespace
+
+XPV_BENCH_SUITE("xenstore",
+                "xpv-xenstored via libxenstore: write/read/directory ops/s (1 and 8 clients), "
+                "watch-fire latency",
+                run_xenstore);

@@ -1,0 +1,207 @@
+// xpv-xenstored — the xenstore daemon.
+//   xpv-xenstored [--socket PATH] [--foreground] [--pid-file F] [--quota KEY=N]... [--log-level L]
+// Serves libxenstore clients on a unix socket (default /run/xenstored/socket, what Debian's
+// libxenstore opens; XENSTORED_PATH points clients elsewhere). Without --foreground it
+// daemonizes (double fork, setsid, stdio on /dev/null, logs to syslog) once the socket is
+// listening, so a caller may connect as soon as the parent exits. SIGTERM/SIGINT: clean
+// shutdown removing the socket and the pid file.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xpv/xenbus/daemon/socket_server.h"
+#include "xpv/xenbus/store.h"
+
+namespace {
+
+std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
+  using spdlog::level::level_enum;
+  if (s == "trace") return level_enum::trace;
+  if (s == "debug") return level_enum::debug;
+  if (s == "info") return level_enum::info;
+  if (s == "warn" || s == "warning") return level_enum::warn;
+  if (s == "error") return level_enum::err;
+  if (s == "off") return level_enum::off;
+  return std::nullopt;
+}
+
+// Removes the pid file when the daemon exits normally.
+class PidFile {
+ public:
+  PidFile() = default;
+  explicit PidFile(std::string path) : path_(std::move(path)) {
+    std::ofstream f(path_);
+    if (!f) throw std::runtime_error("cannot write pid file " + path_);
+    f << ::getpid() << '\n';
+  }
+  PidFile(PidFile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  PidFile& operator=(PidFile&& o) noexcept {
+    std::swap(path_, o.path_);
+    return *this;
+  }
+  ~PidFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+};
+
+// Double fork. The original process waits until the daemon reports ready (one byte on a pipe:
+// '1' ok, '0' failed) so its exit status tells the caller whether the daemon runs.
+// Returns in the daemon; the original process and the intermediate child exit here.
+void daemonize(boost::asio::io_context& io, int& ready_fd) {
+  int p[2];
+  if (::pipe(p) != 0) throw std::runtime_error("pipe failed");
+  io.notify_fork(boost::asio::io_context::fork_prepare);
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid > 0) {
+    ::close(p[1]);
+    // '1' = serving; '0' followed by the error line = failed after the fork.
+    std::string msg;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(p[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<std::size_t>(n));
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    if (!msg.empty() && msg[0] == '1') std::_Exit(0);
+    if (msg.size() > 1) std::fprintf(stderr, "xpv-xenstored: %s\n", msg.c_str() + 1);
+    std::_Exit(1);
+  }
+  ::close(p[0]);
+  ::setsid();
+  pid = ::fork();
+  if (pid < 0) std::_Exit(1);
+  if (pid > 0) std::_Exit(0);
+  io.notify_fork(boost::asio::io_context::fork_child);
+  ::umask(022);
+  if (::chdir("/") != 0) { /* "/" always exists */ }
+  int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    if (null > 2) ::close(null);
+  }
+  ready_fd = p[1];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"xpv-xenstored — xenstore daemon (libxenstore / xenstore-utils compatible)"};
+  std::string socket_path = "/run/xenstored/socket";
+  bool foreground = false;
+  std::string pid_file;
+  std::vector<std::string> quota_args;
+  std::string log_level = "info";
+  app.add_option("--socket", socket_path, "unix socket to listen on")->capture_default_str();
+  app.add_flag("--foreground", foreground, "do not daemonize; log to stderr");
+  app.add_option("--pid-file", pid_file, "write the daemon's pid here");
+  app.add_option("--quota", quota_args,
+                 "KEY=N; keys: nodes node-size watches transactions outstanding path-max perms "
+                 "pending-events");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  xpv::xenbus::Quotas quotas;
+  for (const auto& q : quota_args) {
+    auto eq = q.find('=');
+    std::uint64_t v = 0;
+    bool ok = eq != std::string::npos && eq + 1 < q.size() &&
+              q.find_first_not_of("0123456789", eq + 1) == std::string::npos &&
+              q.size() - eq - 1 <= 10;
+    if (ok) v = std::stoull(q.substr(eq + 1));
+    if (!ok || !xpv::xenbus::set_quota(quotas, q.substr(0, eq), v)) {
+      std::fprintf(stderr,
+                   "xpv-xenstored: --quota '%s': expected KEY=N with N > 0 and KEY one of nodes, "
+                   "node-size, watches, transactions, outstanding, path-max, perms, "
+                   "pending-events\n",
+                   q.c_str());
+      return 2;
+    }
+  }
+  auto level = parse_level(log_level);
+  if (!level) {
+    std::fprintf(stderr,
+                 "xpv-xenstored: --log-level '%s': expected trace, debug, info, warn, error or "
+                 "off\n",
+                 log_level.c_str());
+    return 2;
+  }
+  spdlog::set_level(*level);
+
+  int ready_fd = -1;
+  try {
+    boost::asio::io_context io(1);
+    xpv::xenbus::Hooks hooks;
+    hooks.print = [](std::string_view s) { spdlog::info("xenstored: control print: {}", s); };
+    hooks.set_log_level = [](std::string_view s) {
+      auto l = parse_level(s);
+      if (l) spdlog::set_level(*l);
+      return l.has_value();
+    };
+    hooks.introduced = [](xpv::xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
+      // No domain control socket yet: the domain is recorded without a ring (README.md).
+      spdlog::info("xenstored: dom{} introduced (mfn {:#x}, port {}); no ring attached", d, mfn,
+                   port);
+    };
+    hooks.released = [](xpv::xenbus::DomId d) { spdlog::info("xenstored: dom{} released", d); };
+    xpv::xenbus::Store store(quotas, hooks);
+    xpv::xenbus::daemon::SocketServer server(io, store, socket_path);
+
+    if (!foreground) {
+      daemonize(io, ready_fd);
+      auto sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("xpv-xenstored", LOG_PID,
+                                                                 LOG_DAEMON, false);
+      spdlog::set_default_logger(std::make_shared<spdlog::logger>("xenstored", sink));
+      spdlog::set_level(*level);
+    }
+    PidFile pid;
+    if (!pid_file.empty()) pid = PidFile(pid_file);
+    if (ready_fd >= 0) {
+      [[maybe_unused]] auto n = ::write(ready_fd, "1", 1);
+      ::close(ready_fd);
+      ready_fd = -1;
+    }
+
+    boost::asio::signal_set signals(io, SIGTERM, SIGINT);
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (!ec) spdlog::info("xenstored: signal {}, shutting down", sig);
+      io.stop();
+    });
+    ::signal(SIGPIPE, SIG_IGN);
+    spdlog::info("xenstored: listening on {}", socket_path);
+    io.run();
+    spdlog::info("xenstored: {} messages served, {} protocol errors", server.messages(),
+                 server.protocol_errors());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xpv-xenstored: %s\n", e.what());
+    if (ready_fd >= 0) {
+      std::string msg = std::string("0") + e.what();
+      [[maybe_unused]] auto n = ::write(ready_fd, msg.data(), msg.size());
+      ::close(ready_fd);
+    }
+    spdlog::error("xenstored: {}", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,116 @@
+// Domain table: INTRODUCE, RELEASE, RESUME, SET_TARGET, IS_DOMAIN_INTRODUCED, GET_DOMAIN_PATH.
+//
+// Without a domain control socket (today) INTRODUCE records the domain as introduced with its
+// mfn and event-channel port and fires @introduceDomain; the Hooks::introduced callback is where
+// the daemon will map the domain's ring once domains hand their pages over. Dom0 is always
+// introduced. RELEASE drops the domain's watches and transactions, keeps its nodes (as Xen does),
+// and fires @releaseDomain.
+#include <fmt/format.h>
+
+#include "store_impl.h"
+
+namespace xpv::xenbus {
+
+using wire::Error;
+
+namespace {
+Expected<DomId, Error> parse_domid(std::string_view s) {
+  auto v = parse_uint(s);
+  if (!v || *v >= kDomIdFirstReserved) return fail(Error::einval);
+  return static_cast<DomId>(*v);
+}
+}  // namespace
+
+bool Store::is_introduced(DomId domid) const noexcept {
+  if (domid == 0) return true;
+  auto it = domains_.find(domid);
+  return it != domains_.end() && it->second.introduced;
+}
+
+Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint32_t port) {
+  if (domid == 0 || domid >= kDomIdFirstReserved) return fail(Error::einval);
+  Domain& d = domains_[domid];
+  if (d.introduced) {
+    // Re-introducing with the same page re-binds the event channel (Xen); another page is a
+    // toolstack bug.
+    if (d.mfn != mfn) return fail(Error::eexist);
+    d.port = port;
+    return {};
+  }
+  d.introduced = true;
+  d.mfn = mfn;
+  d.port = port;
+  if (hooks_.introduced) hooks_.introduced(domid, mfn, port);
+  fire(PendingEvent{"@introduceDomain", true, {}});
+  return {};
+}
+
+Expected<void, Error> Store::release(DomId domid) {
+  if (domid == 0 || domid >= kDomIdFirstReserved) return fail(Error::einval);
+  auto it = domains_.find(domid);
+  if (it == domains_.end() || !it->second.introduced) return fail(Error::enoent);
+  domains_.erase(it);
+  for (auto& [id, c] : conns_) {
+    if (c->domid != domid) continue;
+    c->watches.clear();
+    c->txns.clear();
+  }
+  if (hooks_.released) hooks_.released(domid);
+  fire(PendingEvent{"@releaseDomain", true, {}});
+  return {};
+}
+
+Store::Reply Store::op_introduce(const Conn& c, const wire::Args& a) {
+  if (!c.privileged) return fail(Error::eacces);
+  auto domid = parse_domid(a[0]);
+  auto mfn = parse_uint(a[1]);  // Xen's tools send decimal numbers
+  auto port = parse_uint(a[2]);
+  if (!domid || !mfn || !port) return fail(Error::einval);
+  if (auto r = introduce(*domid, *mfn, *port); !r) return fail(r.error());
+  return std::string("OK", 3);
+}
+
+Store::Reply Store::op_release(const Conn& c, std::string_view s) {
+  if (!c.privileged) return fail(Error::eacces);
+  auto domid = parse_domid(s);
+  if (!domid) return fail(Error::einval);
+  if (auto r = release(*domid); !r) return fail(r.error());
+  return std::string("OK", 3);
+}
+
+Store::Reply Store::op_resume(const Conn& c, std::string_view s) {
+  if (!c.privileged) return fail(Error::eacces);
+  auto domid = parse_domid(s);
+  if (!domid) return fail(Error::einval);
+  if (*domid == 0 || !is_introduced(*domid)) return fail(Error::enoent);
+  return std::string("OK", 3);
+}
+
+Store::Reply Store::op_set_target(const Conn& c, std::string_view s, std::string_view t) {
+  if (!c.privileged) return fail(Error::eacces);
+  auto domid = parse_domid(s);
+  auto target = parse_domid(t);
+  if (!domid || !target) return fail(Error::einval);
+  if (*domid == 0 || !is_introduced(*domid) || !is_introduced(*target))
+    return fail(Error::enoent);
+  domains_[*domid].target = *target;
+  for (auto& [id, cc] : conns_)
+    if (cc->domid == *domid) cc->target = *target;
+  return std::string("OK", 3);
+}
+
+Store::Reply Store::op_is_introduced(std::string_view s) {
+  auto domid = parse_domid(s);
+  if (!domid) return fail(Error::einval);
+  return std::string(is_introduced(*domid) ? "T" : "F", 2);
+}
+
+Store::Reply Store::op_get_domain_path(std::string_view s) {
+  auto domid = parse_domid(s);
+  if (!domid) return fail(Error::einval);
+  std::string out = domain_path(*domid);
+  out.push_back('\0');
+  return out;
+}
+
+}  // namespace xpv::xenbus

@@ -1,0 +1,40 @@
+// Private parts of Store shared by tree.cpp, watch.cpp, domain.cpp and store.cpp.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "xpv/xenbus/store.h"
+
+namespace xpv::xenbus {
+
+struct Store::Txn {
+  // Copy-on-write view: nullopt = removed in this transaction.
+  std::unordered_map<std::string, std::optional<Node>> overlay;
+  // Main-tree generation at first touch; nullopt = the node was absent then.
+  std::unordered_map<std::string, std::optional<std::uint64_t>> touched;
+  std::vector<PendingEvent> events;
+  std::map<DomId, std::int64_t> owned_delta;
+};
+
+struct Store::Watch {
+  std::string abs;    // canonical path (or @special)
+  std::string given;  // as registered (relative watches report relative paths)
+  std::string token;
+  bool relative = false;
+};
+
+struct Store::Conn {
+  DomId domid = 0;
+  bool privileged = true;
+  std::optional<DomId> target;
+  Sink* sink = nullptr;
+  std::uint32_t next_tx = 1;
+  std::map<std::uint32_t, Txn> txns;
+  std::vector<Watch> watches;
+};
+
+}  // namespace xpv::xenbus
