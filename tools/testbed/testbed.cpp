@@ -479,13 +479,18 @@ int run(const Options& opts) {
   const fs::path console = run_dir.path() / "console.log";
   const fs::path out = run_dir.path() / "out.log";
   write_file(out, "");
+  // XPV_TESTBED_APPEND adds L1 kernel parameters (debugging: e.g. loglevel=7).
+  std::string append = "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init";
+  if (const char* extra = std::getenv("XPV_TESTBED_APPEND"); extra != nullptr && *extra != '\0') {
+    append += std::string(" ") + extra;
+  }
   std::vector<std::string> argv = {
       "nice", "-n", "5", "qemu-system-x86_64",
       "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2",
       "-m", std::to_string(opts.mem_mib),
       "-nodefaults", "-nographic", "-no-reboot",
       "-kernel", k.vmlinuz, "-initrd", initramfs.string(),
-      "-append", "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
+      "-append", append,
       "-serial", "file:" + console.string(),
       "-serial", "file:" + out.string(),
       "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
