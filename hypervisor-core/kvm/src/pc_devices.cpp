@@ -7,7 +7,10 @@
 namespace xpv::kvm {
 
 void ResetPorts::read(std::uint64_t base, std::uint64_t, std::span<std::uint8_t> data) noexcept {
-  std::memset(data.data(), 0, data.size());
+  // No keyboard controller behind 0x60/0x64: all-ones status, so Linux's i8042 probe sees a
+  // buffer that never drains and says "No controller found" at once (a status of 0 makes it wait
+  // for a CTR that never comes: 10 × 500 ms of boot time).
+  std::memset(data.data(), 0xff, data.size());
   if (base == 0x92 && !data.empty()) data[0] = port92_.load();
 }
 

@@ -52,7 +52,7 @@ int exit_code(xpv::kvm::StopReason r) {
 int run(int argc, char** argv) {
   CLI::App app{"xpv-vmm — a KVM VMM that boots Linux directly (bzImage or vmlinux)"};
   std::string kernel, initrd, console_spec = "stdio";
-  std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none";
+  std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
   unsigned vcpus = 1, memory_mib = 512;
   bool stats = false;
   app.add_option("--kernel", kernel, "bzImage or vmlinux ELF")->required();

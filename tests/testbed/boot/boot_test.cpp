@@ -121,7 +121,7 @@ class TestbedBoot : public ::testing::Test {
 
     const std::string vmm = std::string(XPV_VMM_BIN) + " --vcpus 2 --memory 512 --stats --initrd " +
                             quote((share / "initramfs.cpio").string()) +
-                            " --cmdline 'console=ttyS0 quiet reboot=k panic=1 io_delay=none'";
+                            " --cmdline 'console=ttyS0 quiet reboot=k panic=1 io_delay=none acpi=off'";
     std::ofstream(share / "run.sh")
         << "echo 'XPV-TEST: begin smoke'\n"
         << XPV_SMOKE_BIN << " --gtest_brief=1\n"

@@ -1,7 +1,7 @@
 // The small PC devices the VMM emulates in userspace (all on the PIO bus, vCPU threads):
-//   ResetPorts  i8042 command port 0x64 (write 0xfe = pulse reset line; reads: status 0, i.e. no
-//               data, input buffer empty) with data port 0x60 (reads 0), and the "fast A20 /
-//               reset" port 0x92 (bit 0 = reset). Linux's reboot=k / reboot=t paths use them.
+//   ResetPorts  i8042 command port 0x64 (write 0xfe = pulse reset line) with data port 0x60, both
+//               reading 0xff (no controller: Linux's probe gives up at once), and the "fast A20
+//               / reset" port 0x92 (bit 0 = reset). Linux's reboot=k path uses 0x64.
 //   PostPort    port 0x80 (POST / io_delay): writes dropped, reads 0xff — claimed so it costs no log.
 //   CmosRtc     ports 0x70/0x71, MC146818: time from the host's clock in BCD, 24h, UIP clear.
 //   PmTimer     a 24-bit ACPI PM timer (3.579545 MHz) from the host's steady clock; used by the
