@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "testbed/testbed.h"
 
 namespace {
 
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
   bench->add_option("--json", json_path, "write results in the shared JSON shape to this file");
   bench->add_flag("--quick", quick, "one tenth of the default iterations");
 
+  auto testbed = xpv::testbed::add_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*bench) return run_bench(suite, json_path, quick);
+    if (testbed->selected()) return testbed->run();
   } catch (const std::exception& e) {
     fmt::print(stderr, "xpv: {}\n", e.what());
     return 1;

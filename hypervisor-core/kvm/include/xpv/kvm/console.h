@@ -1,0 +1,50 @@
+// Console — where the COM1 UART's bytes go, and where typed bytes come from:
+//   stdio          output to stdout, input from stdin (when stdin is readable; EOF ends input)
+//   socket:PATH    a unix stream socket (`xpv console` attaches to it): one client at a time;
+//                  output goes to the attached client, the last 64 KiB are kept and replayed to
+//                  a client that attaches later.
+// Threads: write() is called by vCPU threads (under the UART lock); one input thread polls the
+// input side every 100 ms so stop() returns promptly. Lock order: uart → console.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "xpv/kvm/fd.h"
+
+namespace xpv::kvm {
+
+class Console {
+ public:
+  using Input = std::function<std::size_t(std::span<const std::uint8_t>)>;  // returns bytes taken
+
+  // spec: "stdio" or "socket:PATH". Throws std::runtime_error on a bad spec or socket error.
+  explicit Console(const std::string& spec);
+  ~Console();
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  void write(std::span<const std::uint8_t> bytes) noexcept;
+  void start_input(Input sink);
+  void stop() noexcept;
+
+ private:
+  void input_loop() noexcept;
+
+  bool socket_mode_ = false;
+  std::string path_;
+  UniqueFd listen_fd_;
+  std::mutex mu_;          // client_ and backlog_
+  UniqueFd client_;
+  std::string backlog_;
+  Input sink_;
+  std::atomic<bool> stopping_{false};
+  std::thread input_;
+};
+
+}  // namespace xpv::kvm

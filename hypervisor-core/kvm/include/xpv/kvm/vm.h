@@ -1,0 +1,137 @@
+// Vm — one KVM virtual machine: guest RAM (memfd), in-kernel irqchip (PIC + IOAPIC + LAPICs) and
+// PIT, the PIO/MMIO buses, and one thread per vCPU.
+//
+// Threads and lifecycle:
+//   main thread:  Vm(cfg) → devices add themselves to pio()/mmio() → set_cpuid_hook() →
+//                 boot_cpu_long_mode() → run() … run() returns when the VM stops.
+//   vCPU threads: started by run(); vcpu_loop() (noexcept) handles exits until stop is requested;
+//                 the thread entry has a catch-all that stops the VM with an error.
+//   run() itself is the VM's monitor: it waits for a stop request and, every halt_poll, kicks
+//   every vCPU (SIGUSR1 + kvm_run.immediate_exit) to sample its state (see below).
+//
+//          ┌────────── request_stop(reason) from any thread (first reason wins) ──────────┐
+//   running ─┬─ i8042 0xfe / port 0x92 ──────────────────────────────► reboot            │
+//            ├─ KVM_EXIT_SHUTDOWN (triple fault) ─────────────────────► triple_fault       ├─► stopped
+//            ├─ KVM_SYSTEM_EVENT shutdown / all vCPUs halted, IF=0 ──► poweroff           │
+//            └─ unexpected exit / KVM error / device fault ──────────► error              │
+//
+// Poweroff without ACPI: Linux turns `poweroff` into a halt when it has no pm_power_off (no ACPI
+// here), and its halt path stops every CPU with interrupts disabled in a hlt loop. With the
+// in-kernel LAPIC, hlt never reaches userspace, so the monitor samples each vCPU (KVM_GET_MP_STATE
+// = HALTED and RFLAGS.IF = 0, or an AP never started) and calls two consecutive all-halted
+// samples a poweroff. (No interrupt can wake a CPU halted with IF=0 except NMI/INIT, which only
+// another CPU — itself halted — could send.)
+#pragma once
+
+#include <linux/kvm.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xpv/kvm/error.h"
+#include "xpv/kvm/fd.h"
+#include "xpv/kvm/guest_ram.h"
+#include "xpv/kvm/io_bus.h"
+#include "xpv/kvm/linux_boot.h"
+
+namespace xpv::kvm {
+
+enum class StopReason { none, poweroff, reboot, triple_fault, error };
+const char* to_string(StopReason r) noexcept;
+
+struct VmConfig {
+  unsigned vcpus = 1;
+  std::uint64_t memory_bytes = 256ull << 20;
+  std::chrono::milliseconds halt_poll{200};  // how often the monitor samples halted vCPUs
+};
+
+// Exit counters, per KVM exit reason (KVM_EXIT_*), summed over vCPUs; `xpv top` shows them.
+inline constexpr std::size_t kExitReasons = 64;
+struct ExitStats {
+  std::array<std::uint64_t, kExitReasons> by_reason{};
+  std::uint64_t pio_unclaimed = 0;
+  std::uint64_t mmio_unclaimed = 0;
+};
+const char* exit_reason_name(std::size_t reason) noexcept;
+
+class Vm {
+ public:
+  // Opens /dev/kvm, creates the VM, memory, irqchip, PIT and vCPUs. Throws std::runtime_error
+  // with a clear line (no /dev/kvm, too many vCPUs, memory, ...); nothing is left behind.
+  explicit Vm(const VmConfig& cfg);
+  ~Vm();
+  Vm(const Vm&) = delete;
+  Vm& operator=(const Vm&) = delete;
+
+  GuestRam& ram() noexcept { return *ram_; }
+  const GuestMemory& memory() const noexcept { return ram_->memory(); }
+  IoBus& pio() noexcept { return pio_; }
+  IoBus& mmio() noexcept { return mmio_; }
+  unsigned vcpus() const noexcept { return static_cast<unsigned>(vcpus_.size()); }
+  int vm_fd() const noexcept { return vm_fd_.get(); }
+
+  // CPUID: KVM_GET_SUPPORTED_CPUID, filtered per vCPU (hypervisor bit, APIC ids); KVM's own
+  // leaves are moved from 0x40000000 to 0x40000100 so the 0x40000000 range is free for a platform
+  // (the Xen platform installs its leaves there through this hook). Called once per vCPU.
+  using CpuidHook = std::function<void(unsigned vcpu, std::vector<kvm_cpuid_entry2>&)>;
+  void set_cpuid_hook(CpuidHook hook) { cpuid_hook_ = std::move(hook); }
+  // CPUID.1 eax/edx as KVM reports them (for the MP table's processor entries).
+  std::uint32_t cpu_signature() const noexcept { return cpu_signature_; }
+  std::uint32_t cpu_features() const noexcept { return cpu_features_; }
+
+  // Boot vCPU state for the 64-bit boot protocol (paging, long mode, flat GDT, rsi = zero page).
+  void boot_cpu_long_mode(const LinuxBootEntry& e);
+  // Boot vCPU state for a real-mode stub at cs:ip (tests).
+  void boot_cpu_real_mode(std::uint16_t cs, std::uint16_t ip);
+
+  // Level of an interrupt line (GSI) of the in-kernel PIC/IOAPIC. Any thread.
+  void set_irq(std::uint32_t gsi, bool level) noexcept;
+
+  // Runs until the VM stops; returns why (error → message in stop_message()).
+  StopReason run() noexcept;
+  // Any thread, any time: the first reason wins; wakes the monitor and kicks every vCPU.
+  void request_stop(StopReason reason, std::string message = {}) noexcept;
+  StopReason stop_reason() const noexcept { return stop_reason_.load(); }
+  std::string stop_message() const;
+
+  ExitStats stats() const noexcept;
+
+ private:
+  struct Vcpu;
+  void vcpu_thread(Vcpu& v) noexcept;
+  Result<void> vcpu_loop(Vcpu& v) noexcept;
+  Result<void> handle_io(Vcpu& v) noexcept;
+  void sample(Vcpu& v) noexcept;
+  void kick_all() noexcept;
+  Result<void> setup_cpuid();
+  void setup_lapic(Vcpu& v);
+
+  UniqueFd kvm_fd_;
+  UniqueFd vm_fd_;
+  std::unique_ptr<GuestRam> ram_;
+  IoBus pio_{"pio"};
+  IoBus mmio_{"mmio"};
+  std::vector<std::unique_ptr<Vcpu>> vcpus_;
+  std::size_t run_size_ = 0;
+  VmConfig cfg_;
+  CpuidHook cpuid_hook_;
+  std::vector<kvm_cpuid_entry2> supported_cpuid_;
+  std::uint32_t cpu_signature_ = 0x600, cpu_features_ = 0x201;
+
+  std::atomic<StopReason> stop_reason_{StopReason::none};
+  mutable std::mutex stop_mu_;  // guards stop_message_; cv waits on it
+  std::condition_variable stop_cv_;
+  std::string stop_message_;
+  std::atomic<std::uint64_t> kick_gen_{0};
+};
+
+}  // namespace xpv::kvm

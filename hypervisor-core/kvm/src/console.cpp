@@ -1,0 +1,122 @@
+#include "xpv/kvm/console.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+namespace xpv::kvm {
+namespace {
+constexpr std::size_t kBacklog = 64 * 1024;
+
+void write_all(int fd, const std::uint8_t* p, std::size_t n) noexcept {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+}  // namespace
+
+Console::Console(const std::string& spec) {
+  if (spec == "stdio") return;
+  if (spec.rfind("socket:", 0) != 0 || spec.size() <= 7) {
+    throw std::runtime_error(fmt::format("--console {}: expected stdio or socket:PATH", spec));
+  }
+  socket_mode_ = true;
+  path_ = spec.substr(7);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof(sa.sun_path)) throw std::runtime_error(fmt::format("--console: socket path {} is too long", path_));
+  std::memcpy(sa.sun_path, path_.c_str(), path_.size() + 1);
+  listen_fd_ = UniqueFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_fd_.valid()) throw std::runtime_error(fmt::format("console socket: {}", std::strerror(errno)));
+  ::unlink(path_.c_str());
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) < 0 || listen(listen_fd_.get(), 1) < 0) {
+    throw std::runtime_error(fmt::format("console socket {}: {}", path_, std::strerror(errno)));
+  }
+}
+
+Console::~Console() {
+  stop();
+  if (socket_mode_) ::unlink(path_.c_str());
+}
+
+void Console::write(std::span<const std::uint8_t> bytes) noexcept {
+  if (!socket_mode_) {
+    write_all(STDOUT_FILENO, bytes.data(), bytes.size());
+    return;
+  }
+  std::lock_guard lk(mu_);
+  backlog_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (backlog_.size() > kBacklog) backlog_.erase(0, backlog_.size() - kBacklog);
+  if (client_.valid()) write_all(client_.get(), bytes.data(), bytes.size());
+}
+
+void Console::start_input(Input sink) {
+  sink_ = std::move(sink);
+  input_ = std::thread([this] { input_loop(); });
+}
+
+void Console::stop() noexcept {
+  stopping_.store(true);
+  if (input_.joinable()) input_.join();
+}
+
+void Console::input_loop() noexcept {
+  bool stdin_open = !socket_mode_;
+  std::string pending;
+  while (!stopping_.load()) {
+    pollfd pfd{-1, POLLIN, 0};
+    {
+      std::lock_guard lk(mu_);
+      if (socket_mode_) pfd.fd = client_.valid() ? client_.get() : listen_fd_.get();
+      else if (stdin_open) pfd.fd = STDIN_FILENO;
+    }
+    if (!pending.empty()) {
+      const std::size_t n = sink_(std::span(reinterpret_cast<const std::uint8_t*>(pending.data()), pending.size()));
+      pending.erase(0, n);
+      if (!pending.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // FIFO full: let the guest drain it
+        continue;
+      }
+    }
+    if (pfd.fd < 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    if (socket_mode_ && pfd.fd == listen_fd_.get()) {
+      UniqueFd c(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!c.valid()) continue;
+      std::lock_guard lk(mu_);
+      write_all(c.get(), reinterpret_cast<const std::uint8_t*>(backlog_.data()), backlog_.size());
+      client_ = std::move(c);
+      continue;
+    }
+    char buf[256];
+    const ssize_t n = ::read(pfd.fd, buf, sizeof buf);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      if (socket_mode_) {
+        std::lock_guard lk(mu_);
+        client_.reset();  // detach; the next client may attach
+      } else {
+        stdin_open = false;  // EOF on stdin: no more input
+      }
+      continue;
+    }
+    pending.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace xpv::kvm

@@ -1,0 +1,74 @@
+#include "xpv/kvm/elf_loader.h"
+
+#include <elf.h>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace xpv::kvm {
+
+bool looks_like_elf(std::span<const std::uint8_t> img) noexcept {
+  return img.size() >= 4 && std::memcmp(img.data(), ELFMAG, SELFMAG) == 0;
+}
+
+Result<LoadedKernel> load_elf(std::span<const std::uint8_t> img, const GuestMemory& mem,
+                              std::uint64_t window_lo, std::uint64_t window_hi) noexcept {
+  if (!looks_like_elf(img)) return err("ELF: bad magic");
+  if (img.size() < sizeof(Elf64_Ehdr)) return err("ELF: file shorter than the ELF header");
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, img.data(), sizeof eh);
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64) return err("ELF: not a 64-bit image");
+  if (eh.e_ident[EI_DATA] != ELFDATA2LSB) return err("ELF: not little-endian");
+  if (eh.e_machine != EM_X86_64) return err(fmt::format("ELF: machine {} is not x86-64", eh.e_machine));
+  if (eh.e_type != ET_EXEC) return err(fmt::format("ELF: type {} is not an executable", eh.e_type));
+  if (eh.e_phentsize != sizeof(Elf64_Phdr)) return err(fmt::format("ELF: program header size {} is not {}", eh.e_phentsize, sizeof(Elf64_Phdr)));
+  if (eh.e_phnum == 0 || eh.e_phnum > 256) return err(fmt::format("ELF: {} program headers", eh.e_phnum));
+  const std::uint64_t ph_bytes = std::uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
+  if (eh.e_phoff > img.size() || ph_bytes > img.size() - eh.e_phoff) {
+    return err("ELF: program headers lie outside the file");
+  }
+  std::vector<Elf64_Phdr> loads;
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, img.data() + eh.e_phoff + i * sizeof(Elf64_Phdr), sizeof ph);
+    if (ph.p_type != PT_LOAD || ph.p_memsz == 0) continue;
+    if (ph.p_filesz > ph.p_memsz) return err(fmt::format("ELF: segment {} has filesz {:#x} > memsz {:#x}", i, ph.p_filesz, ph.p_memsz));
+    if (ph.p_offset > img.size() || ph.p_filesz > img.size() - ph.p_offset) {
+      return err(fmt::format("ELF: segment {} file range [{:#x}, +{:#x}) lies outside the {}-byte file", i, ph.p_offset, ph.p_filesz, img.size()));
+    }
+    if (ph.p_paddr + ph.p_memsz < ph.p_paddr || ph.p_paddr < window_lo || ph.p_paddr + ph.p_memsz > window_hi) {
+      return err(fmt::format("ELF: segment {} at [{:#x}, +{:#x}) lies outside the kernel window [{:#x}, {:#x})", i,
+                             ph.p_paddr, ph.p_memsz, window_lo, window_hi));
+    }
+    if (!mem.translate(ph.p_paddr, ph.p_memsz)) {
+      return err(fmt::format("ELF: segment {} at [{:#x}, +{:#x}) does not fit in guest RAM", i, ph.p_paddr, ph.p_memsz));
+    }
+    loads.push_back(ph);
+  }
+  if (loads.empty()) return err("ELF: no loadable segment");
+  std::sort(loads.begin(), loads.end(), [](const Elf64_Phdr& a, const Elf64_Phdr& b) { return a.p_paddr < b.p_paddr; });
+  for (std::size_t i = 1; i < loads.size(); ++i) {
+    if (loads[i].p_paddr < loads[i - 1].p_paddr + loads[i - 1].p_memsz) {
+      return err(fmt::format("ELF: segments at {:#x} and {:#x} overlap", loads[i - 1].p_paddr, loads[i].p_paddr));
+    }
+  }
+  bool entry_ok = false;
+  for (const auto& ph : loads) {
+    if (eh.e_entry >= ph.p_paddr && eh.e_entry - ph.p_paddr < ph.p_memsz) entry_ok = true;
+  }
+  if (!entry_ok) return err(fmt::format("ELF: entry point {:#x} is outside every loaded segment", eh.e_entry));
+
+  LoadedKernel k{eh.e_entry, loads.front().p_paddr, 0};
+  for (const auto& ph : loads) {
+    auto dst = mem.translate(ph.p_paddr, ph.p_memsz);  // checked above
+    if (!dst) return err("ELF: guest memory translation failed");
+    std::memcpy(dst->data(), img.data() + ph.p_offset, ph.p_filesz);
+    std::memset(dst->data() + ph.p_filesz, 0, ph.p_memsz - ph.p_filesz);
+    k.highest = std::max(k.highest, ph.p_paddr + ph.p_memsz);
+  }
+  return k;
+}
+
+}  // namespace xpv::kvm

@@ -1,0 +1,507 @@
+#include "xpv/kvm/vm.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+#include "xpv/kvm/mptable.h"
+
+namespace xpv::kvm {
+namespace {
+
+constexpr std::uint64_t kTssAddr = 0xfffb'd000;       // 3 pages KVM needs on Intel (VMX real mode)
+constexpr std::uint64_t kIdentityMapAddr = 0xfffb'c000;  // 1 page, just below the TSS
+constexpr int kKickSignal = SIGUSR1;
+
+// The vCPU thread's kvm_run, for the kick signal handler (async-signal-safe: one store).
+thread_local kvm_run* t_run = nullptr;
+
+void on_kick(int) { if (t_run != nullptr) t_run->immediate_exit = 1; }
+
+void install_kick_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_kick;
+    sigemptyset(&sa.sa_mask);
+    sigaction(kKickSignal, &sa, nullptr);  // no SA_RESTART: KVM_RUN must return EINTR
+  });
+}
+
+// struct kvm_cpuid2 ends in a zero-length array, which g++ sizes differently in C++ (12 bytes, not
+// 8), so KVM_GET_SUPPORTED_CPUID/KVM_SET_CPUID2 from <linux/kvm.h> encode the wrong size and KVM
+// answers EINVAL. The ABI is an 8-byte header {u32 nent @0, u32 padding @4} then the entries @8.
+struct Cpuid2Header {
+  std::uint32_t nent;     // @0
+  std::uint32_t padding;  // @4
+};
+static_assert(sizeof(Cpuid2Header) == 8);
+constexpr unsigned long kGetSupportedCpuid = _IOWR(KVMIO, 0x05, Cpuid2Header);
+constexpr unsigned long kSetCpuid2 = _IOW(KVMIO, 0x90, Cpuid2Header);
+
+std::vector<std::uint8_t> cpuid_buffer(std::uint32_t n) {
+  std::vector<std::uint8_t> buf(sizeof(Cpuid2Header) + n * sizeof(kvm_cpuid_entry2));
+  Cpuid2Header h{n, 0};
+  std::memcpy(buf.data(), &h, sizeof h);
+  return buf;
+}
+
+[[noreturn]] void fail_setup(const std::string& what) {
+  throw std::runtime_error(fmt::format("{}: {}", what, std::strerror(errno)));
+}
+
+}  // namespace
+
+// One vCPU: its fd, its kvm_run mapping, its thread, its counters.
+struct Vm::Vcpu {
+  unsigned id = 0;
+  UniqueFd fd;
+  kvm_run* run = nullptr;
+  std::size_t run_size = 0;
+  std::thread thread;
+  std::atomic<bool> started{false};
+  std::array<std::atomic<std::uint64_t>, kExitReasons> exits{};
+  // Monitor samples (see vm.h): generation answered and whether it was halted with IF=0.
+  std::atomic<std::uint64_t> sample_gen{0};
+  std::atomic<bool> halted_off{false};
+  ~Vcpu() {
+    if (run != nullptr) munmap(run, run_size);
+  }
+};
+
+const char* to_string(StopReason r) noexcept {
+  switch (r) {
+    case StopReason::none: return "running";
+    case StopReason::poweroff: return "poweroff";
+    case StopReason::reboot: return "reboot";
+    case StopReason::triple_fault: return "triple fault";
+    case StopReason::error: return "error";
+  }
+  return "?";
+}
+
+const char* exit_reason_name(std::size_t r) noexcept {
+  switch (r) {
+    case KVM_EXIT_UNKNOWN: return "unknown";
+    case KVM_EXIT_EXCEPTION: return "exception";
+    case KVM_EXIT_IO: return "io";
+    case KVM_EXIT_HYPERCALL: return "hypercall";
+    case KVM_EXIT_DEBUG: return "debug";
+    case KVM_EXIT_HLT: return "hlt";
+    case KVM_EXIT_MMIO: return "mmio";
+    case KVM_EXIT_IRQ_WINDOW_OPEN: return "irq_window_open";
+    case KVM_EXIT_SHUTDOWN: return "shutdown";
+    case KVM_EXIT_FAIL_ENTRY: return "fail_entry";
+    case KVM_EXIT_INTR: return "intr";
+    case KVM_EXIT_SET_TPR: return "set_tpr";
+    case KVM_EXIT_TPR_ACCESS: return "tpr_access";
+    case KVM_EXIT_NMI: return "nmi";
+    case KVM_EXIT_INTERNAL_ERROR: return "internal_error";
+    case KVM_EXIT_SYSTEM_EVENT: return "system_event";
+    case KVM_EXIT_IOAPIC_EOI: return "ioapic_eoi";
+    case KVM_EXIT_HYPERV: return "hyperv";
+    case KVM_EXIT_X86_RDMSR: return "rdmsr";
+    case KVM_EXIT_X86_WRMSR: return "wrmsr";
+    case KVM_EXIT_XEN: return "xen";
+    default: return "other";
+  }
+}
+
+Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
+  if (cfg.vcpus == 0 || cfg.vcpus > kMaxVcpus) {
+    throw std::runtime_error(fmt::format("vcpus = {}: must be 1..{}", cfg.vcpus, kMaxVcpus));
+  }
+  if (cfg.memory_bytes < (32ull << 20)) {
+    throw std::runtime_error(fmt::format("memory = {} MiB: at least 32 MiB", cfg.memory_bytes >> 20));
+  }
+  kvm_fd_ = UniqueFd(open("/dev/kvm", O_RDWR | O_CLOEXEC));
+  if (!kvm_fd_.valid()) fail_setup("cannot open /dev/kvm");
+  const int api = ioctl(kvm_fd_.get(), KVM_GET_API_VERSION, 0);
+  if (api != KVM_API_VERSION) throw std::runtime_error(fmt::format("/dev/kvm: API version {} (need {})", api, KVM_API_VERSION));
+  const int max_vcpus = ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_MAX_VCPUS);
+  if (max_vcpus > 0 && cfg.vcpus > static_cast<unsigned>(max_vcpus)) {
+    throw std::runtime_error(fmt::format("vcpus = {}: this KVM allows at most {}", cfg.vcpus, max_vcpus));
+  }
+  vm_fd_ = UniqueFd(ioctl(kvm_fd_.get(), KVM_CREATE_VM, 0));
+  if (!vm_fd_.valid()) fail_setup("KVM_CREATE_VM");
+  if (ioctl(vm_fd_.get(), KVM_SET_TSS_ADDR, kTssAddr) < 0) fail_setup("KVM_SET_TSS_ADDR");
+  std::uint64_t ident = kIdentityMapAddr;
+  if (ioctl(vm_fd_.get(), KVM_SET_IDENTITY_MAP_ADDR, &ident) < 0) fail_setup("KVM_SET_IDENTITY_MAP_ADDR");
+  if (ioctl(vm_fd_.get(), KVM_CREATE_IRQCHIP, 0) < 0) fail_setup("KVM_CREATE_IRQCHIP");
+  kvm_pit_config pit{};
+  pit.flags = KVM_PIT_SPEAKER_DUMMY;
+  if (ioctl(vm_fd_.get(), KVM_CREATE_PIT2, &pit) < 0) fail_setup("KVM_CREATE_PIT2");
+
+  ram_ = std::make_unique<GuestRam>(cfg.memory_bytes);
+  std::uint32_t slot = 0;
+  for (const auto& r : ram_->regions()) {
+    kvm_userspace_memory_region region{};
+    region.slot = slot++;
+    region.guest_phys_addr = r.gpa;
+    region.memory_size = r.size;
+    region.userspace_addr = reinterpret_cast<std::uint64_t>(r.host);
+    if (ioctl(vm_fd_.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) fail_setup("KVM_SET_USER_MEMORY_REGION");
+  }
+
+  const int run_size = ioctl(kvm_fd_.get(), KVM_GET_VCPU_MMAP_SIZE, 0);
+  if (run_size <= 0) fail_setup("KVM_GET_VCPU_MMAP_SIZE");
+  run_size_ = static_cast<std::size_t>(run_size);
+  for (unsigned i = 0; i < cfg.vcpus; ++i) {
+    auto v = std::make_unique<Vcpu>();
+    v->id = i;
+    v->fd = UniqueFd(ioctl(vm_fd_.get(), KVM_CREATE_VCPU, i));
+    if (!v->fd.valid()) fail_setup(fmt::format("KVM_CREATE_VCPU {}", i));
+    void* p = mmap(nullptr, run_size_, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd.get(), 0);
+    if (p == MAP_FAILED) fail_setup(fmt::format("mmap kvm_run of vCPU {}", i));
+    v->run = static_cast<kvm_run*>(p);
+    v->run_size = run_size_;
+    setup_lapic(*v);
+    vcpus_.push_back(std::move(v));
+  }
+
+  // Supported CPUID (grows until KVM stops saying E2BIG).
+  for (std::uint32_t n = 64; n <= 4096; n *= 2) {
+    auto buf = cpuid_buffer(n);
+    if (ioctl(kvm_fd_.get(), kGetSupportedCpuid, buf.data()) == 0) {
+      Cpuid2Header h;
+      std::memcpy(&h, buf.data(), sizeof h);
+      supported_cpuid_.resize(std::min(h.nent, n));
+      std::memcpy(supported_cpuid_.data(), buf.data() + sizeof h, supported_cpuid_.size() * sizeof(kvm_cpuid_entry2));
+      break;
+    }
+    if (errno != E2BIG) fail_setup("KVM_GET_SUPPORTED_CPUID");
+  }
+  for (const auto& e : supported_cpuid_) {
+    if (e.function == 1) {
+      cpu_signature_ = e.eax;
+      cpu_features_ = e.edx;
+    }
+  }
+}
+
+Vm::~Vm() {
+  request_stop(StopReason::error, "VM destroyed");
+  for (auto& v : vcpus_) {
+    if (v->thread.joinable()) v->thread.join();
+  }
+}
+
+void Vm::setup_lapic(Vcpu& v) {
+  // LINT0 = ExtINT (the 8259 behind it, for the BSP), LINT1 = NMI: what a BIOS leaves behind and
+  // what the MP table's local-interrupt entries say.
+  kvm_lapic_state la{};
+  if (ioctl(v.fd.get(), KVM_GET_LAPIC, &la) < 0) fail_setup("KVM_GET_LAPIC");
+  auto set_lvt = [&](std::size_t off, std::uint32_t mode) {
+    std::uint32_t val;
+    std::memcpy(&val, la.regs + off, 4);
+    val = (val & ~0x700u) | (mode << 8);
+    std::memcpy(la.regs + off, &val, 4);
+  };
+  set_lvt(0x350, 7);  // LVT LINT0: ExtINT
+  set_lvt(0x360, 4);  // LVT LINT1: NMI
+  if (ioctl(v.fd.get(), KVM_SET_LAPIC, &la) < 0) fail_setup("KVM_SET_LAPIC");
+}
+
+Result<void> Vm::setup_cpuid() {
+  for (auto& v : vcpus_) {
+    std::vector<kvm_cpuid_entry2> entries;
+    for (auto e : supported_cpuid_) {
+      if (e.function >= 0x4000'0000 && e.function < 0x4000'0100) {
+        // KVM's leaves move up one 0x100 block (Linux scans 0x40000000..0x4000ff00 for "KVMKVMKVM").
+        if (e.function == 0x4000'0000 && e.eax >= 0x4000'0000 && e.eax < 0x4000'0100) e.eax += 0x100;
+        e.function += 0x100;
+      }
+      switch (e.function) {
+        case 1:
+          e.ecx |= 1u << 31;  // hypervisor present
+          e.ebx = (e.ebx & 0x0000'ffffu) | (static_cast<std::uint32_t>(vcpus_.size()) << 16) | (v->id << 24);
+          e.edx |= 1u << 28;  // HTT: ebx[23:16] is meaningful
+          break;
+        case 0xb:
+        case 0x1f:
+          e.edx = v->id;  // x2APIC id
+          break;
+        default: break;
+      }
+      entries.push_back(e);
+    }
+    if (cpuid_hook_) cpuid_hook_(v->id, entries);
+    auto buf = cpuid_buffer(static_cast<std::uint32_t>(entries.size()));
+    std::memcpy(buf.data() + sizeof(Cpuid2Header), entries.data(), entries.size() * sizeof(kvm_cpuid_entry2));
+    if (ioctl(v->fd.get(), kSetCpuid2, buf.data()) < 0) {
+      return err(fmt::format("KVM_SET_CPUID2 on vCPU {}: {}", v->id, std::strerror(errno)));
+    }
+  }
+  return {};
+}
+
+void Vm::boot_cpu_long_mode(const LinuxBootEntry& e) {
+  Vcpu& v = *vcpus_.front();
+  kvm_sregs s{};
+  if (ioctl(v.fd.get(), KVM_GET_SREGS, &s) < 0) fail_setup("KVM_GET_SREGS");
+  kvm_segment code{};
+  code.base = 0;
+  code.limit = 0xffffffff;
+  code.selector = kBootCs;
+  code.type = 0xb;  // execute/read, accessed
+  code.present = 1;
+  code.s = 1;
+  code.l = 1;
+  code.g = 1;
+  kvm_segment data = code;
+  data.selector = kBootDs;
+  data.type = 0x3;  // read/write, accessed
+  data.l = 0;
+  data.db = 1;
+  s.cs = code;
+  s.ds = s.es = s.fs = s.gs = s.ss = data;
+  s.gdt.base = e.gdt_base;
+  s.gdt.limit = e.gdt_limit;
+  s.idt.base = 0;
+  s.idt.limit = 0;
+  s.cr0 = 0x8000'0033;  // PG | NE | ET | MP | PE
+  s.cr3 = e.cr3;
+  s.cr4 = 0x20;         // PAE
+  s.efer = 0x500;       // LME | LMA
+  if (ioctl(v.fd.get(), KVM_SET_SREGS, &s) < 0) fail_setup("KVM_SET_SREGS");
+  kvm_regs r{};
+  r.rip = e.rip;
+  r.rsi = e.rsi;
+  r.rsp = e.rsp;
+  r.rbp = e.rsp;
+  r.rflags = 0x2;
+  if (ioctl(v.fd.get(), KVM_SET_REGS, &r) < 0) fail_setup("KVM_SET_REGS");
+  kvm_fpu fpu{};
+  fpu.fcw = 0x37f;
+  fpu.mxcsr = 0x1f80;
+  if (ioctl(v.fd.get(), KVM_SET_FPU, &fpu) < 0) fail_setup("KVM_SET_FPU");
+}
+
+void Vm::boot_cpu_real_mode(std::uint16_t cs, std::uint16_t ip) {
+  Vcpu& v = *vcpus_.front();
+  kvm_sregs s{};
+  if (ioctl(v.fd.get(), KVM_GET_SREGS, &s) < 0) fail_setup("KVM_GET_SREGS");
+  s.cs.selector = cs;
+  s.cs.base = std::uint64_t{cs} << 4;
+  if (ioctl(v.fd.get(), KVM_SET_SREGS, &s) < 0) fail_setup("KVM_SET_SREGS");
+  kvm_regs r{};
+  r.rip = ip;
+  r.rflags = 0x2;
+  if (ioctl(v.fd.get(), KVM_SET_REGS, &r) < 0) fail_setup("KVM_SET_REGS");
+}
+
+void Vm::set_irq(std::uint32_t gsi, bool level) noexcept {
+  kvm_irq_level l{};
+  l.irq = gsi;
+  l.level = level ? 1 : 0;
+  if (ioctl(vm_fd_.get(), KVM_IRQ_LINE, &l) < 0) {
+    static std::atomic<int> logged{0};
+    if (logged.fetch_add(1) < 5) spdlog::warn("vm: KVM_IRQ_LINE gsi {}: {}", gsi, std::strerror(errno));
+  }
+}
+
+void Vm::request_stop(StopReason reason, std::string message) noexcept {
+  StopReason expected = StopReason::none;
+  if (stop_reason_.compare_exchange_strong(expected, reason)) {
+    {
+      std::lock_guard lk(stop_mu_);
+      stop_message_ = std::move(message);
+    }
+    stop_cv_.notify_all();
+  }
+  kick_all();
+}
+
+std::string Vm::stop_message() const {
+  std::lock_guard lk(stop_mu_);
+  return stop_message_;
+}
+
+void Vm::kick_all() noexcept {
+  for (auto& v : vcpus_) {
+    if (v->started.load() && v->thread.joinable()) pthread_kill(v->thread.native_handle(), kKickSignal);
+  }
+}
+
+void Vm::sample(Vcpu& v) noexcept {
+  const std::uint64_t gen = kick_gen_.load();
+  if (v.sample_gen.load() == gen) return;
+  bool off = false;
+  kvm_mp_state mp{};
+  if (ioctl(v.fd.get(), KVM_GET_MP_STATE, &mp) == 0) {
+    if (mp.mp_state == KVM_MP_STATE_UNINITIALIZED || mp.mp_state == KVM_MP_STATE_INIT_RECEIVED) {
+      off = v.id != 0;  // an AP never started (the BSP never is in these states)
+    } else if (mp.mp_state == KVM_MP_STATE_HALTED) {
+      kvm_regs r{};
+      off = ioctl(v.fd.get(), KVM_GET_REGS, &r) == 0 && !(r.rflags & 0x200);
+    }
+  }
+  v.halted_off.store(off);
+  v.sample_gen.store(gen);
+}
+
+Result<void> Vm::handle_io(Vcpu& v) noexcept {
+  const auto& io = v.run->io;
+  const std::uint64_t bytes = std::uint64_t{io.size} * io.count;
+  if (io.size == 0 || io.size > 8 || io.data_offset > v.run_size || bytes > v.run_size - io.data_offset) {
+    return err(fmt::format("vCPU {}: malformed KVM_EXIT_IO (port {:#x} size {} count {})", v.id, io.port, io.size, io.count));
+  }
+  auto* p = reinterpret_cast<std::uint8_t*>(v.run) + io.data_offset;
+  for (std::uint32_t i = 0; i < io.count; ++i) {
+    std::span<std::uint8_t> d(p + std::size_t{i} * io.size, io.size);
+    if (io.direction == KVM_EXIT_IO_OUT) pio_.write(io.port, d);
+    else pio_.read(io.port, d);
+  }
+  return {};
+}
+
+Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
+  kvm_run* run = v.run;
+  while (stop_reason_.load() == StopReason::none) {
+    const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
+    if (rc < 0) {
+      if (errno == EINTR || errno == EAGAIN) {
+        run->immediate_exit = 0;
+        sample(v);
+        continue;
+      }
+      return err(fmt::format("vCPU {}: KVM_RUN: {}", v.id, std::strerror(errno)));
+    }
+    const std::uint32_t reason = run->exit_reason;
+    v.exits[reason < kExitReasons ? reason : 0].fetch_add(1, std::memory_order_relaxed);
+    switch (reason) {
+      case KVM_EXIT_IO:
+        if (auto r = handle_io(v); !r) return r;
+        break;
+      case KVM_EXIT_MMIO: {
+        auto& m = run->mmio;
+        const std::size_t len = m.len <= 8 ? m.len : 8;
+        std::span<std::uint8_t> d(m.data, len);
+        if (m.is_write) mmio_.write(m.phys_addr, d);
+        else mmio_.read(m.phys_addr, d);
+        break;
+      }
+      case KVM_EXIT_HLT:
+        request_stop(StopReason::poweroff, "hlt exit");
+        break;
+      case KVM_EXIT_SHUTDOWN:
+        request_stop(StopReason::triple_fault, fmt::format("vCPU {}: triple fault (KVM_EXIT_SHUTDOWN)", v.id));
+        break;
+      case KVM_EXIT_SYSTEM_EVENT:
+        switch (run->system_event.type) {
+          case KVM_SYSTEM_EVENT_SHUTDOWN: request_stop(StopReason::poweroff, "system event: shutdown"); break;
+          case KVM_SYSTEM_EVENT_RESET: request_stop(StopReason::reboot, "system event: reset"); break;
+          default:
+            request_stop(StopReason::error, fmt::format("vCPU {}: system event {} (crash)", v.id, run->system_event.type));
+        }
+        break;
+      case KVM_EXIT_FAIL_ENTRY:
+        return err(fmt::format("vCPU {}: VM entry failed (hardware reason {:#x})", v.id,
+                               static_cast<std::uint64_t>(run->fail_entry.hardware_entry_failure_reason)));
+      case KVM_EXIT_INTERNAL_ERROR:
+        return err(fmt::format("vCPU {}: KVM internal error, suberror {}", v.id, run->internal.suberror));
+      case KVM_EXIT_INTR:
+        sample(v);
+        break;
+      case KVM_EXIT_IRQ_WINDOW_OPEN:
+      case KVM_EXIT_IOAPIC_EOI:
+        break;
+      default:
+        return err(fmt::format("vCPU {}: unexpected exit {} ({})", v.id, reason, exit_reason_name(reason)));
+    }
+  }
+  return {};
+}
+
+void Vm::vcpu_thread(Vcpu& v) noexcept {
+  try {
+    t_run = v.run;
+    // Unblock the kick signal in this thread (the monitor may have blocked it elsewhere).
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, kKickSignal);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    auto r = vcpu_loop(v);
+    if (!r) request_stop(StopReason::error, r.error().message);
+  } catch (const std::exception& e) {
+    request_stop(StopReason::error, fmt::format("vCPU {}: {}", v.id, e.what()));
+  } catch (...) {
+    request_stop(StopReason::error, fmt::format("vCPU {}: unknown exception", v.id));
+  }
+  t_run = nullptr;
+}
+
+StopReason Vm::run() noexcept {
+  try {
+    install_kick_handler();
+    if (auto r = setup_cpuid(); !r) {
+      request_stop(StopReason::error, r.error().message);
+      return StopReason::error;
+    }
+    for (auto& v : vcpus_) {
+      Vcpu* vp = v.get();
+      v->thread = std::thread([this, vp] { vcpu_thread(*vp); });
+      v->started.store(true);
+    }
+    // Monitor: wait for a stop; every halt_poll, sample all vCPUs (see vm.h).
+    int all_halted = 0;
+    std::unique_lock lk(stop_mu_);
+    while (stop_reason_.load() == StopReason::none) {
+      stop_cv_.wait_for(lk, cfg_.halt_poll, [&] { return stop_reason_.load() != StopReason::none; });
+      if (stop_reason_.load() != StopReason::none) break;
+      lk.unlock();
+      const std::uint64_t gen = kick_gen_.fetch_add(1) + 1;
+      kick_all();
+      bool answered = false;
+      for (int i = 0; i < 50 && !answered; ++i) {  // at most ~100 ms for every vCPU to answer
+        answered = true;
+        for (auto& v : vcpus_) answered = answered && v->sample_gen.load() == gen;
+        if (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      bool halted = answered;
+      for (auto& v : vcpus_) halted = halted && v->halted_off.load();
+      all_halted = halted ? all_halted + 1 : 0;
+      if (all_halted >= 2) request_stop(StopReason::poweroff, "all vCPUs halted with interrupts disabled");
+      lk.lock();
+    }
+    lk.unlock();
+  } catch (const std::exception& e) {
+    request_stop(StopReason::error, fmt::format("vm: {}", e.what()));
+  } catch (...) {
+    request_stop(StopReason::error, "vm: unknown exception");
+  }
+  for (int i = 0; i < 100; ++i) {
+    bool all_done = true;
+    for (auto& v : vcpus_) all_done = all_done && (!v->thread.joinable());
+    if (all_done) break;
+    kick_all();
+    for (auto& v : vcpus_) {
+      if (v->thread.joinable()) {
+        v->thread.join();
+      }
+    }
+  }
+  return stop_reason_.load();
+}
+
+ExitStats Vm::stats() const noexcept {
+  ExitStats s;
+  for (const auto& v : vcpus_) {
+    for (std::size_t i = 0; i < kExitReasons; ++i) s.by_reason[i] += v->exits[i].load(std::memory_order_relaxed);
+  }
+  s.pio_unclaimed = pio_.unclaimed();
+  s.mmio_unclaimed = mmio_.unclaimed();
+  return s;
+}
+
+}  // namespace xpv::kvm

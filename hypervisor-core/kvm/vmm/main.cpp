@@ -1,0 +1,142 @@
+// xpv-vmm — one HVM domain on KVM: boots a Linux kernel (bzImage or vmlinux) directly.
+//
+//   xpv-vmm --kernel K [--initrd I] [--cmdline S] [--vcpus N] [--memory MiB]
+//           [--console stdio|socket:PATH] [--stats]
+//
+// Exit status: 0 guest powered off (or halted), 2 guest asked for a reboot, 3 triple fault,
+// 1 VMM error (bad arguments, bad image, KVM failure; one line on stderr saying which).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "xpv/kvm/console.h"
+#include "xpv/kvm/linux_boot.h"
+#include "xpv/kvm/pc_devices.h"
+#include "xpv/kvm/pci_host.h"
+#include "xpv/kvm/uart.h"
+#include "xpv/kvm/vm.h"
+
+namespace {
+
+std::vector<std::uint8_t> read_file(const std::string& path, const char* what, std::uint64_t limit) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw std::runtime_error(fmt::format("{} {}: cannot open", what, path));
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  if (size == 0) throw std::runtime_error(fmt::format("{} {}: empty file", what, path));
+  if (size > limit) throw std::runtime_error(fmt::format("{} {}: {} bytes is larger than guest memory", what, path, size));
+  std::vector<std::uint8_t> data(size);
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(size))) {
+    throw std::runtime_error(fmt::format("{} {}: read error", what, path));
+  }
+  return data;
+}
+
+int exit_code(xpv::kvm::StopReason r) {
+  switch (r) {
+    case xpv::kvm::StopReason::poweroff: return 0;
+    case xpv::kvm::StopReason::reboot: return 2;
+    case xpv::kvm::StopReason::triple_fault: return 3;
+    default: return 1;
+  }
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"xpv-vmm — a KVM VMM that boots Linux directly (bzImage or vmlinux)"};
+  std::string kernel, initrd, console_spec = "stdio";
+  std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
+  unsigned vcpus = 1, memory_mib = 512;
+  bool stats = false;
+  app.add_option("--kernel", kernel, "bzImage or vmlinux ELF")->required();
+  app.add_option("--initrd", initrd, "initial ramdisk");
+  app.add_option("--cmdline", cmdline, "kernel command line")->capture_default_str();
+  app.add_option("--vcpus", vcpus, "number of vCPUs")->capture_default_str();
+  app.add_option("--memory", memory_mib, "guest memory in MiB")->capture_default_str();
+  app.add_option("--console", console_spec, "stdio or socket:PATH")->capture_default_str();
+  app.add_flag("--stats", stats, "print exit counters on stderr when the VM stops");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  spdlog::set_pattern("xpv-vmm: %l: %v");
+  if (memory_mib == 0) throw std::runtime_error("--memory 0: a guest needs memory");
+  const std::uint64_t mem = std::uint64_t{memory_mib} << 20;
+  const auto kernel_img = read_file(kernel, "kernel", mem);
+  std::vector<std::uint8_t> initrd_img;
+  if (!initrd.empty()) initrd_img = read_file(initrd, "initrd", mem);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  xpv::kvm::VmConfig cfg;
+  cfg.vcpus = vcpus;
+  cfg.memory_bytes = mem;
+  xpv::kvm::Vm vm(cfg);
+  xpv::kvm::Console console(console_spec);
+  xpv::kvm::Uart16550 uart([&](std::span<const std::uint8_t> b) { console.write(b); },
+                           [&](bool level) { vm.set_irq(4, level); });
+  xpv::kvm::ResetPorts reset([&] { vm.request_stop(xpv::kvm::StopReason::reboot, "guest reset (i8042 / port 0x92)"); });
+  xpv::kvm::PostPort post;
+  xpv::kvm::CmosRtc rtc;
+  xpv::kvm::PciHost pci;
+  auto add = [&](std::uint64_t base, std::uint64_t len, xpv::kvm::BusDevice* d, const char* what) {
+    if (auto r = vm.pio().add(base, len, d, what); !r) throw std::runtime_error(r.error().message);
+  };
+  add(0x3f8, 8, &uart, "com1");
+  add(0x60, 1, &reset, "i8042 data");
+  add(0x64, 1, &reset, "i8042 command");
+  add(0x92, 1, &reset, "port 0x92");
+  add(0x80, 1, &post, "post");
+  add(0x70, 2, &rtc, "cmos");
+  add(xpv::kvm::PciHost::kAddressPort, 4, &pci, "pci address");
+  add(xpv::kvm::PciHost::kDataPort, 4, &pci, "pci data");
+
+  xpv::kvm::LinuxBootInput in;
+  in.kernel = kernel_img;
+  in.initrd = initrd_img;
+  in.cmdline = cmdline;
+  in.vcpus = vcpus;
+  in.low_end = vm.ram().low_end();
+  in.high_size = vm.ram().size() - vm.ram().low_end();
+  in.cpu_signature = vm.cpu_signature();
+  in.cpu_features = vm.cpu_features();
+  auto entry = xpv::kvm::setup_linux_boot(vm.memory(), in);
+  if (!entry) throw std::runtime_error(entry.error().message);
+  vm.boot_cpu_long_mode(*entry);
+  spdlog::debug("entry {:#x}, kernel end {:#x}, initrd at {:#x}", entry->rip, entry->kernel_end, entry->initrd_gpa);
+
+  console.start_input([&](std::span<const std::uint8_t> b) { return uart.receive(b); });
+  const auto reason = vm.run();
+  console.stop();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stats) {
+    const auto s = vm.stats();
+    fmt::print(stderr, "xpv-vmm: exits:");
+    for (std::size_t i = 0; i < s.by_reason.size(); ++i) {
+      if (s.by_reason[i] != 0) fmt::print(stderr, " {}={}", xpv::kvm::exit_reason_name(i), s.by_reason[i]);
+    }
+    fmt::print(stderr, " (unclaimed pio={} mmio={})\n", s.pio_unclaimed, s.mmio_unclaimed);
+  }
+  const std::string msg = vm.stop_message();
+  fmt::print(stderr, "xpv-vmm: guest stopped: {}{}{} after {:.2f} s\n", xpv::kvm::to_string(reason),
+             msg.empty() ? "" : ": ", msg, secs);
+  return exit_code(reason);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "xpv-vmm: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,163 @@
+// The testbed acceptance test (issue 6): in ONE `xpv testbed` session (L1 boots once, ~12 s):
+//   1. the VM smoke tests against the real KVM in L1 (incl. the triple-fault case);
+//   2. Debian's stock bzImage under xpv-vmm, 2 vCPUs, a busybox initramfs that prints its CPU
+//      count and powers off;
+//   3. the same kernel's vmlinux (decompressed here with xpv::kvm) booted the same way.
+// The session runs in SetUpTestSuite; the single TEST asserts each part of its output.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "xpv/kvm/bzimage.h"
+#include "xpv/kvm/decompress.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int shell(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// The part of the output between "XPV-TEST: begin NAME" and "XPV-TEST: end NAME rc=N".
+std::string section(const std::string& out, const std::string& name) {
+  const auto b = out.find("XPV-TEST: begin " + name + "\n");
+  if (b == std::string::npos) return {};
+  const auto e = out.find("XPV-TEST: end " + name, b);
+  return out.substr(b, e == std::string::npos ? std::string::npos : e - b + 64);
+}
+
+std::size_t count(const std::string& hay, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+class TestbedBoot : public ::testing::Test {
+ protected:
+  static inline std::string output;
+  static inline std::string setup_error;
+  static inline int rc = -1;
+
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/xpv-boot-test.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      setup_error = "mkdtemp failed";
+      return;
+    }
+    const fs::path share = tmpl;
+    const fs::path host_out = share.string() + ".out";
+    // Cleanup on every path out of here.
+    struct Cleanup {
+      fs::path a, b;
+      ~Cleanup() {
+        std::error_code ec;
+        fs::remove_all(a, ec);
+        fs::remove(b, ec);
+      }
+    } cleanup{share, host_out};
+
+    // Debian's kernel, cached by the testbed.
+    const fs::path kpath = share.string() + ".kernel";
+    if (shell(std::string(XPV_BIN) + " testbed --print-kernel > " + quote(kpath.string())) != 0) {
+      setup_error = "xpv testbed --print-kernel failed";
+      return;
+    }
+    std::string kernel = slurp(kpath);
+    fs::remove(kpath);
+    while (!kernel.empty() && kernel.back() == '\n') kernel.pop_back();
+
+    // The vmlinux inside it, decompressed with the VMM's own code.
+    const std::string img = slurp(kernel);
+    std::span<const std::uint8_t> bytes(reinterpret_cast<const std::uint8_t*>(img.data()), img.size());
+    auto bz = xpv::kvm::parse_bzimage(bytes);
+    if (!bz) {
+      setup_error = "parse " + kernel + ": " + bz.error().message;
+      return;
+    }
+    auto elf = xpv::kvm::decompress(bz->payload, 512ull << 20);
+    if (!elf) {
+      setup_error = "decompress: " + elf.error().message;
+      return;
+    }
+    std::ofstream(share / "vmlinux", std::ios::binary)
+        .write(reinterpret_cast<const char*>(elf->data()), static_cast<std::streamsize>(elf->size()));
+
+    // The guest's initramfs: busybox and an init that prints the CPU count and powers off.
+    fs::create_directories(share / "stage" / "bin");
+    fs::copy_file("/bin/busybox", share / "stage" / "bin" / "busybox");
+    std::ofstream(share / "stage" / "init")
+        << "#!/bin/busybox sh\n"
+           "/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin\n"
+           "/bin/busybox --install -s\n"
+           "mount -t proc proc /proc\n"
+           "mount -t sysfs sysfs /sys\n"
+           "echo \"XPV-GUEST: cpus=$(nproc)\"\n"
+           "poweroff -f\n";
+    fs::permissions(share / "stage" / "init", fs::perms::owner_all);
+    if (shell("cd " + quote((share / "stage").string()) +
+              " && find . | cpio --quiet -o -H newc > ../initramfs.cpio") != 0) {
+      setup_error = "cpio failed (install cpio: scripts/setup)";
+      return;
+    }
+
+    const std::string vmm = std::string(XPV_VMM_BIN) + " --vcpus 2 --memory 512 --stats --initrd " +
+                            quote((share / "initramfs.cpio").string()) +
+                            " --cmdline 'console=ttyS0 quiet reboot=k panic=1 io_delay=none acpi=off'";
+    std::ofstream(share / "run.sh")
+        << "echo 'XPV-TEST: begin smoke'\n"
+        << XPV_SMOKE_BIN << " --gtest_brief=1\n"
+        << "echo \"XPV-TEST: end smoke rc=$?\"\n"
+        << "echo 'XPV-TEST: begin bzimage'\n"
+        << vmm << " --kernel " << quote(kernel) << "\n"
+        << "echo \"XPV-TEST: end bzimage rc=$?\"\n"
+        << "echo 'XPV-TEST: begin vmlinux'\n"
+        << vmm << " --kernel " << quote((share / "vmlinux").string()) << "\n"
+        << "echo \"XPV-TEST: end vmlinux rc=$?\"\n";
+    rc = shell(std::string(XPV_BIN) + " testbed --timeout 540 --share " + quote(share.string()) + " -- sh " +
+               quote((share / "run.sh").string()) + " > " + quote(host_out.string()) + " 2>&1");
+    output = slurp(host_out);
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(setup_error.empty()) << setup_error;
+    ASSERT_EQ(rc, 0) << "xpv testbed failed:\n" << output;
+  }
+};
+
+// One TEST: ctest runs every discovered test in its own process, and each would boot L1 again.
+TEST_F(TestbedBoot, StockKernelBootsUnderXpvVmm) {
+  EXPECT_NE(output.find("xpv testbed: L1 ready in"), std::string::npos) << output;
+
+  const std::string smoke = section(output, "smoke");
+  EXPECT_NE(smoke.find("XPV-TEST: end smoke rc=0"), std::string::npos) << smoke;
+  EXPECT_EQ(count(smoke, "SKIPPED"), 0u) << smoke;  // the triple-fault case runs here
+
+  for (const char* name : {"bzimage", "vmlinux"}) {
+    SCOPED_TRACE(name);
+    const std::string s = section(output, name);
+    EXPECT_NE(s.find("XPV-GUEST: cpus=2\n"), std::string::npos) << s;
+    EXPECT_NE(s.find("xpv-vmm: guest stopped: poweroff"), std::string::npos) << s;
+    EXPECT_NE(s.find(std::string("XPV-TEST: end ") + name + " rc=0"), std::string::npos) << s;
+  }
+}
+
+}  // namespace

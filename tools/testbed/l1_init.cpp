@@ -1,0 +1,69 @@
+// The L1 /init script: PID 1 of the testbed VM, a busybox shell script. It is written into the
+// cached L1 initramfs (its hash is part of the cache name, so editing it rebuilds the initramfs).
+//
+// Contract with the host (testbed.cpp), over the 9p share "xpvctl" mounted at /ctl:
+//   in:  /ctl/env     shell assignments: XPV_SHARE (path of the writable share)
+//        /ctl/cmd.sh  the command, run with /bin/sh inside the chroot of the host's root
+//   out: /ctl/ready   created once KVM is up and the chroot is ready (L1 ready time)
+//        /ctl/error   one line when the testbed failed inside L1
+//        /ctl/rc      the command's exit status
+// ttyS0 carries the kernel console and these log lines; ttyS1 carries only the command's output.
+#include "testbed/testbed.h"
+
+namespace xpv::testbed {
+
+const char* const kL1Init = R"XPVINIT(#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /ctl /host /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+log() { echo "xpv-testbed(L1): $*" > /dev/ttyS0; }
+die() {
+  log "$*"
+  if [ -d /ctl/. ] && mountpoint -q /ctl; then
+    echo "$*" > /ctl/error
+    echo 125 > /ctl/rc
+    sync
+    umount /ctl
+  fi
+  poweroff -f
+}
+
+for m in $(cat /modules.order); do
+  insmod "/modules/$m" 2>/dev/ttyS0 || log "insmod $m failed"
+done
+
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 xpvctl /ctl || die "cannot mount the control share"
+[ -c /dev/kvm ] || die "KVM did not come up in L1: no /dev/kvm after loading kvm and kvm-amd ($(dmesg | grep -i -e kvm -e svm | tail -n 2 | tr '\n' ' '))"
+. /ctl/env
+
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /host || die "cannot mount the host root over 9p"
+mount -t proc proc /host/proc
+mount -t sysfs sysfs /host/sys
+mount -t devtmpfs devtmpfs /host/dev || die "cannot mount /dev in the chroot"
+mkdir -p /host/dev/pts /host/dev/shm
+mount -t devpts devpts /host/dev/pts
+mount -t tmpfs tmpfs /host/dev/shm
+mount -t tmpfs tmpfs /host/tmp || die "cannot mount /tmp in the chroot"
+mount -t tmpfs tmpfs /host/run
+if [ -n "$XPV_SHARE" ]; then
+  mkdir -p "/host$XPV_SHARE" 2>/dev/null
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share "/host$XPV_SHARE" || die "cannot mount the share at $XPV_SHARE"
+fi
+cp /ctl/cmd.sh /host/tmp/.xpv-testbed-cmd.sh || die "cannot copy the command into the chroot"
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+
+touch /ctl/ready
+chroot /host /bin/sh /tmp/.xpv-testbed-cmd.sh </dev/null >/dev/ttyS1 2>&1
+rc=$?
+echo "$rc" > /ctl/rc
+sync
+[ -n "$XPV_SHARE" ] && umount "/host$XPV_SHARE"
+umount /ctl
+poweroff -f
+)XPVINIT";
+
+}  // namespace xpv::testbed

@@ -1,0 +1,581 @@
+// `xpv testbed`: see testbed.h for the picture. Everything here runs on the host, in the `xpv`
+// process's main thread.
+#include "testbed/testbed.h"
+
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace xpv::testbed {
+namespace {
+
+// The modules L1 needs (ENVIRONMENT.md): virtio transport + 9p for the shares, kvm + kvm-amd.
+// Their dependencies are added from modules.dep.
+const char* const kWantedModules[] = {
+    "virtio", "virtio_ring", "virtio_pci", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
+    "9pnet", "9pnet_virtio", "netfs", "fscache", "9p", "irqbypass", "ccp", "kvm", "kvm_amd"};
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal.store(sig); }
+
+[[noreturn]] void die(const std::string& msg) { throw std::runtime_error(msg); }
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+struct Captured {
+  int status = -1;  // exit status, or -1 when it could not run / was signalled
+  std::string out;  // stdout (stderr goes to `err`)
+  std::string err;
+};
+
+// Runs argv to completion, capturing stdout and stderr (small outputs only: apt-cache, apt-get).
+Captured capture(const std::vector<std::string>& argv, const std::string& cwd = {}) {
+  Captured c;
+  char out_tmpl[] = "/tmp/xpv-testbed-out.XXXXXX";
+  char err_tmpl[] = "/tmp/xpv-testbed-err.XXXXXX";
+  int out_fd = mkstemp(out_tmpl);
+  int err_fd = mkstemp(err_tmpl);
+  if (out_fd < 0 || err_fd < 0) die(fmt::format("cannot create a temp file: {}", strerror(errno)));
+  unlink(out_tmpl);
+  unlink(err_tmpl);
+  pid_t pid = fork();
+  if (pid < 0) die(fmt::format("fork: {}", strerror(errno)));
+  if (pid == 0) {
+    int null_fd = open("/dev/null", O_RDONLY);
+    dup2(null_fd, 0);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  c.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  auto slurp = [](int fd) {
+    std::string s;
+    lseek(fd, 0, SEEK_SET);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
+    close(fd);
+    return s;
+  };
+  c.out = slurp(out_fd);
+  c.err = slurp(err_fd);
+  return c;
+}
+
+std::string last_lines(const std::string& text, size_t n) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::string out;
+  for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
+    out += "  | " + lines[i] + "\n";
+  }
+  return out;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& content, bool exec = false) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) die(fmt::format("cannot write {}", p.string()));
+  if (exec) fs::permissions(p, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
+}
+
+fs::path cache_root() {
+  if (const char* c = std::getenv("XPV_CACHE"); c != nullptr && *c != '\0') return c;
+  const char* home = std::getenv("HOME");
+  return fs::path(home != nullptr && *home != '\0' ? home : "/root") / ".cache" / "xpv";
+}
+
+// "linux-image-6.1.0-57-amd64" from `apt-cache depends linux-image-amd64`, or the env override.
+std::string resolve_package() {
+  if (const char* p = std::getenv("XPV_TESTBED_KERNEL_PKG"); p != nullptr && *p != '\0') return p;
+  auto c = capture({"apt-cache", "depends", "linux-image-amd64"});
+  if (c.status == 0) {
+    std::istringstream in(c.out);
+    for (std::string line; std::getline(in, line);) {
+      auto pos = line.find("Depends: linux-image-");
+      if (pos == std::string::npos) continue;
+      std::string pkg = line.substr(pos + 9);
+      while (!pkg.empty() && (pkg.back() == ' ' || pkg.back() == '\r')) pkg.pop_back();
+      if (pkg.find('<') == std::string::npos) return pkg;
+    }
+  }
+  return {};
+}
+
+// modules.dep: "kernel/a/b.ko: kernel/c.ko kernel/d.ko" → name → (path, deps).
+struct ModInfo {
+  std::string path;
+  std::vector<std::string> deps;  // paths
+};
+
+std::string mod_name(const std::string& path) {
+  std::string base = fs::path(path).filename().string();
+  if (auto dot = base.find(".ko"); dot != std::string::npos) base.resize(dot);
+  for (auto& ch : base) if (ch == '-') ch = '_';
+  return base;
+}
+
+Kernel load_cached(const fs::path& dir) {
+  Kernel k;
+  k.dir = dir.string();
+  k.version = dir.filename().string();
+  k.vmlinuz = (dir / "vmlinuz").string();
+  std::ifstream order(dir / "modules.order");
+  for (std::string m; std::getline(order, m);) {
+    if (!m.empty()) k.modules.push_back((dir / "modules" / m).string());
+  }
+  return k;
+}
+
+}  // namespace
+
+Kernel ensure_kernel() {
+  const fs::path root = cache_root() / "kernel";
+  const std::string pkg = resolve_package();
+  if (pkg.empty()) {
+    // Offline fallback: exactly one cached kernel is unambiguous.
+    std::vector<fs::path> cached;
+    if (fs::is_directory(root)) {
+      for (const auto& e : fs::directory_iterator(root)) {
+        if (fs::exists(e.path() / "complete")) cached.push_back(e.path());
+      }
+    }
+    if (cached.size() == 1) return load_cached(cached.front());
+    die("cannot resolve the Debian kernel package: `apt-cache depends linux-image-amd64` gave no "
+        "linux-image-* dependency (run `apt-get update`, or set XPV_TESTBED_KERNEL_PKG)");
+  }
+  const std::string prefix = "linux-image-";
+  const std::string version = pkg.substr(prefix.size());
+  const fs::path dir = root / version;
+  if (fs::exists(dir / "complete")) return load_cached(dir);
+
+  fmt::print(stderr, "xpv testbed: fetching {} with apt-get download (once; cached in {})\n", pkg,
+             dir.string());
+  fs::create_directories(root);
+  const fs::path work = root / (version + ".partial");
+  fs::remove_all(work);
+  fs::create_directories(work);
+  auto dl = capture({"apt-get", "download", "-q", pkg}, work.string());
+  fs::path deb;
+  for (const auto& e : fs::directory_iterator(work)) {
+    if (e.path().extension() == ".deb") deb = e.path();
+  }
+  if (dl.status != 0 || deb.empty()) {
+    fs::remove_all(work);
+    die(fmt::format("`apt-get download {}` failed (exit {}):\n{}", pkg, dl.status,
+                    last_lines(dl.err + dl.out, 8)));
+  }
+  const fs::path x = work / "x";
+  fs::create_directories(x);
+  auto ex = capture({"sh", "-c",
+                     fmt::format("dpkg-deb --fsys-tarfile {} | tar -x -C {} ./boot ./lib/modules",
+                                 shell_quote(deb.string()), shell_quote(x.string()))});
+  const fs::path vmlinuz = x / "boot" / ("vmlinuz-" + version);
+  if (ex.status != 0 || !fs::exists(vmlinuz)) {
+    fs::remove_all(work);
+    die(fmt::format("cannot extract {} (exit {}):\n{}", deb.string(), ex.status,
+                    last_lines(ex.err, 8)));
+  }
+  auto dep = capture({"depmod", "-b", x.string(), version});
+  const fs::path depfile = x / "lib" / "modules" / version / "modules.dep";
+  if (dep.status != 0 || !fs::exists(depfile)) {
+    fs::remove_all(work);
+    die(fmt::format("`depmod -b` failed for {} (is kmod installed?):\n{}", version,
+                    last_lines(dep.err, 8)));
+  }
+  std::map<std::string, ModInfo> mods;
+  {
+    std::ifstream in(depfile);
+    for (std::string line; std::getline(in, line);) {
+      auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      ModInfo mi;
+      mi.path = line.substr(0, colon);
+      std::istringstream rest(line.substr(colon + 1));
+      for (std::string d; rest >> d;) mi.deps.push_back(d);
+      mods[mod_name(mi.path)] = mi;
+    }
+  }
+  // Dependencies first (depth-first, post-order), each module once.
+  std::vector<std::string> order;
+  std::set<std::string> seen;
+  std::function<void(const std::string&, int)> visit = [&](const std::string& name, int depth) {
+    if (depth > 64) die("module dependency loop at " + name);
+    if (seen.count(name) != 0) return;
+    auto it = mods.find(name);
+    if (it == mods.end()) die(fmt::format("module {} is not in {} (built in? renamed?)", name, pkg));
+    seen.insert(name);
+    for (const auto& d : it->second.deps) visit(mod_name(d), depth + 1);
+    order.push_back(it->second.path);
+  };
+  for (const char* m : kWantedModules) visit(m, 0);
+
+  const fs::path stage = root / (version + ".stage");
+  fs::remove_all(stage);
+  fs::create_directories(stage / "modules");
+  fs::copy_file(vmlinuz, stage / "vmlinuz");
+  std::string order_txt;
+  for (const auto& rel : order) {
+    const std::string base = fs::path(rel).filename().string();
+    fs::copy_file(x / "lib" / "modules" / version / rel, stage / "modules" / base);
+    order_txt += base + "\n";
+  }
+  write_file(stage / "modules.order", order_txt);
+  write_file(stage / "package", pkg + "\n");
+  write_file(stage / "complete", "");
+  fs::remove_all(work);
+  fs::remove_all(dir);
+  fs::rename(stage, dir);
+  return load_cached(dir);
+}
+
+namespace {
+
+// The L1 initramfs: busybox, /init, the modules. Cached next to the kernel, keyed by the init
+// script's hash so an edit rebuilds it.
+fs::path ensure_initramfs(const Kernel& k) {
+  const std::string busybox = "/bin/busybox";
+  if (!fs::exists(busybox)) die("/bin/busybox is missing: install busybox-static (scripts/setup)");
+  const size_t h = std::hash<std::string>{}(std::string(kL1Init));
+  const fs::path out = fs::path(k.dir) / fmt::format("l1-initramfs-{:016x}.cpio", h);
+  if (fs::exists(out)) return out;
+  const fs::path stage = fs::path(k.dir) / "l1-stage";
+  fs::remove_all(stage);
+  fs::create_directories(stage / "bin");
+  fs::create_directories(stage / "modules");
+  fs::copy_file(busybox, stage / "bin" / "busybox");
+  write_file(stage / "init", kL1Init, true);
+  std::string order;
+  for (const auto& m : k.modules) {
+    const std::string base = fs::path(m).filename().string();
+    fs::copy_file(m, stage / "modules" / base);
+    order += base + "\n";
+  }
+  write_file(stage / "modules.order", order);
+  const fs::path tmp = out.string() + ".tmp";
+  auto c = capture({"sh", "-c",
+                    fmt::format("find . | cpio --quiet -o -H newc > {}", shell_quote(tmp.string()))},
+                   stage.string());
+  fs::remove_all(stage);
+  if (c.status != 0) {
+    fs::remove(tmp);
+    die(fmt::format("cannot build the L1 initramfs with cpio (is cpio installed?):\n{}",
+                    last_lines(c.err, 8)));
+  }
+  fs::rename(tmp, out);
+  return out;
+}
+
+// A temp dir removed on scope exit (unless XPV_TESTBED_KEEP is set, for debugging).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    std::string tmpl = "/tmp/" + prefix + ".XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) die(fmt::format("mkdtemp: {}", strerror(errno)));
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (std::getenv("XPV_TESTBED_KEEP") == nullptr) fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// QEMU as a child process; killed (TERM, then KILL) and reaped when this goes out of scope, and
+// killed by the kernel if `xpv` itself dies (PR_SET_PDEATHSIG).
+class QemuProcess {
+ public:
+  QemuProcess(const std::vector<std::string>& argv, const fs::path& log) {
+    pid_ = fork();
+    if (pid_ < 0) die(fmt::format("fork: {}", strerror(errno)));
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int null_fd = open("/dev/null", O_RDONLY);
+      int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (null_fd < 0 || log_fd < 0) _exit(126);
+      dup2(null_fd, 0);
+      dup2(log_fd, 1);
+      dup2(log_fd, 2);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~QemuProcess() { kill_and_reap(); }
+  QemuProcess(const QemuProcess&) = delete;
+  QemuProcess& operator=(const QemuProcess&) = delete;
+
+  // True once the child has exited (status() is then valid).
+  bool poll() {
+    if (pid_ <= 0) return true;
+    int st = 0;
+    pid_t r = waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = st;
+      pid_ = -1;
+      return true;
+    }
+    return false;
+  }
+  int status() const { return status_; }
+
+  void kill_and_reap() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 30 && !poll(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      int st = 0;
+      while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+      }
+      status_ = st;
+      pid_ = -1;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = 0;
+};
+
+// Follows a file QEMU appends to (ttyS1) and copies complete lines to our stdout.
+class Tail {
+ public:
+  explicit Tail(fs::path p) : path_(std::move(p)) {}
+  ~Tail() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Tail(const Tail&) = delete;
+  Tail& operator=(const Tail&) = delete;
+  void pump(bool final) {
+    if (fd_ < 0) fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return;
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(fd_, buf, sizeof buf)) > 0) pending_.append(buf, static_cast<size_t>(n));
+    // Serial output may carry CRs; drop them so the host sees plain lines.
+    std::string out;
+    size_t nl = pending_.rfind('\n');
+    if (nl != std::string::npos) {
+      out = pending_.substr(0, nl + 1);
+      pending_.erase(0, nl + 1);
+    }
+    if (final && !pending_.empty()) {
+      out += pending_ + "\n";
+      pending_.clear();
+    }
+    if (out.empty()) return;
+    std::string clean;
+    clean.reserve(out.size());
+    for (char c : out) if (c != '\r') clean += c;
+    fwrite(clean.data(), 1, clean.size(), stdout);
+    fflush(stdout);
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  std::string pending_;
+};
+
+}  // namespace
+
+int run(const Options& opts) {
+  if (opts.cmd.empty() && !opts.print_kernel) die("nothing to run: give the command after `--`");
+  const Kernel k = ensure_kernel();
+  if (opts.print_kernel) {
+    fmt::print("{}\n", k.vmlinuz);
+    return 0;
+  }
+  const fs::path initramfs = ensure_initramfs(k);
+
+  TempDir run_dir("xpv-testbed");
+  std::unique_ptr<TempDir> own_share;
+  std::string share = opts.share;
+  if (share.empty()) {
+    own_share = std::make_unique<TempDir>("xpv-share");
+    share = own_share->path().string();
+  }
+  share = fs::absolute(share).lexically_normal().string();
+  if (share.size() > 1 && share.back() == '/') share.pop_back();
+  if (!fs::is_directory(share)) die(fmt::format("--share {}: not a directory", share));
+  // QEMU option values would need ',' doubled; refuse such paths instead.
+  if (share.find(',') != std::string::npos) die(fmt::format("--share {}: ',' in the path", share));
+
+  // The command, run by /bin/sh inside the chroot of the host root, in the caller's directory.
+  std::string cmd_sh = "cd " + shell_quote(fs::current_path().string()) +
+                       " || { echo 'xpv testbed: cannot enter the working directory in L1' >&2; "
+                       "exit 125; }\n";
+  for (const char* var : {"PATH", "HOME", "LANG", "TERM"}) {
+    if (const char* v = std::getenv(var)) cmd_sh += fmt::format("export {}={}\n", var, shell_quote(v));
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    if (kv.rfind("XPV_", 0) == 0 || kv.rfind("GTEST_", 0) == 0) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) continue;
+      cmd_sh += fmt::format("export {}={}\n", kv.substr(0, eq), shell_quote(kv.substr(eq + 1)));
+    }
+  }
+  cmd_sh += "export XPV_TESTBED=1\nexec";
+  for (const auto& a : opts.cmd) cmd_sh += " " + shell_quote(a);
+  cmd_sh += "\n";
+  write_file(run_dir.path() / "cmd.sh", cmd_sh);
+  write_file(run_dir.path() / "env", "XPV_SHARE=" + shell_quote(share) + "\n");
+
+  const fs::path console = run_dir.path() / "console.log";
+  const fs::path out = run_dir.path() / "out.log";
+  write_file(out, "");
+  // XPV_TESTBED_APPEND adds L1 kernel parameters (debugging: e.g. loglevel=7).
+  std::string append = "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init";
+  if (const char* extra = std::getenv("XPV_TESTBED_APPEND"); extra != nullptr && *extra != '\0') {
+    append += std::string(" ") + extra;
+  }
+  std::vector<std::string> argv = {
+      "nice", "-n", "5", "qemu-system-x86_64",
+      "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2",
+      "-m", std::to_string(opts.mem_mib),
+      "-nodefaults", "-nographic", "-no-reboot",
+      "-kernel", k.vmlinuz, "-initrd", initramfs.string(),
+      "-append", append,
+      "-serial", "file:" + console.string(),
+      "-serial", "file:" + out.string(),
+      "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+      "-virtfs", "local,path=" + run_dir.path().string() + ",mount_tag=xpvctl,security_model=none",
+      "-virtfs", "local,path=" + share + ",mount_tag=share,security_model=none,multidevs=remap",
+  };
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  int result = 0;
+  std::string failure;
+  {
+    QemuProcess qemu(argv, run_dir.path() / "qemu.log");
+    Tail tail(out);
+    bool ready = false;
+    for (;;) {
+      const bool exited = qemu.poll();
+      tail.pump(exited);
+      if (!ready && fs::exists(run_dir.path() / "ready")) {
+        ready = true;
+        fmt::print(stderr, "xpv testbed: L1 ready in {:.1f} s (kernel {})\n", elapsed(), k.version);
+      }
+      if (exited) break;
+      if (g_signal.load() != 0) {
+        failure = fmt::format("interrupted by signal {}; L1 stopped", g_signal.load());
+        result = 128 + g_signal.load();
+        break;
+      }
+      if (elapsed() > opts.timeout_s) {
+        failure = fmt::format("timeout after {} s; L1 killed", opts.timeout_s);
+        result = 124;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    qemu.kill_and_reap();
+    tail.pump(true);
+    if (failure.empty()) {
+      const fs::path rc = run_dir.path() / "rc";
+      const fs::path err = run_dir.path() / "error";
+      if (fs::exists(err)) {
+        failure = read_file(err);
+        while (!failure.empty() && failure.back() == '\n') failure.pop_back();
+        result = 125;
+      } else if (fs::exists(rc)) {
+        result = std::atoi(read_file(rc).c_str());
+      } else {
+        failure = fmt::format("L1 stopped without reporting a result (QEMU status {:#x})", qemu.status());
+        result = 125;
+      }
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (!failure.empty()) {
+    fmt::print(stderr, "xpv testbed: {}\n", failure);
+    fmt::print(stderr, "xpv testbed: last L1 console lines:\n{}", last_lines(read_file(console), 25));
+    const std::string qlog = read_file(run_dir.path() / "qemu.log");
+    if (!qlog.empty()) fmt::print(stderr, "xpv testbed: QEMU said:\n{}", last_lines(qlog, 10));
+  }
+  fmt::print(stderr, "xpv testbed: done in {:.1f} s, exit {}\n", elapsed(), result);
+  return result;
+}
+
+Command::Command(CLI::App& app) {
+  sub_ = app.add_subcommand(
+      "testbed", "run CMD inside a throwaway TCG VM (L1) with a real KVM (ENVIRONMENT.md)");
+  sub_->add_option("--mem", opts_.mem_mib, "L1 memory in MiB")->capture_default_str();
+  sub_->add_option("--share", opts_.share,
+                   "writable directory shared into L1 at the same path (default: a temp dir)");
+  sub_->add_option("--timeout", opts_.timeout_s, "seconds before L1 is killed")->capture_default_str();
+  sub_->add_flag("--print-kernel", opts_.print_kernel,
+                 "fetch and cache Debian's kernel, print its vmlinuz path, exit");
+  sub_->add_option("cmd", opts_.cmd, "command to run inside L1 (after --)");
+}
+
+bool Command::selected() const { return sub_->parsed(); }
+int Command::run() const { return testbed::run(opts_); }
+
+std::unique_ptr<Command> add_command(CLI::App& app) { return std::make_unique<Command>(app); }
+
+}  // namespace xpv::testbed

@@ -1,0 +1,68 @@
+// `xpv testbed` — run a command inside a throwaway L1 VM that has a real KVM.
+//
+// This machine's /dev/kvm emulates guest ring 0 (~1 µs per instruction), so Linux guests crawl
+// natively. QEMU's TCG emulates AMD SVM, so Debian's own kernel booted under TCG (L1) can load
+// kvm + kvm-amd, and xpv-vmm runs against that genuine KVM (shared/docs/ENVIRONMENT.md).
+//
+//   host: xpv testbed ── fork/exec ──► nice qemu-system-x86_64 -accel tcg (L1)
+//     ~/.cache/xpv/kernel/<kver>/       vmlinuz + the modules L1 needs (apt-get download, once)
+//     run dir (temp, 9p "xpvctl")       cmd.sh / env in, ready / rc / error out
+//     share dir (9p "share", rw)        mounted at the same path inside L1
+//   L1: busybox init (l1_init.cpp) → insmod virtio/9p/kvm → mount host root (9p, ro) → chroot
+//       → CMD, its stdout+stderr on ttyS1 (a file the host tails to its stdout) → rc → poweroff.
+//
+// Setup code: throws std::runtime_error with one clear line; caught at main.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace xpv::testbed {
+
+struct Options {
+  unsigned mem_mib = 3072;        // L1 memory
+  std::string share;              // writable share, same path inside L1 (default: a temp dir)
+  unsigned timeout_s = 1800;      // whole run, L1 boot included; QEMU is killed after it
+  bool print_kernel = false;      // fetch/cache the kernel, print its vmlinuz path, exit
+  std::vector<std::string> cmd;   // command to run inside L1 (after `--`)
+};
+
+// Paths of the cached Debian kernel (fetched on first use).
+struct Kernel {
+  std::string version;            // e.g. 6.1.0-57-amd64
+  std::string dir;                // cache dir for this version
+  std::string vmlinuz;            // bzImage
+  std::vector<std::string> modules;  // .ko files in load order (dependencies first)
+};
+
+// Resolves the kernel package (linux-image-amd64's dependency, or $XPV_TESTBED_KERNEL_PKG),
+// downloads it with `apt-get download` and extracts what L1 needs into the cache, once.
+Kernel ensure_kernel();
+
+// Runs opts.cmd inside L1; returns its exit status (125 when the testbed itself failed, 124 on
+// timeout).
+int run(const Options& opts);
+
+// The `testbed` subcommand, registered on the `xpv` CLI. main() calls run() when selected().
+class Command {
+ public:
+  explicit Command(CLI::App& app);
+  bool selected() const;
+  int run() const;
+
+ private:
+  CLI::App* sub_ = nullptr;
+  Options opts_;
+};
+
+std::unique_ptr<Command> add_command(CLI::App& app);
+
+// The L1 /init script (busybox sh), defined in l1_init.cpp.
+extern const char* const kL1Init;
+
+}  // namespace xpv::testbed
