@@ -1,0 +1,271 @@
+// xpv bench blk — fio and bonnie++ through the PV block path, next to the same tools on the same
+// image file without it, in one run on one machine.
+//
+// The PV path here is the whole stack of a process domain in this process: Blkfront in a Domain
+// (grants, rings, event channels in memfd memory) ↔ the control socket ↔ ForeignDomain +
+// GrantMapper + BlkifQueue on io_uring over the image — exactly what xpv-front and xpv-blkback
+// run — with the disk exposed as a FUSE file (what `losetup` and the user see).
+//   fio:      through the FUSE file (io_uring, O_DIRECT)  vs  the image file (io_uring, O_DIRECT)
+//   FUSE:     the same fio jobs through a FUSE file that passes straight to the image, with no PV
+//             path: what FUSE costs by itself (reported as extra rows)
+//   bonnie++: ext4 on a loop device over the FUSE file  vs  ext4 on a loop device over the image
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "bench/bench.h"
+#include "xpv/blkback/queue.h"
+#include "xpv/domain/domain.h"
+#include "xpv/domain/foreign_domain.h"
+#include "xpv/frontends/blkfront.h"
+#include "xpv/frontends/fuse_disk.h"
+#include "xpv/frontends/guest_events.h"
+
+namespace xpv::bench {
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("cannot run: " + cmd);
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int rc = ::pclose(p);
+  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) throw std::runtime_error("failed (" + std::to_string(rc) + "): " + cmd);
+  return out;
+}
+
+// A FUSE target that reads and writes the image directly: the FUSE-only baseline.
+class FileTarget : public frontends::BlockTarget {
+ public:
+  // O_DIRECT like blkback, so the page cache flatters neither side.
+  explicit FileTarget(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT)) {
+    if (!fd_) throw std::runtime_error("cannot open " + path);
+    size_ = static_cast<std::uint64_t>(::lseek(fd_.get(), 0, SEEK_END));
+  }
+  std::uint64_t size_bytes() const override { return size_; }
+  bool readonly() const override { return false; }
+  long read(std::uint64_t off, std::span<std::uint8_t> out) override {
+    ssize_t n = ::pread(fd_.get(), out.data(), out.size(), static_cast<off_t>(off));
+    return n < 0 ? -errno : n;
+  }
+  long write(std::uint64_t off, std::span<const std::uint8_t> in) override {
+    ssize_t n = ::pwrite(fd_.get(), in.data(), in.size(), static_cast<off_t>(off));
+    return n < 0 ? -errno : n;
+  }
+  int flush() override { return ::fdatasync(fd_.get()) == 0 ? 0 : -errno; }
+  int discard(std::uint64_t, std::uint64_t) override { return -EOPNOTSUPP; }
+
+ private:
+  UniqueFd fd_;
+  std::uint64_t size_ = 0;
+};
+
+// The PV stack of one process domain with one disk, in this process.
+class PvDisk {
+ public:
+  PvDisk(const std::string& dir, const std::string& image) {
+    domain::DomainConfig cfg;
+    cfg.domid = 7;
+    cfg.name = "bench";
+    cfg.memory_bytes = 192 << 20;
+    cfg.run_dir = dir + "/run";
+    domain_ = std::make_unique<domain::Domain>(io_, cfg, sink_);
+    events_ = std::make_unique<frontends::GuestEvents>(domain_->pages(domain::Domain::kSharedInfoGfn, 1));
+    sink_.target = events_.get();
+    io_thread_ = std::thread([this] { io_.run(); });
+    events_thread_ = std::thread([this] { events_->run(); });
+    frontends::BlkfrontConfig f;
+    f.indirect_segments = 256;
+    front_ = std::make_unique<frontends::Blkfront>(*domain_, *events_, f);
+    disk_ = std::make_unique<blkback::Disk>(blkback::Disk::open(image, false));
+    foreign_ = std::make_unique<domain::ForeignDomain>(domain::ForeignDomain::connect(7, "bench", cfg.run_dir));
+    mapper_ = foreign_->make_mapper();
+    auto ring_map = mapper_->map(front_->ring_refs().at(0), false);
+    if (!ring_map) throw std::runtime_error("cannot map the ring");
+    auto back = ring::BlkifBackRing::attach(ring_map->writable());
+    if (!back) throw std::runtime_error("cannot attach the ring");
+    blkback::QueueConfig q;
+    q.max_indirect_segments = 256;
+    queue_ = std::make_unique<blkback::BlkifQueue>("bench", *disk_, *mapper_, std::move(*back),
+                                                   foreign_->bind(front_->event_channel()), q);
+    queue_thread_ = std::thread([this] { queue_->run(); });
+    front_->connect({disk_->info().sectors, false, true, disk_->info().discard});
+  }
+  ~PvDisk() {
+    queue_->stop();
+    queue_thread_.join();
+    queue_.reset();
+    mapper_.reset();
+    foreign_.reset();
+    front_.reset();
+    events_->stop();
+    events_thread_.join();
+    std::promise<void> done;
+    asio::post(io_, [&] {
+      domain_.reset();
+      done.set_value();
+    });
+    done.get_future().wait();
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+  }
+  frontends::Blkfront& front() { return *front_; }
+
+ private:
+  struct Sink : domain::UpcallSink {
+    void upcall(unsigned v) noexcept override {
+      if (target) target->upcall(v);
+    }
+    frontends::GuestEvents* target = nullptr;
+  };
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  Sink sink_;
+  std::unique_ptr<domain::Domain> domain_;
+  std::unique_ptr<frontends::GuestEvents> events_;
+  std::unique_ptr<frontends::Blkfront> front_;
+  std::unique_ptr<blkback::Disk> disk_;
+  std::unique_ptr<domain::ForeignDomain> foreign_;
+  std::unique_ptr<gnttab::GrantMapper> mapper_;
+  std::unique_ptr<blkback::BlkifQueue> queue_;
+  std::thread io_thread_, events_thread_, queue_thread_;
+};
+
+struct FioJob {
+  const char* metric;
+  const char* rw;
+  const char* bs;
+  int qd;
+};
+constexpr FioJob kJobs[] = {
+    {"fio 4k randread qd1", "randread", "4k", 1},   {"fio 4k randread qd32", "randread", "4k", 32},
+    {"fio 4k randwrite qd32", "randwrite", "4k", 32}, {"fio 1m read qd8", "read", "1m", 8},
+    {"fio 1m write qd8", "write", "1m", 8},
+};
+
+// Runs one fio job on `file`; returns IOPS for 4k jobs, MB/s for 1m jobs.
+double fio(const FioJob& j, const std::string& file, int seconds) {
+  const std::string cmd = fmt::format(
+      "fio --name=xpv --filename={} --ioengine=io_uring --direct=1 --rw={} --bs={} --iodepth={} "
+      "--runtime={} --time_based --numjobs=1 --size=192M --randrepeat=1 --norandommap "
+      "--output-format=json 2>/dev/null",
+      file, j.rw, j.bs, j.qd, seconds);
+  auto out = nlohmann::json::parse(run_capture(cmd));
+  const auto& job = out.at("jobs").at(0);
+  const auto& side = std::string(j.rw).find("write") != std::string::npos ? job.at("write") : job.at("read");
+  if (std::string(j.bs) == "4k") return side.at("iops").get<double>();
+  return side.at("bw_bytes").get<double>() / 1e6;
+}
+
+// bonnie++ on ext4 over a loop device over `file`: {block write, block read, rewrite} in MB/s.
+std::array<double, 3> bonnie(const std::string& file, const std::string& mnt) {
+  std::string loop = run_capture("losetup --find --show " + file);
+  while (!loop.empty() && loop.back() == '\n') loop.pop_back();
+  struct Cleanup {
+    std::string loop, mnt;
+    ~Cleanup() {
+      (void)!std::system(("umount " + mnt + " 2>/dev/null").c_str());
+      (void)!std::system(("losetup -d " + loop + " 2>/dev/null").c_str());
+    }
+  } cleanup{loop, mnt};
+  run_capture("mkfs.ext4 -q -F " + loop + " 2>&1");
+  fs::create_directories(mnt);
+  run_capture("mount " + loop + " " + mnt);
+  // -s 256 MiB with -r 128 (bonnie++ wants size >= 2x RAM it is told about); no small-file test.
+  const std::string csv = run_capture("bonnie++ -q -d " + mnt + " -s 256 -r 128 -n 0 -u root 2>/dev/null");
+  // CSV line: fields 9/10 = sequential block output K/s, 11 = rewrite K/s, 15 = block input K/s
+  // (bonnie++ 1.98 format: version,version,name,concurrency,seed,size,chunk,...).
+  std::string line = csv.substr(0, csv.find('\n'));
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+  auto kps = [&](std::size_t i) {
+    if (i >= f.size() || f[i].empty() || f[i].find('+') != std::string::npos) return 0.0;
+    return std::stod(f[i]) / 1000.0;  // K/s → MB/s
+  };
+  return {kps(9), kps(15), kps(11)};
+}
+
+std::vector<Result> run_blk(const Options& opt) {
+  if (::geteuid() != 0) throw std::runtime_error("xpv bench blk needs root (FUSE, loop devices)");
+  const int seconds = std::max(1, static_cast<int>(5 * opt.scale + 0.5));
+  char tmpl[] = "/var/tmp/xpv-bench-blk-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  const std::string dir = tmpl;
+  struct RmDir {
+    std::string d;
+    ~RmDir() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } rm{dir};
+  const std::string image = dir + "/disk.img";
+  // Written once in full: reads of unwritten extents would cost no I/O and flatter the reference.
+  run_capture("dd if=/dev/zero of=" + image + " bs=1M count=512 oflag=direct status=none");
+
+  std::vector<Result> results;
+  std::vector<double> ref, pv, fuse_only;
+  for (const auto& j : kJobs) ref.push_back(fio(j, image, seconds));
+  {
+    FileTarget t(image);
+    fs::create_directories(dir + "/fuse-only");
+    frontends::FuseDisk fd(dir + "/fuse-only", "disk", t);
+    for (const auto& j : kJobs) fuse_only.push_back(fio(j, fd.file_path(), seconds));
+  }
+  std::array<double, 3> bonnie_pv{}, bonnie_ref{};
+  {
+    PvDisk d(dir, image);
+    fs::create_directories(dir + "/fuse");
+    frontends::FuseDisk fd(dir + "/fuse", "xvda", d.front());
+    for (const auto& j : kJobs) pv.push_back(fio(j, fd.file_path(), seconds));
+    if (opt.scale >= 1.0) bonnie_pv = bonnie(fd.file_path(), dir + "/mnt");
+  }
+  if (opt.scale >= 1.0) bonnie_ref = bonnie(image, dir + "/mnt");
+
+  for (std::size_t i = 0; i < std::size(kJobs); ++i) {
+    const bool iops = std::string(kJobs[i].bs) == "4k";
+    results.push_back({kJobs[i].metric, iops ? "IOPS" : "MB/s", pv[i], ref[i],
+                       "xpv: fio io_uring O_DIRECT on the PV disk's FUSE file; reference: the same on the image file"});
+  }
+  for (std::size_t i = 0; i < std::size(kJobs); ++i) {
+    const bool iops = std::string(kJobs[i].bs) == "4k";
+    results.push_back({std::string(kJobs[i].metric) + " (FUSE alone)", iops ? "IOPS" : "MB/s", fuse_only[i], ref[i],
+                       "a FUSE file passing straight to the image, no PV path: what FUSE costs by itself"});
+  }
+  if (opt.scale >= 1.0) {
+    const char* names[] = {"bonnie++ block write", "bonnie++ block read", "bonnie++ rewrite"};
+    for (int i = 0; i < 3; ++i) {
+      results.push_back({names[i], "MB/s", bonnie_pv[i], bonnie_ref[i],
+                         "ext4 on loop over the PV disk's FUSE file vs ext4 on loop over the image"});
+    }
+  } else {
+    results.push_back({"bonnie++ block write", "MB/s", 0, std::nullopt, "skipped under --quick"});
+  }
+  return results;
+}
+
+XPV_BENCH_SUITE("blk", "fio + bonnie++ through the PV block path (FUSE file) vs the same on the image file", run_blk);
+
+}  // namespace
+}  // namespace xpv::bench
