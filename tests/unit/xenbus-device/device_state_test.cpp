@@ -101,11 +101,29 @@ TEST(XenbusState, BackendIgnoresStatesThatAreNotTheFrontends) {
 TEST(XenbusState, FrontendFollowsABackendThatCloses) {
   auto f = frontend_step(S::connected, S::closing);
   EXPECT_EQ(f.action, FrontendAction::disconnect);
-  EXPECT_EQ(f.next, S::closing);
-  f = frontend_step(S::closing, S::closed);
-  EXPECT_EQ(f.action, FrontendAction::disconnect);
-  EXPECT_EQ(f.next, S::closed);
+  EXPECT_EQ(f.next, S::closed) << "all the way to Closed, as Linux frontends do";
+  EXPECT_EQ(frontend_step(S::closing, S::closing).next, S::closed);
+  EXPECT_EQ(frontend_step(S::initialised, S::closed).next, S::closed);
   EXPECT_EQ(frontend_step(S::closed, S::closed).action, FrontendAction::none);
+  EXPECT_EQ(frontend_step(S::closed, S::closing).action, FrontendAction::none);
+}
+
+// The toolstack removes a connected device: it sets the backend offline and Closing; both ends
+// must reach Closed and the backend must drop the device (no end may wait for the other).
+TEST(XenbusState, ToolstackRemovalConverges) {
+  S back = S::closing, front = S::connected;
+  for (int step = 0; step < 8 && !(back == S::closed && front == S::closed); ++step) {
+    auto f = frontend_step(front, back);
+    front = f.next;
+    auto b = backend_step(back, front, /*online=*/false);
+    if (b.action == BackendAction::disconnect_remove) {
+      EXPECT_EQ(b.next, S::closed);
+    }
+    back = b.next;
+  }
+  EXPECT_EQ(front, S::closed);
+  EXPECT_EQ(back, S::closed);
+  EXPECT_EQ(backend_step(S::closing, S::closed, false).action, BackendAction::disconnect_remove);
 }
 
 TEST(XenbusState, FrontendSetsUpFirstWhenTheBackendIsAlreadyConnected) {
