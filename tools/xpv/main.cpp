@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // the path options below may follow the subcommand: `xpv up --run-dir D`
 
-  ts::Paths cli_paths;
+  ts::PathOptions cli_paths;
   app.add_option("--run-dir", cli_paths.run_dir, "run-time directory (default /run/xpv; env XPV_RUN_DIR)");
   app.add_option("--log-dir", cli_paths.log_dir, "daemon and domain logs (default /var/log/xpv; env XPV_LOG_DIR)");
   app.add_option("--xenstore", cli_paths.xenstore_socket,

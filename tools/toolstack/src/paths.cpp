@@ -17,7 +17,7 @@ std::string pick(const std::string& cli, const char* env, const std::string& fal
 
 }  // namespace
 
-Paths Paths::resolve(const Paths& from_cli, const std::string& self_exe) {
+Paths Paths::resolve(const PathOptions& from_cli, const std::string& self_exe) {
   const Paths defaults;
   Paths p;
   p.run_dir = pick(from_cli.run_dir, "XPV_RUN_DIR", defaults.run_dir);

@@ -12,15 +12,20 @@
 
 namespace xpv::toolstack {
 
+// What the command line gave; empty = not given.
+struct PathOptions {
+  std::string run_dir, log_dir, xenstore_socket, bin_dir;
+};
+
 struct Paths {
   std::string run_dir = "/run/xpv";
   std::string log_dir = "/var/log/xpv";
   std::string xenstore_socket = "/run/xenstored/socket";
   std::string bin_dir;
 
-  // Fills unset fields (empty strings) from the environment, then the defaults. `self_exe` is the
+  // Each field from the command line, else the environment, else the default. `self_exe` is the
   // running executable (its directory is the default bin_dir).
-  static Paths resolve(const Paths& from_cli, const std::string& self_exe);
+  static Paths resolve(const PathOptions& from_cli, const std::string& self_exe);
 
   std::string domain_dir(std::uint16_t domid) const;      // RUN/dom<N>
   std::string control_socket(std::uint16_t domid) const;  // RUN/dom<N>.sock
