@@ -40,6 +40,22 @@ TEST(Nodes, DomainExactly) {
   EXPECT_EQ(n, want);
 }
 
+TEST(Nodes, Dom0Skeleton) {
+  const PermList n0 = {{0, kPermNone}};
+  const NodeList want = {
+      {"/local", "", n0},
+      {"/local/domain", "", n0},
+      {"/local/domain/0", "", n0},
+      {"/local/domain/0/name", "Domain-0", n0},
+      {"/local/domain/0/domid", "0", n0},
+      {"/local/domain/0/backend", "", n0},
+      {"/local/domain/0/backend/vbd", "", n0},
+      {"/local/domain/0/backend/vif", "", n0},
+      {"/vm", "", n0},
+  };
+  EXPECT_EQ(dom0_nodes(), want);
+}
+
 TEST(Nodes, VbdExactly) {
   const auto disk = config::parse_disk_spec("format=raw, vdev=xvda, access=rw, target=/srv/a,b.img");
   const auto n = vbd_nodes(3, disk);

@@ -123,6 +123,10 @@ void cmd_up(Context& ctx) {
     });
     ctx.out << fmt::format("{}: started (pid {}, socket {})\n", kXenstored, pid, p.xenstore_socket);
   }
+  {
+    Xenstore xs(p.xenstore_socket);
+    if (!xs.exists("/local/domain/0/name")) xs.transaction([&](TxId tx) { xs.write_nodes(dom0_nodes(), tx); });
+  }
 
   // 2. The supervisor, which starts the backends.
   std::optional<pid_t> sup = supervisor_pid(p);

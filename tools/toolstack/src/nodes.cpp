@@ -32,6 +32,21 @@ std::string frontend_path(DeviceKind k, DomId domid, std::uint32_t devid) {
   return fmt::format("{}/{}", frontend_dir(k, domid), devid);
 }
 
+NodeList dom0_nodes() {
+  const PermList n0 = {{0, kPermNone}};
+  return {
+      {"/local", "", n0},
+      {"/local/domain", "", n0},
+      {"/local/domain/0", "", n0},
+      {"/local/domain/0/name", "Domain-0", n0},
+      {"/local/domain/0/domid", "0", n0},
+      {"/local/domain/0/backend", "", n0},
+      {"/local/domain/0/backend/vbd", "", n0},
+      {"/local/domain/0/backend/vif", "", n0},
+      {"/vm", "", n0},
+  };
+}
+
 NodeList domain_nodes(const DomainIdentity& d) {
   const std::string dom = domain_path(d.domid);
   const std::string vm = "/vm/" + d.uuid;

@@ -48,6 +48,10 @@ struct DomainIdentity {
   std::string uuid;  // 8-4-4-4-12 lower-case hex
 };
 
+// dom0's own entries, written by `xpv up` on a fresh store (as Xen's init-xenstore-domain does):
+// /local/domain/0/{name = Domain-0, domid = 0}, the backend directories the backends watch
+// (/local/domain/0/backend/{vbd,vif}) and /vm; all n0.
+NodeList dom0_nodes();
 NodeList domain_nodes(const DomainIdentity& d);
 NodeList vbd_nodes(DomId domid, const config::DiskSpec& disk);
 // `mac` is the vif's address (the spec's, or one the toolstack generated).
