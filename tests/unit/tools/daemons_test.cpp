@@ -18,6 +18,9 @@ TEST(Daemons, XenstoredCommandLine) {
   EXPECT_EQ(daemon_argv(sample(), "xpv-xenstored"),
             (std::vector<std::string>{"/b/xpv-xenstored", "--socket", "/t/xs.sock", "--foreground", "--pid-file",
                                       "/t/run/xpv-xenstored.pid"}));
+  EXPECT_EQ(daemon_argv(sample(), "xpv-xenstored", true),
+            (std::vector<std::string>{"/b/xpv-xenstored", "--socket", "/t/xs.sock", "--foreground", "--pid-file",
+                                      "/t/run/xpv-xenstored.pid", "--run-dir", "/t/run"}));
 }
 
 TEST(Daemons, BackendCommandLine) {

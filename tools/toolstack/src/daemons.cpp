@@ -28,10 +28,12 @@ namespace xpv::toolstack {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program) {
+std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir) {
   if (program == kXenstored) {
-    return {paths.binary(program), "--socket", paths.xenstore_socket, "--foreground", "--pid-file",
-            paths.pid_file(program)};
+    std::vector<std::string> a = {paths.binary(program), "--socket", paths.xenstore_socket, "--foreground",
+                                  "--pid-file", paths.pid_file(program)};
+    if (xenstored_run_dir) a.insert(a.end(), {"--run-dir", paths.run_dir});
+    return a;
   }
   return {paths.binary(program), "--xenstore", paths.xenstore_socket, "--run-dir", paths.run_dir, "--foreground",
           "--pid-file", paths.pid_file(program)};
@@ -83,6 +85,27 @@ void wait_started(const std::string& program, pid_t pid, const std::string& log,
   }
 }
 
+// Whether `binary --help` mentions `flag` (bounded: 5 s). The help goes through a file in
+// `scratch_dir`, removed afterwards.
+bool help_mentions(const std::string& binary, const std::string& flag, const std::string& scratch_dir) {
+  const std::string out = scratch_dir + "/.help-" + std::to_string(::getpid());
+  bool found = false;
+  try {
+    const pid_t pid = spawn({{binary, "--help"}, {}, out, true});
+    if (wait_gone(pid, 5s)) {
+      const std::string text = read_from(out, 0, 1 << 16);
+      found = text.find(flag + " ") != std::string::npos || text.find(flag + "\n") != std::string::npos ||
+              text.find(flag + ",") != std::string::npos;
+    } else {
+      stop_process(pid, 1s);
+    }
+  } catch (const ToolstackError&) {
+  }
+  std::error_code ec;
+  fs::remove(out, ec);
+  return found;
+}
+
 void remove_file(const std::string& path) {
   std::error_code ec;
   fs::remove(path, ec);
@@ -117,7 +140,8 @@ void cmd_up(Context& ctx) {
     if (!built(p, kXenstored)) throw ToolstackError(fmt::format("{} is not built (no {})", kXenstored, p.binary(kXenstored)));
     make_dirs(fs::path(p.xenstore_socket).parent_path().string(), 0755);
     const std::string log = p.log_file(kXenstored);
-    const pid_t pid = spawn({daemon_argv(p, kXenstored), daemon_env(p), log, true});
+    const bool run_dir_flag = help_mentions(p.binary(kXenstored), "--run-dir", p.run_dir);
+    const pid_t pid = spawn({daemon_argv(p, kXenstored, run_dir_flag), daemon_env(p), log, true});
     wait_started(kXenstored, pid, log, 10s, [&] {
       return read_pid_file(p.pid_file(kXenstored)) == pid && Xenstore::try_connect(p.xenstore_socket) != nullptr;
     });

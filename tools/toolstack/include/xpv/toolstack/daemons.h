@@ -24,7 +24,9 @@ inline constexpr const char* kXenstored = "xpv-xenstored";
 inline constexpr const char* kSupervisor = "xpv-supervise";  // pid/log file name of `xpv supervise`
 inline const std::vector<std::string>& backend_programs();      // xpv-blkback, xpv-netback
 
-std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program);
+// `xenstored_run_dir`: pass --run-dir to xpv-xenstored too (a build that attaches domains'
+// rings reads their control sockets there; older builds reject the flag — see cmd_up).
+std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir = false);
 std::vector<std::string> daemon_env(const Paths& paths);
 std::vector<std::string> supervisor_argv(const Paths& paths, const std::string& self_exe);
 
