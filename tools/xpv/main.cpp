@@ -1,13 +1,19 @@
-// xpv — the toolstack CLI (xl-like). Subcommands are added as the project grows; one that is not
-// built yet is not listed (CLI11 then says so with a clear error).
+// xpv — the toolstack CLI (xl-like). This file only parses the command line; every command is a
+// function of xpv::toolstack (tools/toolstack/, commands.h) so it can be tested without a shell.
+// A command's failure is one line on stderr, "xpv COMMAND: what went wrong", and exit status 1;
+// bad usage is CLI11's message and exit status 2 (106 for CLI11's own codes, as it reports them).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <chrono>
 #include <exception>
+#include <iostream>
 #include <string>
 
 #include "bench/bench.h"
 #include "testbed/testbed.h"
+#include "xpv/toolstack/commands.h"
+#include "xpv/toolstack/error.h"
 
 namespace {
 
@@ -30,8 +36,60 @@ int run_bench(const std::string& suite_name, const std::string& json_path, bool 
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace ts = xpv::toolstack;
   CLI::App app{"xpv — Xen-style paravirtual I/O for HVM guests on Linux/KVM"};
   app.require_subcommand(1);
+  app.fallthrough();  // the path options below may follow the subcommand: `xpv up --run-dir D`
+
+  ts::PathOptions cli_paths;
+  app.add_option("--run-dir", cli_paths.run_dir, "run-time directory (default /run/xpv; env XPV_RUN_DIR)");
+  app.add_option("--log-dir", cli_paths.log_dir, "daemon and domain logs (default /var/log/xpv; env XPV_LOG_DIR)");
+  app.add_option("--xenstore", cli_paths.xenstore_socket,
+                 "xpv-xenstored's socket (default /run/xenstored/socket; env XENSTORED_PATH)");
+  app.add_option("--bin-dir", cli_paths.bin_dir, "where xpv-xenstored, xpv-front, … are (default: next to xpv)");
+
+  auto* up = app.add_subcommand("up", "start xpv-xenstored and the backends (supervised)");
+  auto* down = app.add_subcommand("down", "stop everything `xpv up` started");
+  bool force = false;
+  down->add_flag("--force", force, "destroy every domain first");
+  auto* supervise = app.add_subcommand("supervise", "(internal) restart backends that die; started by `xpv up`");
+  supervise->group("");
+
+  bool no_wait = false;
+  auto* create = app.add_subcommand("create", "create a domain from an xl-style configuration file");
+  std::string cfg;
+  create->add_option("config", cfg, "configuration file")->required();
+  create->add_flag("--no-wait", no_wait, "do not wait for the devices to connect");
+
+  auto* list = app.add_subcommand("list", "list domains");
+  bool json = false;
+  list->add_flag("--json", json, "machine-readable output");
+
+  std::string which;
+  auto* destroy = app.add_subcommand("destroy", "tear a domain down now");
+  destroy->add_option("domain", which, "name or id")->required();
+  auto* shutdown = app.add_subcommand("shutdown", "ask a domain to stop (SIGTERM), then destroy it");
+  shutdown->add_option("domain", which, "name or id")->required();
+  int shutdown_timeout_s = 20;
+  shutdown->add_option("--timeout", shutdown_timeout_s, "seconds to wait before destroying it anyway")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
+
+  std::string spec;
+  auto* block_attach = app.add_subcommand("block-attach", "add a disk to a domain");
+  block_attach->add_option("domain", which, "name or id")->required();
+  block_attach->add_option("spec", spec, "disk spec: 'format=raw, vdev=xvdb, access=rw, target=/path/img'")->required();
+  block_attach->add_flag("--no-wait", no_wait, "do not wait for the device to connect");
+  auto* block_detach = app.add_subcommand("block-detach", "remove a disk from a domain");
+  block_detach->add_option("domain", which, "name or id")->required();
+  block_detach->add_option("vdev", spec, "virtual disk, e.g. xvdb")->required();
+  auto* net_attach = app.add_subcommand("network-attach", "add a network interface to a domain");
+  net_attach->add_option("domain", which, "name or id")->required();
+  net_attach->add_option("spec", spec, "vif spec: 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24'")->required();
+  net_attach->add_flag("--no-wait", no_wait, "do not wait for the device to connect");
+  auto* net_detach = app.add_subcommand("network-detach", "remove a network interface from a domain");
+  net_detach->add_option("domain", which, "name or id")->required();
+  net_detach->add_option("devid", spec, "vif device id (0, 1, …)")->required();
 
   auto* bench = app.add_subcommand("bench", "run a benchmark suite against its reference");
   std::string suite;
@@ -51,11 +109,26 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  std::string command = "xpv";
+  for (auto* sub : app.get_subcommands()) command += " " + sub->get_name();
   try {
     if (*bench) return run_bench(suite, json_path, quick);
     if (testbed->selected()) return testbed->run();
+    ts::Context ctx{ts::Paths::resolve(cli_paths, ts::self_executable()), std::cout, std::cerr};
+    if (*up) ts::cmd_up(ctx);
+    else if (*down) ts::cmd_down(ctx, force);
+    else if (*supervise) return ts::cmd_supervise(ctx);
+    else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
+    else if (*list) ts::cmd_list(ctx, json);
+    else if (*destroy) ts::cmd_destroy(ctx, which);
+    else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));
+    else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
+    else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);
+    else if (*net_attach) ts::cmd_network_attach(ctx, which, spec, !no_wait);
+    else if (*net_detach) ts::cmd_network_detach(ctx, which, spec);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "xpv: {}\n", e.what());
+    std::cout.flush();
+    fmt::print(stderr, "{}: {}\n", command, e.what());
     return 1;
   }
   return 0;

@@ -1,0 +1,186 @@
+// Test harness: run `xpv` with captured output (bounded in time), and a temporary host — run
+// dir, log dir, xenstore socket, bin dir — that is torn down also when a test fails: `xpv down
+// --force`, then SIGKILL for any process still named in a pid file or whose command line
+// mentions the temporary directory, unmount anything below it, remove it.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xpv/toolstack/host_cleanup.h"
+
+extern char** environ;
+
+namespace xpv::test {
+
+struct RunResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs argv with extra environment; kills it after `timeout`.
+inline RunResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env_add = {},
+                             std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e) env_store.emplace_back(*e);
+  for (const auto& e : env_add) env_store.push_back(e);
+  std::vector<char*> env, args;
+  for (auto& e : env_store) env.push_back(e.data());
+  env.push_back(nullptr);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &fa, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out[1]);
+  ::close(err[1]);
+  RunResult r;
+  if (rc != 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  while (open_fds > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (::poll(p, 2, 100) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP))) continue;
+      char buf[4096];
+      const ssize_t n = ::read(p[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+      } else {
+        ::close(p[i].fd);
+        p[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (auto& x : p) {
+    if (x.fd >= 0) ::close(x.fd);
+  }
+  int status = 0;
+  for (;;) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      r.err += "\n(killed: timeout)";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Pids of live processes whose command line contains `needle`.
+inline std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(n);
+    if (pid == ::getpid()) continue;
+    std::string cmd = slurp(e.path().string() + "/cmdline");
+    for (auto& c : cmd) {
+      if (c == '\0') c = ' ';
+    }
+    const std::string stat = slurp(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
+    if (cmd.find(needle) != std::string::npos) pids.push_back(pid);
+  }
+  return pids;
+}
+
+class TestHost {
+ public:
+  // `fake_bin`: a bin dir of symlinks — the real xpv-xenstored, and `fake` as xpv-front /
+  // xpv-blkback / xpv-netback as listed in `fakes`. Otherwise the build's own bin dir.
+  TestHost(const std::string& real_bin, const std::string& fake, const std::vector<std::string>& fakes,
+           bool use_real_bin = false)
+      : real_bin_(real_bin) {
+    std::string t = (std::filesystem::temp_directory_path() / "xpv-ts-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp");
+    dir = t;
+    run_dir = dir + "/run";
+    log_dir = dir + "/log";
+    xs_socket = dir + "/xs.sock";
+    if (use_real_bin) {
+      bin_dir = real_bin;
+    } else {
+      bin_dir = dir + "/bin";
+      std::filesystem::create_directory(bin_dir);
+      std::filesystem::create_symlink(real_bin + "/xpv-xenstored", bin_dir + "/xpv-xenstored");
+      for (const auto& f : fakes) std::filesystem::create_symlink(fake, bin_dir + "/" + f);
+    }
+  }
+  ~TestHost() {
+    run({"down", "--force"});
+    // Anything left (a test failed half-way): kill it.
+    for (int round = 0; round < 3; ++round) {
+      auto left = processes_mentioning(dir);
+      if (left.empty()) break;
+      for (pid_t p : left) ::kill(p, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    xpv::toolstack::unmount_under(dir);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  TestHost(const TestHost&) = delete;
+  TestHost& operator=(const TestHost&) = delete;
+
+  RunResult run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) const {
+    std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
+                                     "--xenstore", xs_socket, "--bin-dir", bin_dir};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, env);
+  }
+
+  std::string write(const std::string& name, const std::string& content) const {
+    const std::string p = dir + "/" + name;
+    std::ofstream(p) << content;
+    return p;
+  }
+
+  std::string dir, run_dir, log_dir, xs_socket, bin_dir;
+
+ private:
+  std::string real_bin_;
+};
+
+}  // namespace xpv::test

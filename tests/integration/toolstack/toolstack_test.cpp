@@ -1,0 +1,473 @@
+// `xpv` end to end against a real xpv-xenstored, everything under a temporary directory.
+// Programs from other branches are stood in for by toolstack_fake (see fake_programs.cpp); the
+// RealFront tests use build/bin/xpv-front and xpv-blkback and skip when those are not built.
+#include <fmt/core.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "harness.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/xenbus/client/sync_client.h"
+
+namespace xpv::test {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using namespace std::chrono_literals;
+
+const std::string kBin = XPV_BIN_DIR;
+const std::string kFake = XPV_FAKE_BIN;
+
+std::optional<pid_t> pid_in(const std::string& file) { return toolstack::read_pid_file(file); }
+
+// Every node below `path`, "path=value" one per line, for before/after comparisons.
+void dump(xenbus::client::SyncClient& c, const std::string& path, std::vector<std::string>& out) {
+  auto v = c.read(path);
+  out.push_back(path + "=" + (v ? *v : std::string("?")));
+  auto kids = c.directory(path);
+  if (!kids) return;
+  for (const auto& k : *kids) dump(c, path == "/" ? "/" + k : path + "/" + k, out);
+}
+std::vector<std::string> tree(const std::string& socket) {
+  xenbus::client::SyncClient c(socket);
+  std::vector<std::string> out;
+  dump(c, "/", out);
+  return out;
+}
+
+// Waits (bounded) for cond.
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return cond();
+}
+
+std::vector<std::string> domain_dirs(const std::string& run_dir) {
+  std::vector<std::string> d;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const auto n = e.path().filename().string();
+    if (n.starts_with("dom")) d.push_back(n);
+  }
+  return d;
+}
+
+std::string image(const TestHost& h, const std::string& name, std::size_t mib = 8) {
+  const std::string p = h.dir + "/" + name;
+  std::ofstream f(p);
+  f.close();
+  fs::resize_file(p, mib << 20);
+  return p;
+}
+
+class Toolstack : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (daemons, control sockets)";
+  }
+};
+
+// ── up / down / supervision ──────────────────────────────────────────────────────────────────
+
+TEST_F(Toolstack, UpIsIdempotentAndDownStopsEverything) {
+  TestHost h(kBin, kFake, {"xpv-blkback"});
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto xs_pid = pid_in(h.run_dir + "/xpv-xenstored.pid");
+  const auto sup_pid = pid_in(h.run_dir + "/xpv-supervise.pid");
+  ASSERT_TRUE(xs_pid && sup_pid);
+  ASSERT_TRUE(eventually([&] { return pid_in(h.run_dir + "/xpv-blkback.pid").has_value(); }));
+  const auto blk_pid = pid_in(h.run_dir + "/xpv-blkback.pid");
+  EXPECT_EQ(r.out, fmt::format("xpv-xenstored: started (pid {}, socket {})\n"
+                               "xpv-supervise: started (pid {})\n"
+                               "xpv-blkback: running (pid {}), supervised\n"
+                               "xpv-netback: not built (no {}/xpv-netback); skipped\n",
+                               *xs_pid, h.xs_socket, *sup_pid, *blk_pid, h.bin_dir));
+  EXPECT_NO_THROW(xenbus::client::SyncClient c(h.xs_socket));
+  EXPECT_TRUE(fs::exists(h.log_dir + "/xpv-xenstored.log"));
+  EXPECT_TRUE(fs::exists(h.log_dir + "/xpv-blkback.log"));
+
+  r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("xpv-xenstored: already running (pid {})\n"
+                               "xpv-supervise: already running (pid {})\n"
+                               "xpv-blkback: running (pid {}), supervised\n"
+                               "xpv-netback: not built (no {}/xpv-netback); skipped\n",
+                               *xs_pid, *sup_pid, *blk_pid, h.bin_dir));
+
+  r = h.run({"down"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("xpv-supervise: stopped (pid {})\nxpv-blkback: stopped (pid {})\n"
+                               "xpv-xenstored: stopped (pid {})\n",
+                               *sup_pid, *blk_pid, *xs_pid));
+  EXPECT_FALSE(toolstack::process_alive(*xs_pid));
+  EXPECT_FALSE(toolstack::process_alive(*sup_pid));
+  EXPECT_FALSE(toolstack::process_alive(*blk_pid));
+  for (const char* f : {"xpv-xenstored.pid", "xpv-supervise.pid", "xpv-blkback.pid"}) {
+    EXPECT_FALSE(fs::exists(h.run_dir + "/" + f)) << f;
+  }
+  EXPECT_FALSE(fs::exists(h.xs_socket));
+  EXPECT_TRUE(processes_mentioning(h.dir).empty());
+
+  r = h.run({"down"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "nothing was running\n");
+}
+
+TEST_F(Toolstack, SupervisorRestartsAKilledBackend) {
+  TestHost h(kBin, kFake, {"xpv-blkback", "xpv-netback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const std::string pf = h.run_dir + "/xpv-blkback.pid";
+  ASSERT_TRUE(eventually([&] { return toolstack::running_pid(pf, "xpv-blkback").has_value(); }));
+  const pid_t first = *pid_in(pf);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] {
+    auto p = toolstack::running_pid(pf, "xpv-blkback");
+    return p && *p != first;
+  }));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-supervise.log"),
+              HasSubstr(fmt::format("xpv-blkback (pid {}) died (signal 9 (Killed))", first)));
+  EXPECT_TRUE(toolstack::running_pid(h.run_dir + "/xpv-netback.pid", "xpv-netback").has_value());
+  EXPECT_EQ(h.run({"down"}).rc, 0);
+  EXPECT_TRUE(processes_mentioning(h.dir).empty());
+}
+
+TEST_F(Toolstack, LosingXenstoredIsFatalAndSaidSo) {
+  TestHost h(kBin, kFake, {"xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+  const pid_t sup = *pid_in(h.run_dir + "/xpv-supervise.pid");
+  ASSERT_TRUE(eventually([&] { return pid_in(h.run_dir + "/xpv-blkback.pid").has_value(); }));
+  const pid_t blk = *pid_in(h.run_dir + "/xpv-blkback.pid");
+  ASSERT_EQ(::kill(xs, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return !toolstack::process_alive(sup); }));
+  EXPECT_FALSE(toolstack::process_alive(blk));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-supervise.log"),
+              HasSubstr(fmt::format("FATAL: xpv-xenstored (pid {}) is gone. It cannot be restarted", xs)));
+  // No domains existed: `up` starts afresh.
+  auto r = h.run({"up"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("xpv-xenstored: started"));
+}
+
+TEST_F(Toolstack, DownRefusesWhileDomainsExistUnlessForced) {
+  TestHost h(kBin, kFake, {});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    ASSERT_TRUE(c.write("/local/domain/5/name", "ghost"));
+    ASSERT_TRUE(c.write("/local/domain/0/backend/vbd/5/51712/state", "4"));
+  }
+  auto r = h.run({"down"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv down: 1 domain(s) still exist (ghost (id 5)): destroy them first, or use `xpv down --force`\n");
+  EXPECT_TRUE(toolstack::running_pid(h.run_dir + "/xpv-xenstored.pid", "xpv-xenstored").has_value());
+
+  r = h.run({"list"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*\nghost +5  - +- +-  unknown\n"));
+
+  r = h.run({"down", "--force"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("xpv-xenstored: stopped"));
+  EXPECT_TRUE(processes_mentioning(h.dir).empty());
+}
+
+// ── create: errors leave nothing behind ──────────────────────────────────────────────────────
+
+class CreateErrors : public Toolstack {
+ protected:
+  void expect_nothing_left(const TestHost& h, const std::vector<std::string>& tree_before) {
+    EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+    if (!tree_before.empty()) {
+      EXPECT_EQ(tree(h.xs_socket), tree_before);
+    }
+    for (pid_t p : processes_mentioning(h.dir)) {
+      const std::string cmd = slurp(fmt::format("/proc/{}/cmdline", p));
+      EXPECT_THAT(cmd, ::testing::Not(HasSubstr("xpv-front"))) << "left running: pid " << p;
+    }
+  }
+};
+
+TEST_F(CreateErrors, DaemonsNotRunning) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\nmemory = 32\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: xpv-xenstored is not running (cannot connect to {}); run `xpv up`\n",
+                               h.xs_socket));
+  EXPECT_EQ(r.out, "");
+  expect_nothing_left(h, {});
+}
+
+TEST_F(CreateErrors, BackendNotRunning) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img");
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\ndisk = [ 'vdev=xvda, target=" + img + "' ]\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: xpv-blkback is not built (no {}/xpv-blkback): vbd devices cannot be served\n",
+                               h.bin_dir));
+  expect_nothing_left(h, before);
+}
+
+TEST_F(CreateErrors, BadConfigNamesFileAndLine) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto cfg = h.write("bad.cfg", "name = \"web1\"\n\nmemory = \"lots\"\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}:3: 'memory': must be a number\n", cfg));
+  const auto cfg2 = h.write("bad2.cfg", "name = \"web1\"\ndisk = [ 'vdev=xvda, access=rx, target=/x' ]\n");
+  r = h.run({"create", cfg2});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}:2: 'disk': item 0: disk spec 'vdev=xvda, access=rx, target=/x': "
+                               "access 'rx' is not one of rw, w, ro, r\n",
+                               cfg2));
+  r = h.run({"create", h.dir + "/absent.cfg"});
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}/absent.cfg: cannot read the configuration file\n", h.dir));
+  expect_nothing_left(h, before);
+}
+
+TEST_F(CreateErrors, MissingImage) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\ndisk = [ 'vdev=xvda, target=" + h.dir + "/nope.img' ]\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: disk xvda: '{}/nope.img' does not exist\n", cfg, h.dir));
+  expect_nothing_left(h, before);
+}
+
+TEST_F(CreateErrors, HvmIsNotBuiltYet) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  const auto kernel = h.write("vmlinuz", "x");
+  const auto cfg = h.write("h.cfg", "name = \"g\"\ntype = \"hvm\"\nkernel = \"" + kernel + "\"\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: type \"hvm\" is not built yet (xpv-vmm cannot run domains yet); "
+                               "use type = \"process\"\n",
+                               cfg));
+}
+
+TEST_F(CreateErrors, DomainProcessFailsBeforeReady) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\nmemory = 32\n");
+  auto r = h.run({"create", cfg}, {"FAKE_FRONT_MODE=exit"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: xpv-front exited (exit status 3) before it was ready: fake xpv-front: "
+                               "told to fail (log: {}/xpv-front-web1.log)\n",
+                               h.log_dir));
+  expect_nothing_left(h, before);
+}
+
+TEST_F(CreateErrors, NoControlSocketUndoesEverything) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\nmemory = 32\n");
+  auto r = h.run({"create", cfg}, {"FAKE_FRONT_MODE=no-socket"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, MatchesRegex(fmt::format("xpv create: cannot ask dom1 for its xenstore ring \\({}/dom1.sock\\): .*\n",
+                                              h.run_dir)));
+  expect_nothing_left(h, before);
+}
+
+// ── the whole cycle with stand-in programs ───────────────────────────────────────────────────
+
+TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback", "xpv-netback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto img_a = image(h, "a.img");
+  const auto img_b = image(h, "b.img");
+  const auto cfg = h.write("web1.cfg", "name = \"web1\"\nmemory = 32\nvcpus = 2\ndisk = [ 'format=raw, vdev=xvda, "
+                                       "access=rw, target=" + img_a + "' ]\nvif = [ 'mac=00:16:3e:00:00:01, ip=10.9.0.2/24' ]\n");
+  // The stand-in backends never connect anything: --no-wait.
+  auto r = h.run({"create", cfg, "--no-wait"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto rec_pid = pid_in(h.run_dir + "/dom1/pid");
+  ASSERT_TRUE(rec_pid);
+  EXPECT_EQ(r.out, fmt::format("Created domain web1 (id 1, process, 32 MiB, pid {})\n  xvda: {}/dom1/vbd/51712/disk\n"
+                               "  vif 0: host side vif1.0\n",
+                               *rec_pid, h.run_dir));
+  EXPECT_TRUE(toolstack::process_is(*rec_pid, "xpv-front"));
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    EXPECT_EQ(*c.read("/local/domain/1/name"), "web1");
+    EXPECT_EQ(*c.read("/local/domain/1/memory/target"), "32768");
+    EXPECT_EQ(*c.read("/local/domain/0/backend/vbd/1/51712/params"), img_a);
+    EXPECT_EQ(*c.read("/local/domain/0/backend/vbd/1/51712/mode"), "w");
+    EXPECT_EQ(*c.read("/local/domain/1/device/vbd/51712/backend"), "/local/domain/0/backend/vbd/1/51712");
+    EXPECT_EQ(*c.read("/local/domain/0/backend/vif/1/0/mac"), "00:16:3e:00:00:01");
+    EXPECT_EQ(*c.read("/local/domain/0/backend/vif/1/0/ip"), "10.9.0.2/24");
+    auto perms = c.get_perms("/local/domain/1/device/vbd/51712/state");
+    ASSERT_TRUE(perms);
+    EXPECT_EQ(*perms, (xenbus::PermList{{1, xenbus::kPermNone}, {0, xenbus::kPermRead}}));
+    perms = c.get_perms("/local/domain/1");
+    EXPECT_EQ(*perms, (xenbus::PermList{{1, xenbus::kPermNone}}));
+  }
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("dom1 introduced"));
+
+  r = h.run({"list"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_THAT(r.out, MatchesRegex("Name +ID  Type +Mem VCPUs  State\nDomain-0 .*\nweb1 +1  process +32 +2  running\n"));
+
+  // Name in use.
+  r = h.run({"create", cfg, "--no-wait"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: a domain named 'web1' exists already (id 1)\n", cfg));
+
+  // block-attach / detach and their errors.
+  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b, "--no-wait"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("xvdb: {}/dom1/vbd/51728/disk\n", h.run_dir));
+  r = h.run({"block-attach", "web1", "vdev=xvdb, target=" + img_b, "--no-wait"});
+  EXPECT_EQ(r.err, "xpv block-attach: xvdb is already attached to web1 (id 1)\n");
+  r = h.run({"block-attach", "web1", "vdev=xvdq9x, target=" + img_b});
+  EXPECT_EQ(r.err, fmt::format("xpv block-attach: disk spec 'vdev=xvdq9x, target={}': 'xvdq9x' is not a virtual disk name "
+                               "(xvda, xvdb1, hda, sdc, d0p1)\n",
+                               img_b));
+  r = h.run({"block-attach", "web1", "vdev=xvdc, target=" + h.dir + "/nope.img"});
+  EXPECT_EQ(r.err, fmt::format("xpv block-attach: disk xvdc: '{}/nope.img' does not exist\n", h.dir));
+  r = h.run({"block-attach", "nope", "vdev=xvdc, target=" + img_b});
+  EXPECT_EQ(r.err, "xpv block-attach: no domain named 'nope'\n");
+  r = h.run({"block-detach", "web1", "xvdb"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "xvdb detached from web1 (id 1)\n");
+  r = h.run({"block-detach", "1", "xvdb"});
+  EXPECT_EQ(r.err, "xpv block-detach: xvdb is not attached to web1 (id 1)\n");
+  r = h.run({"block-detach", "web1", "floppy"});
+  EXPECT_EQ(r.err, "xpv block-detach: 'floppy' is not a virtual disk name (xvda, xvdb1, hda, sdc, d0p1)\n");
+
+  // network-attach / detach and their errors.
+  r = h.run({"network-attach", "web1", "mac=00:16:3e:00:00:01", "--no-wait"});
+  EXPECT_EQ(r.err, "xpv network-attach: MAC 00:16:3e:00:00:01 is already used by web1 (id 1) vif 0\n");
+  r = h.run({"network-attach", "web1", "ip=10.9.0.2/24", "--no-wait"});
+  EXPECT_EQ(r.err, "xpv network-attach: address 10.9.0.2 is already used by web1 (id 1) vif 0\n");
+  r = h.run({"network-attach", "web1", "mac=01:16:3e:00:00:02"});
+  EXPECT_EQ(r.err, "xpv network-attach: vif spec 'mac=01:16:3e:00:00:02': '01:16:3e:00:00:02' is not a unicast MAC "
+                   "address (aa:bb:cc:dd:ee:ff)\n");
+  r = h.run({"network-attach", "web1", "mac=00:16:3e:00:00:02, ip=10.9.1.2/24", "--no-wait"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "vif 1: mac 00:16:3e:00:00:02, host side vif1.1\n");
+  r = h.run({"network-detach", "web1", "1"});
+  EXPECT_EQ(r.out, "vif 1 detached from web1 (id 1)\n");
+  r = h.run({"network-detach", "web1", "7"});
+  EXPECT_EQ(r.err, "xpv network-detach: vif 7 is not attached to web1 (id 1)\n");
+
+  // down refuses while web1 exists.
+  r = h.run({"down"});
+  EXPECT_EQ(r.err, "xpv down: 1 domain(s) still exist (web1 (id 1)): destroy them first, or use `xpv down --force`\n");
+
+  r = h.run({"destroy", "web1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Destroyed domain web1 (id 1)\n");
+  EXPECT_TRUE(eventually([&] { return !toolstack::process_alive(*rec_pid); }));
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+  r = h.run({"destroy", "web1"});
+  EXPECT_EQ(r.err, "xpv destroy: no domain named 'web1'\n");
+}
+
+TEST_F(Toolstack, DestroyAfterTheDomainProcessDiedAndShutdown) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img");
+  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\ndisk = [ '" + img + ",raw,xvda' ]\n"), "--no-wait"}).rc, 0);
+  ASSERT_EQ(h.run({"create", h.write("b.cfg", "name = \"b\"\nmemory = 16\n")}).rc, 0);
+  const pid_t a = *pid_in(h.run_dir + "/dom1/pid");
+  const pid_t b = *pid_in(h.run_dir + "/dom2/pid");
+  ASSERT_EQ(::kill(a, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return !toolstack::process_alive(a); }));
+  auto r = h.run({"list"});
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*\na +1  process +128 +1  dead\nb +2  process +16 +1  running\n"));
+  r = h.run({"destroy", "1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Destroyed domain a (id 1)\n");
+  r = h.run({"shutdown", "b"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Shut down domain b (id 2)\n");
+  EXPECT_FALSE(toolstack::process_alive(b));
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+  EXPECT_FALSE(fs::exists(h.run_dir + "/dom1.sock"));
+  EXPECT_FALSE(fs::exists(h.run_dir + "/dom2.sock"));
+}
+
+// ── with the real xpv-front and xpv-blkback ──────────────────────────────────────────────────
+
+class RealFront : public Toolstack {
+ protected:
+  void SetUp() override {
+    Toolstack::SetUp();
+    if (IsSkipped()) return;
+    for (const char* p : {"xpv-front", "xpv-blkback"}) {
+      if (::access((kBin + "/" + p).c_str(), X_OK) != 0) GTEST_SKIP() << kBin << "/" << p << " is not built on this branch";
+    }
+  }
+};
+
+TEST_F(RealFront, CreateListBlockAttachDestroy) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto before = tree(h.xs_socket);
+  const auto img_a = image(h, "a.img", 16);
+  const auto img_b = image(h, "b.img", 8);
+  r = h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
+                                           "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img_a + "' ]\n")});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-front-web1.log") << slurp(h.log_dir + "/xpv-blkback.log");
+  const std::string disk_a = h.run_dir + "/dom1/vbd/51712/disk";
+  EXPECT_THAT(r.out, HasSubstr("  xvda: " + disk_a + "\n"));
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk_a); }));
+  EXPECT_EQ(fs::file_size(disk_a), 16u << 20);
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    EXPECT_EQ(*c.read("/local/domain/1/device/vbd/51712/state"), "4");
+    EXPECT_EQ(*c.read("/local/domain/0/backend/vbd/1/51712/state"), "4");
+  }
+  r = h.run({"list"});
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*\nweb1 +1  process +64 +1  running\n"));
+
+  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string disk_b = h.run_dir + "/dom1/vbd/51728/disk";
+  EXPECT_EQ(r.out, "xvdb: " + disk_b + "\n");
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk_b); }));
+  EXPECT_EQ(fs::file_size(disk_b), 8u << 20);
+  r = h.run({"block-detach", "web1", "xvdb"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");  // closed in time: no "removed anyway" warning
+
+  r = h.run({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+  for (pid_t p : processes_mentioning(h.dir)) {
+    EXPECT_THAT(slurp(fmt::format("/proc/{}/cmdline", p)), ::testing::Not(HasSubstr("xpv-front")));
+  }
+}
+
+}  // namespace
+}  // namespace xpv::test

@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/record.h"
+
+namespace xpv::toolstack {
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "xpv-ts-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp");
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+DomainRecord sample() {
+  DomainRecord r;
+  r.domid = 3;
+  r.name = "web1";
+  r.type = "process";
+  r.memory_mib = 256;
+  r.vcpus = 2;
+  r.config = "/etc/xpv/web1.cfg";
+  r.pid = 1234;
+  r.uuid = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9";
+  r.program = "xpv-front";
+  return r;
+}
+
+TEST(Record, JsonRoundTrip) {
+  EXPECT_EQ(record_from_json(record_to_json(sample())), sample());
+}
+
+TEST(Record, BadJson) {
+  EXPECT_EQ(record_from_json(""), std::nullopt);
+  EXPECT_EQ(record_from_json("{\"domid\": 3}"), std::nullopt);
+  EXPECT_EQ(record_from_json("{\"domid\": \"x\", \"name\": 1}"), std::nullopt);
+  EXPECT_EQ(record_from_json("[1,2"), std::nullopt);
+}
+
+TEST(Record, FilesInTheDomainDir) {
+  TempDir t;
+  write_record(t.path, sample());
+  EXPECT_EQ(read_record(t.path), sample());
+  EXPECT_EQ(read_file(t.path + "/pid"), "1234\n");
+  EXPECT_FALSE(std::filesystem::exists(t.path + "/domain.json.tmp"));
+  EXPECT_EQ(read_record(t.path + "/nope"), std::nullopt);
+}
+
+TEST(Fs, LastLineAndMakeDirs) {
+  TempDir t;
+  write_file_atomic(t.path + "/log", "one\ntwo\n\n");
+  EXPECT_EQ(last_line(t.path + "/log"), "two");
+  EXPECT_EQ(last_line(t.path + "/absent"), "");
+  make_dirs(t.path + "/a/b/c", 0700);
+  EXPECT_TRUE(std::filesystem::is_directory(t.path + "/a/b/c"));
+  write_file_atomic(t.path + "/file", "x");
+  EXPECT_THROW(make_dirs(t.path + "/file/sub", 0700), ToolstackError);
+  EXPECT_EQ(read_from(t.path + "/log", 4, 3), "two");
+}
+
+}  // namespace
+}  // namespace xpv::toolstack

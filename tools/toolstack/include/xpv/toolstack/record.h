@@ -1,0 +1,36 @@
+// What the toolstack remembers about a domain it created, in the domain's run directory
+// (RUN/dom<N>/): `pid` (the domain process, decimal, as the contract names it) and
+// `domain.json` (everything `xpv list` shows that xenstore does not hold, and what `destroy`
+// needs after a crash of xenstored or of the domain).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace xpv::toolstack {
+
+struct DomainRecord {
+  std::uint16_t domid = 0;
+  std::string name;
+  std::string type;  // "process" | "hvm"
+  std::uint64_t memory_mib = 0;
+  unsigned vcpus = 1;
+  std::string config;  // absolute path of the configuration file
+  pid_t pid = 0;
+  std::string uuid;
+  std::string program;  // basename of the domain process ("xpv-front"): guards against pid reuse
+  bool operator==(const DomainRecord&) const = default;
+};
+
+std::string record_to_json(const DomainRecord& r);
+// nullopt for text that is not a record (a torn or foreign file).
+std::optional<DomainRecord> record_from_json(const std::string& text);
+
+// RUN/dom<N>/domain.json and RUN/dom<N>/pid, each written atomically (temp file + rename).
+void write_record(const std::string& domain_dir, const DomainRecord& r);
+std::optional<DomainRecord> read_record(const std::string& domain_dir);
+
+}  // namespace xpv::toolstack

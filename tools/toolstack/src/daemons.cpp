@@ -1,0 +1,352 @@
+// xpv up / down / supervise (see daemons.h for the process tree).
+#include "xpv/toolstack/daemons.h"
+
+#include <fmt/chrono.h>
+#include <fmt/core.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <thread>
+
+#include "domain_ops.h"
+#include "xpv/toolstack/commands.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/inventory.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/xenstore.h"
+
+namespace xpv::toolstack {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir) {
+  if (program == kXenstored) {
+    std::vector<std::string> a = {paths.binary(program), "--socket", paths.xenstore_socket, "--foreground",
+                                  "--pid-file", paths.pid_file(program)};
+    if (xenstored_run_dir) a.insert(a.end(), {"--run-dir", paths.run_dir});
+    return a;
+  }
+  return {paths.binary(program), "--xenstore", paths.xenstore_socket, "--run-dir", paths.run_dir, "--foreground",
+          "--pid-file", paths.pid_file(program)};
+}
+
+std::vector<std::string> daemon_env(const Paths& paths) {
+  return {"XPV_RUN_DIR=" + paths.run_dir, "XENSTORED_PATH=" + paths.xenstore_socket};
+}
+
+std::vector<std::string> supervisor_argv(const Paths& paths, const std::string& self_exe) {
+  return {self_exe,   "supervise",     "--run-dir", paths.run_dir, "--log-dir", paths.log_dir,
+          "--xenstore", paths.xenstore_socket, "--bin-dir", paths.bin_dir};
+}
+
+std::chrono::milliseconds backoff_delay(unsigned consecutive_failures) {
+  const unsigned shift = std::min(consecutive_failures, 6u);
+  return std::min<std::chrono::milliseconds>(200ms * (1u << shift), 10s);
+}
+
+namespace {
+
+bool built(const Paths& paths, const std::string& program) {
+  return ::access(paths.binary(program).c_str(), X_OK) == 0;
+}
+
+std::optional<pid_t> supervisor_pid(const Paths& paths) {
+  return running_pid(paths.pid_file(kSupervisor), fs::path(self_executable()).filename().string(), "supervise");
+}
+
+// Polls `ready` every 20 ms until it holds, the process `pid` (our child) is gone, or `timeout`.
+// Throws ToolstackError with the log's last line when the daemon died or never got ready.
+void wait_started(const std::string& program, pid_t pid, const std::string& log,
+                  std::chrono::milliseconds timeout, const std::function<bool()>& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (ready()) return;
+    int status = 0;
+    if (child_exited(pid, &status) || !process_alive(pid)) {
+      throw ToolstackError(fmt::format("{} failed to start ({}): {} (log: {})", program, describe_status(status),
+                                       last_line(log), log));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      stop_process(pid, 2s);
+      throw ToolstackError(fmt::format("{} did not get ready within {} s: {} (log: {})", program,
+                                       std::chrono::duration_cast<std::chrono::seconds>(timeout).count(),
+                                       last_line(log), log));
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+// Whether `binary --help` mentions `flag` (bounded: 5 s). The help goes through a file in
+// `scratch_dir`, removed afterwards.
+bool help_mentions(const std::string& binary, const std::string& flag, const std::string& scratch_dir) {
+  const std::string out = scratch_dir + "/.help-" + std::to_string(::getpid());
+  bool found = false;
+  try {
+    const pid_t pid = spawn({{binary, "--help"}, {}, out, true});
+    if (wait_gone(pid, 5s)) {
+      const std::string text = read_from(out, 0, 1 << 16);
+      found = text.find(flag + " ") != std::string::npos || text.find(flag + "\n") != std::string::npos ||
+              text.find(flag + ",") != std::string::npos;
+    } else {
+      stop_process(pid, 1s);
+    }
+  } catch (const ToolstackError&) {
+  }
+  std::error_code ec;
+  fs::remove(out, ec);
+  return found;
+}
+
+void remove_file(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+}  // namespace
+
+void cmd_up(Context& ctx) {
+  const Paths& p = ctx.paths;
+  make_dirs(p.run_dir, 0700);
+  make_dirs(p.log_dir, 0755);
+  RunLock lock(p.lock_file());
+
+  // 1. xpv-xenstored.
+  if (auto running = running_pid(p.pid_file(kXenstored), kXenstored)) {
+    ctx.out << fmt::format("{}: already running (pid {})\n", kXenstored, *running);
+  } else {
+    if (auto stale = read_pid_file(p.pid_file(kXenstored))) {
+      auto doms = gather_domains(p, nullptr);
+      if (!doms.empty()) {
+        throw ToolstackError(fmt::format(
+            "{} (pid {}) has died and cannot be restarted: the xenstore of {} domain(s) is lost; run "
+            "`xpv down --force`, then `xpv up`",
+            kXenstored, *stale, doms.size()));
+      }
+      remove_file(p.pid_file(kXenstored));
+    }
+    if (Xenstore::try_connect(p.xenstore_socket)) {
+      throw ToolstackError(fmt::format("another xenstored (not started by `xpv up`) listens on {}",
+                                       p.xenstore_socket));
+    }
+    if (!built(p, kXenstored)) throw ToolstackError(fmt::format("{} is not built (no {})", kXenstored, p.binary(kXenstored)));
+    make_dirs(fs::path(p.xenstore_socket).parent_path().string(), 0755);
+    const std::string log = p.log_file(kXenstored);
+    const bool run_dir_flag = help_mentions(p.binary(kXenstored), "--run-dir", p.run_dir);
+    const pid_t pid = spawn({daemon_argv(p, kXenstored, run_dir_flag), daemon_env(p), log, true});
+    wait_started(kXenstored, pid, log, 10s, [&] {
+      return read_pid_file(p.pid_file(kXenstored)) == pid && Xenstore::try_connect(p.xenstore_socket) != nullptr;
+    });
+    ctx.out << fmt::format("{}: started (pid {}, socket {})\n", kXenstored, pid, p.xenstore_socket);
+  }
+  {
+    Xenstore xs(p.xenstore_socket);
+    if (!xs.exists("/local/domain/0/name")) xs.transaction([&](TxId tx) { xs.write_nodes(dom0_nodes(), tx); });
+  }
+
+  // 2. The supervisor, which starts the backends.
+  std::optional<pid_t> sup = supervisor_pid(p);
+  if (sup) {
+    ctx.out << fmt::format("{}: already running (pid {})\n", kSupervisor, *sup);
+  } else {
+    const std::string log = p.log_file(kSupervisor);
+    const pid_t pid = spawn({supervisor_argv(p, self_executable()), daemon_env(p), log, true});
+    wait_started(kSupervisor, pid, log, 10s, [&] { return supervisor_pid(p) == pid; });
+    ctx.out << fmt::format("{}: started (pid {})\n", kSupervisor, pid);
+    sup = pid;
+  }
+
+  // 3. The backends, as the supervisor reports them through their pid files.
+  for (const std::string& b : backend_programs()) {
+    if (!built(p, b)) {
+      ctx.out << fmt::format("{}: not built (no {}); skipped\n", b, p.binary(b));
+      continue;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    std::optional<pid_t> pid;
+    while (!(pid = running_pid(p.pid_file(b), b)) && std::chrono::steady_clock::now() < deadline &&
+           process_alive(*sup)) {
+      std::this_thread::sleep_for(20ms);
+    }
+    if (!pid) {
+      throw ToolstackError(fmt::format("{} is not running: {} (log: {}); the supervisor keeps trying", b,
+                                       last_line(p.log_file(b)), p.log_file(b)));
+    }
+    ctx.out << fmt::format("{}: running (pid {}), supervised\n", b, *pid);
+  }
+}
+
+void cmd_down(Context& ctx, bool force) {
+  const Paths& p = ctx.paths;
+  if (!fs::exists(p.run_dir)) {
+    ctx.out << "nothing is running\n";
+    return;
+  }
+  RunLock lock(p.lock_file());
+  bool stopped_any = false;
+
+  auto xs = Xenstore::try_connect(p.xenstore_socket);
+  auto doms = gather_domains(p, xs.get());
+  if (!doms.empty()) {
+    std::string names;
+    for (const auto& d : doms) names += (names.empty() ? "" : ", ") + domain_label(d);
+    if (!force) {
+      throw ToolstackError(fmt::format("{} domain(s) still exist ({}): destroy them first, or use `xpv down --force`",
+                                       doms.size(), names));
+    }
+    for (const auto& d : doms) {
+      try {
+        destroy_domain(ctx, xs.get(), d);
+      } catch (const std::exception& e) {
+        ctx.err << fmt::format("warning: destroying {}: {}\n", domain_label(d), e.what());
+      }
+    }
+  }
+
+  // Backends first (the supervisor stops them; anything it left is stopped here), then xenstored.
+  std::map<std::string, pid_t> backends;
+  for (const std::string& b : backend_programs()) {
+    if (auto pid = running_pid(p.pid_file(b), b)) backends[b] = *pid;
+  }
+  if (auto sup = supervisor_pid(p)) {
+    stop_process(*sup, 15s);
+    ctx.out << fmt::format("{}: stopped (pid {})\n", kSupervisor, *sup);
+    stopped_any = true;
+  }
+  remove_file(p.pid_file(kSupervisor));
+  for (const auto& [b, pid] : backends) {
+    if (process_is(pid, b)) stop_process(pid, 5s);
+    ctx.out << fmt::format("{}: stopped (pid {})\n", b, pid);
+    stopped_any = true;
+  }
+  for (const std::string& b : backend_programs()) remove_file(p.pid_file(b));
+
+  xs.reset();
+  if (auto pid = running_pid(p.pid_file(kXenstored), kXenstored)) {
+    stop_process(*pid, 10s);
+    ctx.out << fmt::format("{}: stopped (pid {})\n", kXenstored, *pid);
+    stopped_any = true;
+  }
+  remove_file(p.pid_file(kXenstored));
+  if (!stopped_any) ctx.out << "nothing was running\n";
+}
+
+// ── the supervisor ─────────────────────────────────────────────────────────────────────────────
+//
+//   start every built backend
+//   loop (wakes on SIGCHLD, SIGTERM/SIGINT/SIGHUP, or every 500 ms):
+//     SIGTERM/SIGINT/SIGHUP  → stop the backends, remove their pid files and ours, exit 0
+//     a backend died         → log it; restart it after backoff_delay(quick deaths in a row)
+//     xpv-xenstored is gone  → log that it is fatal and cannot be restarted; stop the backends;
+//                              exit 1 (`xpv up` then refuses until `xpv down --force`)
+namespace {
+
+struct Supervised {
+  std::string program;
+  pid_t pid = 0;
+  std::chrono::steady_clock::time_point started;
+  std::chrono::steady_clock::time_point restart_at;
+  unsigned quick_deaths = 0;
+  unsigned restarts = 0;
+};
+
+void log_line(const std::string& msg) {
+  fmt::print("{:%Y-%m-%d %H:%M:%S} xpv-supervise: {}\n", fmt::localtime(std::time(nullptr)), msg);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int cmd_supervise(Context& ctx) {
+  const Paths& p = ctx.paths;
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+
+  const auto xenstored = running_pid(p.pid_file(kXenstored), kXenstored);
+  if (!xenstored) {
+    log_line("xpv-xenstored is not running; nothing to supervise");
+    return 1;
+  }
+  write_pid_file(p.pid_file(kSupervisor), ::getpid());
+  log_line(fmt::format("started (pid {}); xpv-xenstored is pid {}", ::getpid(), *xenstored));
+
+  std::vector<Supervised> children;
+  for (const std::string& b : backend_programs()) {
+    if (built(p, b)) children.push_back({b, 0, {}, std::chrono::steady_clock::now(), 0, 0});
+  }
+  auto start = [&](Supervised& c) {
+    try {
+      c.pid = spawn({daemon_argv(p, c.program), daemon_env(p), p.log_file(c.program), true});
+      c.started = std::chrono::steady_clock::now();
+      write_pid_file(p.pid_file(c.program), c.pid);
+      log_line(fmt::format("{} started (pid {})", c.program, c.pid));
+    } catch (const std::exception& e) {
+      c.pid = 0;
+      c.restart_at = std::chrono::steady_clock::now() + backoff_delay(c.quick_deaths++);
+      log_line(fmt::format("{}: {}", c.program, e.what()));
+    }
+  };
+  auto stop_all = [&] {
+    for (auto& c : children) {
+      if (c.pid > 0) {
+        stop_process(c.pid, 5s);
+        log_line(fmt::format("{} stopped (pid {})", c.program, c.pid));
+        c.pid = 0;
+      }
+      std::error_code ec;
+      fs::remove(p.pid_file(c.program), ec);
+    }
+    std::error_code ec;
+    fs::remove(p.pid_file(kSupervisor), ec);
+  };
+
+  for (auto& c : children) start(c);
+  for (;;) {
+    timespec wait{0, 500'000'000};
+    siginfo_t info{};
+    const int sig = ::sigtimedwait(&set, &info, &wait);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+      log_line(fmt::format("signal {}: stopping", sig));
+      stop_all();
+      return 0;
+    }
+    // Reap every child that exited (SIGCHLD coalesces).
+    for (auto& c : children) {
+      int status = 0;
+      if (c.pid > 0 && child_exited(c.pid, &status)) {
+        const auto ran = std::chrono::steady_clock::now() - c.started;
+        if (ran >= kStableRun) c.quick_deaths = 0;
+        const auto delay = backoff_delay(c.quick_deaths++);
+        ++c.restarts;
+        log_line(fmt::format("{} (pid {}) died ({}) after {} ms; restart #{} in {} ms", c.program, c.pid,
+                             describe_status(status),
+                             std::chrono::duration_cast<std::chrono::milliseconds>(ran).count(), c.restarts,
+                             delay.count()));
+        c.pid = 0;
+        c.restart_at = std::chrono::steady_clock::now() + delay;
+      }
+    }
+    if (!process_is(*xenstored, kXenstored)) {
+      log_line(fmt::format("FATAL: xpv-xenstored (pid {}) is gone. It cannot be restarted: the xenstore of every "
+                           "domain was in its memory. Stopping the backends; run `xpv down --force`, then `xpv up`",
+                           *xenstored));
+      stop_all();
+      return 1;
+    }
+    for (auto& c : children) {
+      if (c.pid == 0 && std::chrono::steady_clock::now() >= c.restart_at) start(c);
+    }
+  }
+}
+
+}  // namespace xpv::toolstack

@@ -1,0 +1,164 @@
+// xpv block-attach / block-detach / network-attach / network-detach.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <ostream>
+#include <set>
+
+#include "domain_ops.h"
+#include "xpv/config/device_specs.h"
+#include "xpv/config/error.h"
+#include "xpv/config/vdev.h"
+#include "xpv/toolstack/allocation.h"
+#include "xpv/toolstack/devices.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/host_cleanup.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/xenstore.h"
+
+namespace xpv::toolstack {
+namespace {
+
+void require_backend(const Paths& p, DeviceKind k) {
+  const std::string prog = backend_program(k);
+  if (::access(p.binary(prog).c_str(), X_OK) != 0) {
+    throw ToolstackError(fmt::format("{} is not built (no {})", prog, p.binary(prog)));
+  }
+  if (!backend_running(p, k)) throw ToolstackError(fmt::format("{} is not running; run `xpv up`", prog));
+}
+
+// Attach: write the nodes, wait (unless told not to), undo on failure.
+void attach(Context& ctx, Xenstore& xs, const DomainSummary& d, const DeviceRef& dev, const NodeList& nodes, bool wait) {
+  add_device(xs, d.domid, dev, nodes);
+  if (!wait) return;
+  try {
+    wait_connected(xs, d.domid, {dev}, ctx.device_timeout, [&] { return process_alive(d.pid); },
+                   fmt::format("see {}", ctx.paths.log_file(backend_program(dev.kind))));
+  } catch (...) {
+    close_and_remove(xs, d.domid, {dev}, process_alive(d.pid), [&](DeviceKind k) { return backend_running(ctx.paths, k); },
+                     ctx.close_timeout);
+    throw;
+  }
+}
+
+void detach(Context& ctx, Xenstore& xs, const DomainSummary& d, const DeviceRef& dev) {
+  if (!xs.exists(backend_path(dev.kind, d.domid, dev.devid)) && !xs.exists(frontend_path(dev.kind, d.domid, dev.devid))) {
+    throw ToolstackError(fmt::format("{} is not attached to {}", device_label(dev), domain_label(d)));
+  }
+  if (dev.kind == DeviceKind::vbd) {
+    // A loop device on the PV disk file would otherwise hold it (and fail) once the device goes.
+    for (const auto& line : detach_loops_under(fmt::format("{}/vbd/{}", ctx.paths.domain_dir(d.domid), dev.devid))) {
+      ctx.err << "warning: " << line << "\n";
+    }
+  }
+  auto warnings = close_and_remove(xs, d.domid, {dev}, process_alive(d.pid),
+                                   [&](DeviceKind k) { return backend_running(ctx.paths, k); }, ctx.close_timeout);
+  for (const auto& w : warnings) ctx.err << "warning: " << w << "\n";
+  ctx.out << fmt::format("{} detached from {}\n", device_label(dev), domain_label(d));
+}
+
+}  // namespace
+
+void cmd_block_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait) {
+  config::DiskSpec disk;
+  try {
+    disk = config::parse_disk_spec(spec);
+  } catch (const config::ConfigError& e) {
+    throw ToolstackError(e.what());
+  }
+  if (::access(disk.target.c_str(), F_OK) != 0) {
+    throw ToolstackError(fmt::format("disk {}: '{}' does not exist", disk.vdev.name, disk.target));
+  }
+  Xenstore xs(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const DomainSummary d = live_domain(ctx, xs, which);
+  const DeviceRef dev{DeviceKind::vbd, disk.vdev.devid};
+  if (xs.exists(backend_path(dev.kind, d.domid, dev.devid)) || xs.exists(frontend_path(dev.kind, d.domid, dev.devid))) {
+    throw ToolstackError(fmt::format("{} is already attached to {}", disk.vdev.name, domain_label(d)));
+  }
+  require_backend(ctx.paths, DeviceKind::vbd);
+  attach(ctx, xs, d, dev, vbd_nodes(d.domid, disk), wait);
+  if (d.type == "process") {
+    ctx.out << fmt::format("{}: {}\n", disk.vdev.name, ctx.paths.vbd_disk(d.domid, dev.devid));
+  } else {
+    ctx.out << fmt::format("{} attached to {}\n", disk.vdev.name, domain_label(d));
+  }
+}
+
+void cmd_block_detach(Context& ctx, const std::string& which, const std::string& vdev) {
+  auto v = config::parse_vdev(vdev);
+  if (!v) throw ToolstackError(fmt::format("'{}' is not a virtual disk name (xvda, xvdb1, hda, sdc, d0p1)", vdev));
+  Xenstore xs(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const auto doms = gather_domains(ctx.paths, &xs);
+  const DomainSummary d = resolve_domain(doms, which);
+  detach(ctx, xs, d, {DeviceKind::vbd, v->devid});
+}
+
+void cmd_network_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait) {
+  config::VifSpec vif;
+  try {
+    vif = config::parse_vif_spec(spec);
+  } catch (const config::ConfigError& e) {
+    throw ToolstackError(e.what());
+  }
+  if (!vif.vifname.empty()) {
+    throw ToolstackError("vifname is not supported (the host side is always vif<domid>.<devid>)");
+  }
+  Xenstore xs(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const auto doms = gather_domains(ctx.paths, &xs);
+  const DomainSummary& found = resolve_domain(doms, which);
+  if (found.pid == 0) throw ToolstackError(fmt::format("domain {} is not running (state {})", domain_label(found), found.state));
+  const DomainSummary d = found;
+
+  // MAC and address clashes, over every vif on the host.
+  std::set<std::string> macs;
+  std::set<std::uint32_t> own_devids;
+  for (const auto& other : doms) {
+    const std::string dir = backend_dir(DeviceKind::vif, other.domid);
+    for (const auto& dev : xs.list(dir)) {
+      if (other.domid == d.domid) {
+        if (auto id = parse_devid(dev)) own_devids.insert(*id);
+      }
+      const auto mac = xs.read(dir + "/" + dev + "/mac");
+      if (mac) macs.insert(*mac);
+      if (vif.mac && mac == vif.mac->str()) {
+        throw ToolstackError(fmt::format("MAC {} is already used by {} vif {}", *mac, domain_label(other), dev));
+      }
+      if (vif.ip) {
+        const auto ip = xs.read(dir + "/" + dev + "/ip");
+        if (ip && ip->substr(0, ip->find('/')) == vif.ip->str().substr(0, vif.ip->str().find('/'))) {
+          throw ToolstackError(fmt::format("address {} is already used by {} vif {}", ip->substr(0, ip->find('/')),
+                                           domain_label(other), dev));
+        }
+      }
+    }
+  }
+  require_backend(ctx.paths, DeviceKind::vif);
+  for (const auto& dev : xs.list(frontend_dir(DeviceKind::vif, d.domid))) {
+    if (auto id = parse_devid(dev)) own_devids.insert(*id);
+  }
+  const std::uint32_t devid = pick_vif_devid(own_devids);
+  const config::Mac mac = vif.mac ? *vif.mac : generate_mac(macs, system_random_byte);
+  attach(ctx, xs, d, {DeviceKind::vif, devid}, vif_nodes(d.domid, devid, vif, mac), wait);
+  ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{}\n", devid, mac.str(), d.domid, devid);
+}
+
+void cmd_network_detach(Context& ctx, const std::string& which, const std::string& devid) {
+  auto id = parse_devid(devid);
+  if (!id) throw ToolstackError(fmt::format("'{}' is not a vif device id (0, 1, ...)", devid));
+  Xenstore xs(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const auto doms = gather_domains(ctx.paths, &xs);
+  const DomainSummary d = resolve_domain(doms, which);
+  detach(ctx, xs, d, {DeviceKind::vif, *id});
+}
+
+}  // namespace xpv::toolstack

@@ -1,0 +1,26 @@
+// Internal: the pieces shared by the domain and device commands.
+#pragma once
+
+#include <functional>
+
+#include "xpv/toolstack/commands.h"
+#include "xpv/toolstack/inventory.h"
+#include "xpv/toolstack/nodes.h"
+
+namespace xpv::toolstack {
+
+class Xenstore;
+
+// Tears down whatever exists of domain `d` (docs/PROCESS-DOMAINS.md "xpv destroy"): loop devices
+// on its disks, devices Closing → Closed (bounded), device and domain nodes, RELEASE, the domain
+// process, FUSE mounts, its run directory and control socket. `xs` null: xenstored is gone, only
+// the host side is cleaned. Warnings go to ctx.err. Caller holds the RunLock.
+void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d);
+
+// Whether the daemon serving this kind of device runs (its pid file names a live process).
+bool backend_running(const Paths& paths, DeviceKind k);
+
+// A domain that commands may change: resolved, with a live domain process. Throws otherwise.
+DomainSummary live_domain(Context& ctx, Xenstore& xs, const std::string& which);
+
+}  // namespace xpv::toolstack

@@ -1,0 +1,298 @@
+// xpv create / list / destroy / shutdown (docs/PROCESS-DOMAINS.md "Domain lifecycle").
+#include <fmt/core.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <ostream>
+#include <set>
+#include <thread>
+
+#include "domain_ops.h"
+#include "xpv/config/domain_config.h"
+#include "xpv/config/error.h"
+#include "xpv/domain/control.h"
+#include "xpv/toolstack/allocation.h"
+#include "xpv/toolstack/devices.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/host_cleanup.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/toolstack/record.h"
+#include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/xenstore.h"
+
+namespace xpv::toolstack {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kFront = "xpv-front";
+constexpr auto kReadyTimeout = 30s;
+
+std::string front_log(const Paths& p, const std::string& name) { return p.log_file(fmt::format("{}-{}", kFront, name)); }
+
+// Waits for the line "ready" that the domain process prints once its control socket listens.
+// The process writes stdout to its log file (never to a pipe we would close: a later log line
+// would kill it with SIGPIPE), so the file is scanned from where it was when we started it.
+void wait_ready(pid_t pid, const std::string& log, std::uint64_t offset) {
+  const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
+  for (;;) {
+    const std::string text = read_from(log, offset, 1 << 16);
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      const auto nl = text.find('\n', pos);
+      if (nl == std::string::npos) break;
+      std::string_view line(text.data() + pos, nl - pos);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line == "ready") return;
+      pos = nl + 1;
+    }
+    int status = 0;
+    if (child_exited(pid, &status)) {
+      throw ToolstackError(fmt::format("{} exited ({}) before it was ready: {} (log: {})", kFront,
+                                       describe_status(status), last_line(log), log));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw ToolstackError(fmt::format("{} was not ready within {} s (log: {})", kFront,
+                                       std::chrono::duration_cast<std::chrono::seconds>(kReadyTimeout).count(), log));
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+std::set<std::uint16_t> used_domids(const Paths& p, const std::vector<DomainSummary>& doms) {
+  std::set<std::uint16_t> used;
+  for (const auto& d : doms) used.insert(d.domid);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p.run_dir, ec)) {
+    // dom<N>/ or dom<N>.sock left by anything: not free.
+    std::string n = e.path().filename().string();
+    if (!n.starts_with("dom")) continue;
+    n = n.substr(3);
+    if (n.ends_with(".sock")) n.resize(n.size() - 5);
+    if (auto id = parse_domid(n)) used.insert(*id);
+  }
+  return used;
+}
+
+void check_daemon(const Paths& p, DeviceKind k) {
+  const std::string prog = backend_program(k);
+  if (::access(p.binary(prog).c_str(), X_OK) != 0) {
+    throw ToolstackError(fmt::format("{} is not built (no {}): {} devices cannot be served", prog, p.binary(prog),
+                                     to_string(k)));
+  }
+  if (!backend_running(p, k)) throw ToolstackError(fmt::format("{} is not running; run `xpv up`", prog));
+}
+
+}  // namespace
+
+bool backend_running(const Paths& paths, DeviceKind k) {
+  const std::string prog = backend_program(k);
+  return running_pid(paths.pid_file(prog), prog).has_value();
+}
+
+DomainSummary live_domain(Context& ctx, Xenstore& xs, const std::string& which) {
+  const auto doms = gather_domains(ctx.paths, &xs);
+  const DomainSummary& d = resolve_domain(doms, which);
+  if (d.pid == 0) throw ToolstackError(fmt::format("domain {} is not running (state {})", domain_label(d), d.state));
+  return d;
+}
+
+void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
+  const Paths& p = ctx.paths;
+  const std::string dir = p.domain_dir(d.domid);
+  const bool alive = d.record && process_is(d.record->pid, d.record->program);
+
+  for (const auto& line : detach_loops_under(dir)) ctx.err << "warning: " << line << "\n";
+  if (xs != nullptr) {
+    const auto devices = devices_of(*xs, d.domid);
+    auto warnings = close_and_remove(*xs, d.domid, devices, alive,
+                                     [&](DeviceKind k) { return backend_running(p, k); }, ctx.close_timeout);
+    for (const auto& w : warnings) ctx.err << "warning: " << w << "\n";
+    try {
+      xs->release(d.domid);
+    } catch (const ToolstackError&) {
+      // Not introduced (a create that failed early, or xenstored restarted): nothing to release.
+    }
+    auto vm = xs->read(domain_path(d.domid) + "/vm");
+    xs->rm(domain_path(d.domid));
+    if (vm && vm->starts_with("/vm/") && vm->size() > 4) xs->rm(*vm);
+    if (d.record && !d.record->uuid.empty()) xs->rm("/vm/" + d.record->uuid);
+  }
+  if (alive && !stop_process(d.record->pid, 10s)) {
+    ctx.err << fmt::format("warning: domain process {} did not exit\n", d.record->pid);
+  }
+  remove_domain_dir(dir);
+  std::error_code ec;
+  fs::remove(p.control_socket(d.domid), ec);
+}
+
+void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
+  const Paths& p = ctx.paths;
+  config::DomainConfig cfg;
+  try {
+    cfg = config::load_domain_config(config_path, true);
+  } catch (const config::ConfigError& e) {
+    throw ToolstackError(e.what());
+  }
+  for (const auto& w : cfg.warnings) ctx.err << "warning: " << w << "\n";
+  if (cfg.type == config::DomainType::hvm) {
+    throw ToolstackError(fmt::format("{}: type \"hvm\" is not built yet (xpv-vmm cannot run domains yet); use "
+                                     "type = \"process\"",
+                                     config_path));
+  }
+  for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
+    if (!cfg.vifs[i].vifname.empty()) {
+      throw ToolstackError(fmt::format("{}: vif {}: vifname is not supported (the host side is always vif<domid>.<devid>)",
+                                       config_path, i));
+    }
+  }
+  if (::access(p.binary(kFront).c_str(), X_OK) != 0) {
+    throw ToolstackError(fmt::format("{} is not built (no {})", kFront, p.binary(kFront)));
+  }
+  Xenstore xs(p.xenstore_socket);
+  if (!cfg.disks.empty()) check_daemon(p, DeviceKind::vbd);
+  if (!cfg.vifs.empty()) check_daemon(p, DeviceKind::vif);
+
+  make_dirs(p.run_dir, 0700);
+  make_dirs(p.log_dir, 0755);
+  RunLock lock(p.lock_file());
+
+  const auto doms = gather_domains(p, &xs);
+  for (const auto& d : doms) {
+    if (d.name == cfg.name) {
+      throw ToolstackError(fmt::format("{}: a domain named '{}' exists already (id {})", config_path, cfg.name, d.domid));
+    }
+  }
+  // MACs in use anywhere: a vif's MAC must be unique on the host.
+  std::set<std::string> macs;
+  for (const auto& d : doms) {
+    for (const auto& dev : xs.list(backend_dir(DeviceKind::vif, d.domid))) {
+      if (auto m = xs.read(backend_dir(DeviceKind::vif, d.domid) + "/" + dev + "/mac")) macs.insert(*m);
+    }
+  }
+  for (const auto& v : cfg.vifs) {
+    if (v.mac && macs.count(v.mac->str())) {
+      throw ToolstackError(fmt::format("{}: MAC {} is used by another domain", config_path, v.mac->str()));
+    }
+  }
+  const auto domid = pick_domid(used_domids(p, doms));
+  if (!domid) throw ToolstackError("no free domain id");
+  const DomId n = *domid;
+
+  DomainRecord rec;
+  rec.domid = n;
+  rec.name = cfg.name;
+  rec.type = "process";
+  rec.memory_mib = cfg.memory_mib;
+  rec.vcpus = cfg.vcpus;
+  rec.config = fs::absolute(config_path).lexically_normal().string();
+  rec.uuid = generate_uuid(system_random_byte);
+  rec.program = kFront;
+
+  DomainSummary self;
+  self.domid = n;
+  self.name = cfg.name;
+  try {
+    const std::string dir = p.domain_dir(n);
+    make_dirs(dir, 0700);
+    // 1. The domain process; "ready" once dom<N>.sock listens.
+    const std::string log = front_log(p, cfg.name);
+    const std::uint64_t offset = file_size(log);
+    rec.pid = spawn({{p.binary(kFront), "--domid", std::to_string(n), "--name", cfg.name, "--memory",
+                      std::to_string(cfg.memory_mib), "--run-dir", p.run_dir},
+                     {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket},
+                     log,
+                     true});
+    write_record(dir, rec);
+    self.record = rec;
+    wait_ready(rec.pid, log, offset);
+
+    // 2. The domain's nodes, one transaction.
+    xs.transaction([&](TxId tx) { xs.write_nodes(domain_nodes({n, cfg.name, cfg.memory_mib, rec.uuid}), tx); });
+
+    // 3. Introduce it: its xenstore ring's frame and event channel, from its control socket.
+    domain::XenstoreInfo ring;
+    try {
+      auto control = domain::ControlClient::connect(p.control_socket(n), "xpv");
+      ring = control.xenstore();
+    } catch (const std::exception& e) {
+      throw ToolstackError(fmt::format("cannot ask dom{} for its xenstore ring ({}): {}", n, p.control_socket(n), e.what()));
+    }
+    xs.introduce(n, ring.gfn, ring.port);
+
+    // 4. Devices, one transaction each, then (unless --no-wait) until both ends are Connected.
+    std::vector<DeviceRef> devices;
+    for (const auto& disk : cfg.disks) {
+      DeviceRef d{DeviceKind::vbd, disk.vdev.devid};
+      add_device(xs, n, d, vbd_nodes(n, disk));
+      devices.push_back(d);
+    }
+    for (std::uint32_t i = 0; i < cfg.vifs.size(); ++i) {
+      const auto& v = cfg.vifs[i];
+      const config::Mac mac = v.mac ? *v.mac : generate_mac(macs, system_random_byte);
+      macs.insert(mac.str());
+      DeviceRef d{DeviceKind::vif, i};
+      add_device(xs, n, d, vif_nodes(n, i, v, mac));
+      devices.push_back(d);
+    }
+    if (wait) {
+      wait_connected(xs, n, devices, ctx.device_timeout, [&] { return process_is(rec.pid, kFront); },
+                     fmt::format("see {} and {}", log, p.log_dir));
+    }
+    ctx.out << fmt::format("Created domain {} (id {}, process, {} MiB, pid {})\n", cfg.name, n, cfg.memory_mib, rec.pid);
+    for (const auto& disk : cfg.disks) {
+      ctx.out << fmt::format("  {}: {}\n", disk.vdev.name, p.vbd_disk(n, disk.vdev.devid));
+    }
+    for (std::uint32_t i = 0; i < cfg.vifs.size(); ++i) {
+      ctx.out << fmt::format("  vif {}: host side vif{}.{}\n", i, n, i);
+    }
+  } catch (...) {
+    // Undo everything: the same path as destroy, on whatever exists of the domain.
+    try {
+      destroy_domain(ctx, &xs, self);
+    } catch (const std::exception& e) {
+      ctx.err << fmt::format("warning: undoing the creation of dom{}: {}\n", n, e.what());
+    }
+    throw;
+  }
+}
+
+void cmd_list(Context& ctx, bool json) {
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  if (!xs) ctx.err << fmt::format("warning: xpv-xenstored is not running (no {}); showing the run directory only\n", ctx.paths.xenstore_socket);
+  const auto doms = gather_domains(ctx.paths, xs.get());
+  ctx.out << (json ? format_list_json(doms, host_facts()) : format_list(doms, host_facts()));
+}
+
+void cmd_destroy(Context& ctx, const std::string& which) {
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const auto doms = gather_domains(ctx.paths, xs.get());
+  const DomainSummary d = resolve_domain(doms, which);
+  destroy_domain(ctx, xs.get(), d);
+  ctx.out << fmt::format("Destroyed domain {}\n", domain_label(d));
+}
+
+void cmd_shutdown(Context& ctx, const std::string& which, std::chrono::milliseconds timeout) {
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  make_dirs(ctx.paths.run_dir, 0700);
+  RunLock lock(ctx.paths.lock_file());
+  const auto doms = gather_domains(ctx.paths, xs.get());
+  const DomainSummary d = resolve_domain(doms, which);
+  if (d.pid != 0) {
+    ::kill(d.pid, SIGTERM);
+    if (!wait_gone(d.pid, timeout)) {
+      ctx.err << fmt::format("warning: {} did not shut down within {} s; destroying it\n", domain_label(d),
+                             std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
+    }
+  }
+  destroy_domain(ctx, xs.get(), d);
+  ctx.out << fmt::format("Shut down domain {}\n", domain_label(d));
+}
+
+}  // namespace xpv::toolstack

@@ -1,0 +1,88 @@
+#include "xpv/toolstack/fs.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "xpv/toolstack/error.h"
+#include "xpv/unique_fd.h"
+
+namespace xpv::toolstack {
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::string s(1 << 20, '\0');
+  f.read(s.data(), static_cast<std::streamsize>(s.size()));
+  s.resize(static_cast<std::size_t>(f.gcount()));
+  return s;
+}
+
+void write_file_atomic(const std::string& path, const std::string& content, unsigned mode) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  if (!fd) throw ToolstackError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  std::size_t done = 0;
+  while (done < content.size()) {
+    ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      throw ToolstackError(fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  fd.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw ToolstackError(fmt::format("cannot write {}: {}", path, std::strerror(e)));
+  }
+}
+
+void make_dirs(const std::string& path, unsigned mode) {
+  std::filesystem::path p;
+  for (const auto& part : std::filesystem::path(path)) {
+    p /= part;
+    if (::mkdir(p.c_str(), mode) != 0 && errno != EEXIST) {
+      throw ToolstackError(fmt::format("cannot create directory {}: {}", p.string(), std::strerror(errno)));
+    }
+  }
+}
+
+std::string read_from(const std::string& path, std::uint64_t offset, std::size_t max) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  f.seekg(static_cast<std::streamoff>(offset));
+  if (!f) return {};
+  std::string s(max, '\0');
+  f.read(s.data(), static_cast<std::streamsize>(s.size()));
+  s.resize(static_cast<std::size_t>(f.gcount()));
+  return s;
+}
+
+std::string last_line(const std::string& path) {
+  const std::uint64_t size = file_size(path);
+  const std::string text = read_from(path, size > 4096 ? size - 4096 : 0, 4096);
+  std::string_view s = text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.remove_suffix(1);
+  auto nl = s.rfind('\n');
+  if (nl != std::string_view::npos) s.remove_prefix(nl + 1);
+  if (s.size() > 300) s = s.substr(0, 300);
+  return std::string(s);
+}
+
+std::uint64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
+
+}  // namespace xpv::toolstack

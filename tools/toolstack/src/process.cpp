@@ -1,0 +1,171 @@
+#include "xpv/toolstack/process.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+
+extern char** environ;
+
+namespace xpv::toolstack {
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(10);
+
+// RAII for the posix_spawn attribute objects.
+struct SpawnAttrs {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  SpawnAttrs() {
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+  }
+  ~SpawnAttrs() {
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+  }
+  SpawnAttrs(const SpawnAttrs&) = delete;
+  SpawnAttrs& operator=(const SpawnAttrs&) = delete;
+};
+
+}  // namespace
+
+pid_t spawn(const SpawnOptions& opts) {
+  if (opts.argv.empty()) throw ToolstackError("spawn: empty command");
+  SpawnAttrs a;
+  const std::string out = opts.output.empty() ? "/dev/null" : opts.output;
+  posix_spawn_file_actions_addopen(&a.fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&a.fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+  posix_spawn_file_actions_adddup2(&a.fa, 1, 2);
+
+  sigset_t none, all_default;
+  sigemptyset(&none);
+  sigemptyset(&all_default);
+  for (int s : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&all_default, s);
+  short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  if (opts.new_session) flags |= POSIX_SPAWN_SETSID;
+  posix_spawnattr_setflags(&a.attr, flags);
+  posix_spawnattr_setsigmask(&a.attr, &none);
+  posix_spawnattr_setsigdefault(&a.attr, &all_default);
+
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    bool replaced = false;
+    for (const auto& add : opts.env) {
+      auto eq = add.find('=');
+      if (kv.substr(0, kv.find('=')) == std::string_view(add).substr(0, eq)) replaced = true;
+    }
+    if (!replaced) env_store.emplace_back(kv);
+  }
+  for (const auto& add : opts.env) env_store.push_back(add);
+  std::vector<char*> env;
+  for (auto& e : env_store) env.push_back(e.data());
+  env.push_back(nullptr);
+  std::vector<char*> args;
+  for (const auto& s : opts.argv) args.push_back(const_cast<char*>(s.c_str()));
+  args.push_back(nullptr);
+
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &a.fa, &a.attr, args.data(), env.data());
+  if (rc != 0) throw ToolstackError(fmt::format("cannot start {}: {}", opts.argv[0], std::strerror(rc)));
+  return pid;
+}
+
+bool process_alive(pid_t pid) {
+  if (pid <= 0) return false;
+  auto stat = read_file(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return false;
+  // "pid (comm) S ...": the state follows the last ')' (comm may contain parentheses).
+  auto close = stat->rfind(')');
+  if (close == std::string::npos || close + 2 >= stat->size()) return false;
+  const char state = (*stat)[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+bool process_is(pid_t pid, std::string_view program, std::string_view arg1) {
+  if (!process_alive(pid)) return false;
+  auto cmdline = read_file(fmt::format("/proc/{}/cmdline", pid));
+  if (!cmdline) return false;
+  std::string_view s = *cmdline;
+  std::string_view a0 = s.substr(0, s.find('\0'));
+  if (std::filesystem::path(std::string(a0)).filename().string() != program) return false;
+  if (arg1.empty()) return true;
+  if (a0.size() + 1 >= s.size()) return false;
+  std::string_view rest = s.substr(a0.size() + 1);
+  return rest.substr(0, rest.find('\0')) == arg1;
+}
+
+std::optional<pid_t> read_pid_file(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return std::nullopt;
+  std::string_view s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  const long v = std::stol(std::string(s));
+  if (v <= 1) return std::nullopt;
+  return static_cast<pid_t>(v);
+}
+
+void write_pid_file(const std::string& path, pid_t pid) { write_file_atomic(path, fmt::format("{}\n", pid)); }
+
+std::optional<pid_t> running_pid(const std::string& pid_file, std::string_view program, std::string_view arg1) {
+  auto pid = read_pid_file(pid_file);
+  if (pid && process_is(*pid, program, arg1)) return pid;
+  return std::nullopt;
+}
+
+bool child_exited(pid_t pid, int* status) {
+  int st = 0;
+  pid_t r = ::waitpid(pid, &st, WNOHANG);
+  if (r == pid) {
+    if (status != nullptr) *status = st;
+    return true;
+  }
+  return false;
+}
+
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    // Our child: reap it (a zombie child would otherwise stay until we exit).
+    int st = 0;
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return true;
+    // Not our child (ECHILD): gone once /proc says so. Our child is reaped above.
+    if (r < 0 && errno == ECHILD && !process_alive(pid)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+bool stop_process(pid_t pid, std::chrono::milliseconds grace) {
+  if (pid <= 0) return true;
+  if (::kill(pid, SIGTERM) != 0 && errno == ESRCH) {
+    wait_gone(pid, std::chrono::milliseconds(0));
+    return true;
+  }
+  if (wait_gone(pid, grace)) return true;
+  ::kill(pid, SIGKILL);
+  return wait_gone(pid, std::chrono::seconds(5));
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  return fmt::format("status {:#x}", status);
+}
+
+}  // namespace xpv::toolstack

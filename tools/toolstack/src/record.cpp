@@ -1,0 +1,50 @@
+#include "xpv/toolstack/record.h"
+
+#include <fmt/core.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "xpv/toolstack/fs.h"
+
+namespace xpv::toolstack {
+
+std::string record_to_json(const DomainRecord& r) {
+  nlohmann::json j = {{"domid", r.domid},   {"name", r.name},     {"type", r.type},
+                      {"memory_mib", r.memory_mib}, {"vcpus", r.vcpus}, {"config", r.config},
+                      {"pid", r.pid},       {"uuid", r.uuid},     {"program", r.program}};
+  return j.dump(2) + "\n";
+}
+
+std::optional<DomainRecord> record_from_json(const std::string& text) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    DomainRecord r;
+    r.domid = j.at("domid").get<std::uint16_t>();
+    r.name = j.at("name").get<std::string>();
+    r.type = j.at("type").get<std::string>();
+    r.memory_mib = j.at("memory_mib").get<std::uint64_t>();
+    r.vcpus = j.at("vcpus").get<unsigned>();
+    r.config = j.at("config").get<std::string>();
+    r.pid = j.at("pid").get<pid_t>();
+    r.uuid = j.at("uuid").get<std::string>();
+    r.program = j.at("program").get<std::string>();
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+void write_record(const std::string& domain_dir, const DomainRecord& r) {
+  write_file_atomic(domain_dir + "/domain.json", record_to_json(r));
+  write_file_atomic(domain_dir + "/pid", fmt::format("{}\n", r.pid));
+}
+
+std::optional<DomainRecord> read_record(const std::string& domain_dir) {
+  auto text = read_file(domain_dir + "/domain.json");
+  if (!text) return std::nullopt;
+  return record_from_json(*text);
+}
+
+}  // namespace xpv::toolstack
