@@ -421,6 +421,11 @@ void NetbackQueue::push_and_notify() noexcept {
 }
 
 bool NetbackQueue::poll_once() noexcept {
+  tap_readable_ = true;  // no poll() told us: just try (one EAGAIN at worst)
+  return pass();
+}
+
+bool NetbackQueue::pass() noexcept {
   if (disabled()) return false;
   busy_ = false;
   for (int t = 0; t < kTurnsPerPoll && !disabled(); ++t) {
@@ -457,7 +462,7 @@ bool NetbackQueue::poll_once() noexcept {
 
 void NetbackQueue::run() noexcept {
   try {
-    while (poll_once()) {
+    while (pass()) {
       pollfd fds[4];
       int n = 0;
       fds[n++] = {stop_.fd(), POLLIN, 0};

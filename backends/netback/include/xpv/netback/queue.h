@@ -102,6 +102,7 @@ class NetbackQueue {
     gnttab::GrantRef gref = 0;
   };
 
+  bool pass() noexcept;  // one pass of the loop (run() and poll_once())
   std::uint64_t now_us() const noexcept;
   bool tx_has_work() noexcept;
   bool rx_has_work() noexcept;
