@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -289,8 +291,8 @@ bool NetbackQueue::rx_has_work() noexcept {
       disable(to_string(n.error()));
       return false;
     }
-    if (*n == 0 && !timed_out) return false;
-    if (*n > 0 || timed_out) return true;
+    // Not yet enough for the pending packet: stay asleep until more come or time runs out.
+    return timed_out || *n >= rx_need_;
   }
   return rx_pending_ || tap_readable_;
 }
@@ -315,6 +317,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   }
   if (*avail < need) {
     const std::uint64_t now = now_us();
+    rx_need_ = static_cast<RingIdx>(need);
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
@@ -450,12 +453,23 @@ bool NetbackQueue::pass() noexcept {
     if (*more) busy_ = true;
   }
   if (rx_stalled_) {
-    auto more = rx_.final_check_for_requests();
-    if (!more) {
-      disable(to_string(more.error()));
+    // Waiting for rx buffers: the usual final check (req_event = req_cons + 1) would be already
+    // passed while some buffers are posted but not enough, and we would spin. Ask instead to be
+    // notified at the next buffer after those posted now (Linux netback does the same), then
+    // look again.
+    auto n = rx_.unconsumed_requests();
+    if (n) {
+      std::atomic_ref<RingIdx> req_event(*reinterpret_cast<RingIdx*>(
+          rx_.bytes().data() + offsetof(SharedRingHeader, req_event)));
+      req_event.store(rx_.req_cons() + *n + 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read
+      n = rx_.unconsumed_requests();
+    }
+    if (!n) {
+      disable(to_string(n.error()));
       return false;
     }
-    if (*more) busy_ = true;
+    if (*n >= rx_need_) busy_ = true;
   }
   return true;
 }

@@ -342,6 +342,10 @@ TEST_F(QueueTest, RxWaitsForBuffersWithinTheStallTime) {
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_TRUE(fe_.rx_responses().empty());
   EXPECT_EQ(queue_->counters().rx_dropped.load(), 0u);
+  // It asks to be woken by the next buffer after the one already posted (req_event = 2), not by
+  // the one it already has (which would make it spin).
+  std::atomic_ref<std::uint32_t> req_event(*reinterpret_cast<std::uint32_t*>(fe_.page(2).data() + 4));
+  EXPECT_EQ(req_event.load(), 2u);
   fe_.post_rx(1, fe_.grant(101, false));
   fe_.rx_push();
   ASSERT_TRUE(queue_->poll_once());

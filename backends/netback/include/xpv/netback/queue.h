@@ -149,6 +149,7 @@ class NetbackQueue {
   bool tap_readable_ = true;
   bool rx_stalled_ = false;       // the pending packet waits for rx buffers
   std::uint64_t rx_stall_since_ = 0;
+  ring::RingIdx rx_need_ = 0;     // rx requests the pending packet needs
   bool rx_resp_pending_ = false;
   std::vector<ring::NetifRxRequest> rx_reqs_;
   std::vector<gnttab::CopyOp> rx_ops_;
