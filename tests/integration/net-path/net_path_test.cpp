@@ -23,6 +23,8 @@
 #include <filesystem>
 #include <future>
 #include <random>
+#include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include "xpv/domain/domain.h"
@@ -311,6 +313,44 @@ TEST_F(NetPathFault, GarbageInTheTxRingDisablesTheVif) {
   // Sticky: a later kick does not revive it.
   ASSERT_TRUE(domain_->evtchn().send(front_->tx_port()));
   EXPECT_FALSE(queue_->poll_once());
+}
+
+TEST(Tap, MultiQueueInsideANamespace) {
+  if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v ip") != 0) {
+    GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
+  }
+  const std::string ns = "xpv-tap-" + std::to_string(::getpid());
+  ASSERT_EQ(sh("ip netns add " + ns), 0);
+  struct Cleanup {
+    std::string ns;
+    ~Cleanup() { (void)sh("ip netns del " + ns); }
+  } cleanup{ns};
+  const std::string name = "xpvq" + std::to_string(::getpid() % 100000);
+  {
+    auto tap = netback::Tap::create({name, "/run/netns/" + ns, 2, {true, true, false}});
+    EXPECT_EQ(tap.queues(), 2u);
+    EXPECT_NE(tap.fd(0), tap.fd(1));
+    tap.set_link({9000, netback::parse_mac("00:16:3e:0a:0b:0c"), true});
+    EXPECT_GT(tap.ifindex(), 0);
+    EXPECT_EQ(sh("ip -n " + ns + " link show " + name + " | grep -q 'mtu 9000'"), 0);
+    EXPECT_EQ(sh("ip -n " + ns + " link show " + name + " | grep -q '00:16:3e:0a:0b:0c'"), 0);
+    EXPECT_NE(sh("ip link show " + name), 0) << "the caller's namespace is untouched";
+  }
+  EXPECT_NE(sh("ip -n " + ns + " link show " + name), 0) << "gone with its fds";
+}
+
+TEST(Tap, BadArgumentsAreRefused) {
+  EXPECT_THROW(netback::Tap::create({"", "", 1, {}}), std::invalid_argument);
+  EXPECT_THROW(netback::Tap::create({"sixteen-chars-xx", "", 1, {}}), std::invalid_argument);
+  EXPECT_THROW(netback::Tap::create({"xpvbad0", "", 0, {}}), std::invalid_argument);
+  EXPECT_THROW(netback::Tap::create({"xpvbad0", "/nonexistent/netns", 1, {}}), std::system_error);
+  EXPECT_FALSE(netback::parse_mac("00:16:3e:0a:0b"));
+  EXPECT_FALSE(netback::parse_mac("00:16:3e:0a:0b:0g"));
+  EXPECT_FALSE(netback::parse_mac("00-16-3e-0a-0b-0c"));
+  auto m = netback::parse_mac("00:16:3E:0a:0b:FF");
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)[2], 0x3e);
+  EXPECT_EQ((*m)[5], 0xff);
 }
 
 }  // namespace
