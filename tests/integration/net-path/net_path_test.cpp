@@ -315,6 +315,59 @@ TEST_F(NetPathFault, GarbageInTheTxRingDisablesTheVif) {
   EXPECT_FALSE(queue_->poll_once());
 }
 
+TEST_F(NetPathFault, OtherVifsKeepWorkingWhenOneIsDisabled) {
+  if (sh("command -v ping") != 0) GTEST_SKIP() << "needs ping (iputils-ping)";
+  start(1500);
+  // A second vif of the same domain: its own rings, grants, event channels, TAPs, mapper, queue.
+  auto guest_tap = netback::Tap::create({"eth1", netns_path_, 1, {true, true, true}});
+  guest_tap.set_link({1500, netback::parse_mac("00:16:3e:00:01:02"), true});
+  frontends::Netfront front(*domain_, *events_, guest_tap.fd(), frontends::NetfrontConfig{});
+  const std::string vif1 = "vif" + std::to_string(domid_) + ".1";
+  auto host_tap = netback::Tap::create({vif1, "", 1, {true, true, true}});
+  host_tap.set_link({1500, std::nullopt, true});
+  auto mapper = foreign_->make_mapper();
+  auto txm = mapper->map(front.tx_ring_ref(), false);
+  auto rxm = mapper->map(front.rx_ring_ref(), false);
+  ASSERT_TRUE(txm && rxm);
+  auto tx = ring::NetifTxBackRing::attach(txm->writable());
+  auto rx = ring::NetifRxBackRing::attach(rxm->writable());
+  ASSERT_TRUE(tx && rx);
+  netback::NetbackConfig bcfg;
+  bcfg.rx_gso = {true, true};
+  netback::NetbackQueue queue(vif1 + "-q0", *mapper, std::move(*tx), std::move(*rx), foreign_->bind(front.tx_port()),
+                              foreign_->bind(front.rx_port()), host_tap.fd(), bcfg);
+  std::thread thread([&] { queue.run(); });
+  struct Join {
+    netback::NetbackQueue& q;
+    std::thread& t;
+    ~Join() {
+      q.stop();
+      if (t.joinable()) t.join();
+    }
+  } join{queue, thread};
+  front.start();
+  const std::string net = host_ip_.substr(0, host_ip_.rfind('.'));
+  const std::string host1 = net + ".5", dom1 = net + ".6";
+  ASSERT_EQ(sh("ip addr add " + host1 + "/30 dev " + vif1), 0);
+  ASSERT_EQ(sh("ip -n " + ns_ + " addr add " + dom1 + "/30 dev eth1"), 0);
+
+  // vif 0 turns hostile and is disabled...
+  front_->stop();
+  auto page = front_->tx_ring_page_for_testing();
+  std::atomic_ref<std::uint32_t> req_prod(*reinterpret_cast<std::uint32_t*>(page.data()));
+  req_prod.store(req_prod.load() + 5000, std::memory_order_release);
+  ASSERT_TRUE(domain_->evtchn().send(front_->tx_port()));
+  for (int i = 0; i < 500 && !queue_->disabled(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(queue_->disabled());
+  // ...while vif 1 carries traffic both ways.
+  EXPECT_EQ(sh("ping -c 3 -i 0.2 -W 3 " + dom1), 0);
+  auto r = tcp_transfer("", host1, netns_path_, 8 << 20, 5);
+  ASSERT_TRUE(r.ok);
+  EXPECT_EQ(r.received_hash, r.sent_hash);
+  EXPECT_FALSE(queue.disabled());
+  front.stop();
+}
+
 TEST(Tap, MultiQueueInsideANamespace) {
   if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v ip") != 0) {
     GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
