@@ -99,7 +99,7 @@ std::vector<std::uint8_t> tcp_frame(std::size_t len) {
   return f;
 }
 
-class QueueTest : public ::testing::Test {
+class NetbackQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
     int sv[2];
@@ -162,7 +162,7 @@ class QueueTest : public ::testing::Test {
   std::unique_ptr<NetbackQueue> queue_;
 };
 
-TEST_F(QueueTest, TxPacketWithGsoAndFragmentsIsAssembled) {
+TEST_F(NetbackQueueTest, TxPacketWithGsoAndFragmentsIsAssembled) {
   start();
   const auto frame = tcp_frame(10000);  // 3 slots
   auto s = slots_for(frame, 16, 1);
@@ -199,7 +199,7 @@ TEST_F(QueueTest, TxPacketWithGsoAndFragmentsIsAssembled) {
   EXPECT_EQ(fe_.notifications(), 1u);
 }
 
-TEST_F(QueueTest, MalformedTxPacketsGetErrorResponses) {
+TEST_F(NetbackQueueTest, MalformedTxPacketsGetErrorResponses) {
   start();
   const auto frame = tcp_frame(100);
   auto ok = slots_for(frame, 16, 0)[0];
@@ -255,7 +255,7 @@ TEST_F(QueueTest, MalformedTxPacketsGetErrorResponses) {
   EXPECT_FALSE(host_read());
 }
 
-TEST_F(QueueTest, APacketWithMissingSlotsDisablesTheQueue) {
+TEST_F(NetbackQueueTest, APacketWithMissingSlotsDisablesTheQueue) {
   start();
   auto s = slots_for(tcp_frame(5000), 16, 0);
   fe_.tx(s[0]);  // more_data, but the second slot is never published
@@ -264,7 +264,7 @@ TEST_F(QueueTest, APacketWithMissingSlotsDisablesTheQueue) {
   EXPECT_TRUE(queue_->disabled());
 }
 
-TEST_F(QueueTest, ABadProducerIndexDisablesTheQueueForGood) {
+TEST_F(NetbackQueueTest, ABadProducerIndexDisablesTheQueueForGood) {
   start();
   std::atomic_ref<std::uint32_t> req_prod(*reinterpret_cast<std::uint32_t*>(fe_.tx_ring_page().data()));
   req_prod.store(1000, std::memory_order_release);
@@ -275,7 +275,7 @@ TEST_F(QueueTest, ABadProducerIndexDisablesTheQueueForGood) {
   EXPECT_EQ(fe_.notifications(), 0u);
 }
 
-TEST_F(QueueTest, RxFillsPostedBuffersWithGsoExtra) {
+TEST_F(NetbackQueueTest, RxFillsPostedBuffersWithGsoExtra) {
   start();
   for (std::uint16_t i = 0; i < 8; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
   fe_.rx_push();
@@ -310,7 +310,7 @@ TEST_F(QueueTest, RxFillsPostedBuffersWithGsoExtra) {
   EXPECT_EQ(queue_->counters().rx_bytes.load(), 9000u);
 }
 
-TEST_F(QueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
+TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 0;  // drop as soon as a packet finds no buffers twice
   start(cfg);
@@ -332,7 +332,7 @@ TEST_F(QueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
   EXPECT_EQ(fe_.notifications(), 1u);
 }
 
-TEST_F(QueueTest, RxWaitsForBuffersWithinTheStallTime) {
+TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 60000;
   start(cfg);
@@ -353,7 +353,7 @@ TEST_F(QueueTest, RxWaitsForBuffersWithinTheStallTime) {
   EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
 }
 
-TEST_F(QueueTest, RxGsoTheFrontendDidNotNegotiateIsDropped) {
+TEST_F(NetbackQueueTest, RxGsoTheFrontendDidNotNegotiateIsDropped) {
   start();
   fe_.post_rx(0, fe_.grant(100, false));
   fe_.rx_push();
@@ -367,7 +367,7 @@ TEST_F(QueueTest, RxGsoTheFrontendDidNotNegotiateIsDropped) {
   EXPECT_EQ(queue_->counters().rx_dropped.load(), 1u);
 }
 
-TEST_F(QueueTest, BothDirectionsTakeTurns) {
+TEST_F(NetbackQueueTest, BothDirectionsTakeTurns) {
   NetbackConfig cfg;
   cfg.fair = {/*quantum_bytes=*/3000, /*max_packets=*/64};
   start(cfg);
@@ -389,7 +389,7 @@ TEST_F(QueueTest, BothDirectionsTakeTurns) {
   EXPECT_EQ(queue_->counters().rx_turns.load(), 3u);  // the third finds the TAP empty
 }
 
-TEST_F(QueueTest, RateLimitHoldsPacketsOnTheRing) {
+TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {
   NetbackConfig cfg;
   cfg.rate_bytes = 1500;
   cfg.rate_usec = 60ull * 1000 * 1000;  // one window per minute: the second packet must wait
@@ -407,7 +407,7 @@ TEST_F(QueueTest, RateLimitHoldsPacketsOnTheRing) {
   EXPECT_GE(queue_->counters().rate_limited.load(), 1u);
 }
 
-TEST_F(QueueTest, RunStopsOnRequestAndMovesTraffic) {
+TEST_F(NetbackQueueTest, RunStopsOnRequestAndMovesTraffic) {
   start();
   std::thread t([this] { queue_->run(); });
   const auto frame = tcp_frame(1500);
