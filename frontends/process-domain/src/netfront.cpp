@@ -241,6 +241,12 @@ bool Netfront::rx_responses() noexcept {
       deliver_rx();
       rx_in_packet_ = false;
       ++packets;
+      // Give the buffers back as soon as a whole packet's worth is free, not at the end of the
+      // batch: the backend may be waiting for them (no pipeline bubble while we deliver).
+      if (rx_to_post_ >= kMaxDataSlots + 1) {
+        post_rx(rx_to_post_);
+        rx_to_post_ = 0;
+      }
     }
   }
   if (rx_to_post_ > 0 && !broken()) {
