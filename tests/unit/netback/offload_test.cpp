@@ -1,6 +1,12 @@
 // vnet header ↔ netif offload translation and the header parser behind it.
 #include <gtest/gtest.h>
+// The uapi header names a struct field `class` (virtio_net_ctrl_hdr), not valid C++: rename it
+// for this one include.
+#define class class_
+#include <linux/virtio_net.h>
+#undef class
 
+#include <cstddef>
 #include <vector>
 
 #include "xpv/netback/offload.h"
@@ -42,6 +48,24 @@ std::vector<std::uint8_t> ipv6_tcp(bool hop_by_hop) {
   tcp[12] = 5 << 4;
   f.insert(f.end(), tcp.begin(), tcp.end());
   return f;
+}
+
+// VnetHdr is struct virtio_net_hdr: the same size, offsets and constants as the kernel's header.
+TEST(VnetHdr, MatchesTheKernelHeader) {
+  EXPECT_EQ(sizeof(VnetHdr), sizeof(virtio_net_hdr));
+  EXPECT_EQ(offsetof(VnetHdr, flags), offsetof(virtio_net_hdr, flags));
+  EXPECT_EQ(offsetof(VnetHdr, gso_type), offsetof(virtio_net_hdr, gso_type));
+  EXPECT_EQ(offsetof(VnetHdr, hdr_len), offsetof(virtio_net_hdr, hdr_len));
+  EXPECT_EQ(offsetof(VnetHdr, gso_size), offsetof(virtio_net_hdr, gso_size));
+  EXPECT_EQ(offsetof(VnetHdr, csum_start), offsetof(virtio_net_hdr, csum_start));
+  EXPECT_EQ(offsetof(VnetHdr, csum_offset), offsetof(virtio_net_hdr, csum_offset));
+  EXPECT_EQ(kVnetFNeedsCsum, VIRTIO_NET_HDR_F_NEEDS_CSUM);
+  EXPECT_EQ(kVnetFDataValid, VIRTIO_NET_HDR_F_DATA_VALID);
+  EXPECT_EQ(kVnetGsoNone, VIRTIO_NET_HDR_GSO_NONE);
+  EXPECT_EQ(kVnetGsoTcpv4, VIRTIO_NET_HDR_GSO_TCPV4);
+  EXPECT_EQ(kVnetGsoUdp, VIRTIO_NET_HDR_GSO_UDP);
+  EXPECT_EQ(kVnetGsoTcpv6, VIRTIO_NET_HDR_GSO_TCPV6);
+  EXPECT_EQ(kVnetGsoEcn, VIRTIO_NET_HDR_GSO_ECN);
 }
 
 TEST(ParseL4, Ipv4TcpWithOptions) {
