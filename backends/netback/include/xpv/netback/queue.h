@@ -1,0 +1,159 @@
+// NetbackQueue — one netif queue of one vif (a tx ring, an rx ring, one or two event channels and
+// one TAP fd), served by one data-plane thread (DESIGN.md §3).
+//
+//   guest TX: tx ring ──pop (copies)──► validate slots ──map grants ro──► VnetHdr + iovec
+//             ──writev──► TAP (host stack)          responses in ring order, one per slot
+//   guest RX: TAP ──readv (VnetHdr + frame)──► wait for enough posted rx buffers ──grant COPY into
+//             them──► rx responses (+ GSO extra-info slot)     request-rx-copy is the only mode
+//
+// Fairness: a FairScheduler (fair_scheduler.h) decides which direction runs next; each turn
+// moves a bounded batch (quantum bytes, max packets), responses are pushed after every turn, so a
+// bulk TX stream cannot starve RX or the other way round.
+//
+// Bounded buffering (the XSA-392 lesson): netback holds at most ONE packet read from the TAP.
+// While the frontend has not posted enough rx buffers for it, the TAP is not read (the kernel's
+// queue in front of the TAP is bounded and drops, counted by the host); once the packet has
+// waited rx_stall_ms the queue drops it and every packet it reads while the frontend still posts
+// no buffers, counting each in rx_dropped.
+//
+// Guest faults, in DESIGN.md §5's tiers:
+//   malformed packet (size < 14, a slot with offset+size past its page, more than
+//   kXenNetifNrSlotsMin slots, fragment sizes above the packet size, bad/unknown extra info, a
+//   grant that cannot be mapped, offload metadata that does not parse)
+//                → NETIF_RSP_ERROR for each of its slots (NULL for extra slots) + rate-limited log
+//   protocol violation (bad producer index; a packet whose slots are not all on the ring)
+//                → the queue is disabled (sticky): nothing more is read from its rings.
+// Notifications: only after pushing new responses, and only when the ring's event index asks
+// (late-EOI frontends count an event without new responses as spurious).
+//
+// Threading: everything runs on the queue's thread (run() or poll_once()); stop() from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <sys/uio.h>
+#include <vector>
+
+#include "xpv/domain/dom0_port.h"
+#include "xpv/domain/event_fd.h"
+#include "xpv/gnttab/mapper.h"
+#include "xpv/netback/fair_scheduler.h"
+#include "xpv/netback/offload.h"
+#include "xpv/netback/rate_limiter.h"
+#include "xpv/ring/netif.h"
+
+namespace xpv::netback {
+
+struct NetbackConfig {
+  bool sg = true;        // frontend's feature-sg: rx packets may span several slots
+  GsoCaps rx_gso;        // frontend's feature-gso-tcpv4/v6: rx packets may carry a GSO extra
+  FairConfig fair;
+  std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
+  std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
+};
+
+// Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
+struct NetbackCounters {
+  std::atomic<std::uint64_t> tx_packets{0}, tx_bytes{0};  // guest → host, written to the TAP
+  std::atomic<std::uint64_t> tx_errors{0};                 // packets answered NETIF_RSP_ERROR
+  std::atomic<std::uint64_t> tx_dropped{0};                // the TAP refused the write
+  std::atomic<std::uint64_t> rx_packets{0}, rx_bytes{0};   // host → guest, delivered
+  std::atomic<std::uint64_t> rx_dropped{0};                // no buffers in time / too big / bad offload
+  std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
+  std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
+  std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
+};
+
+class NetbackQueue {
+ public:
+  static constexpr std::size_t kMaxRxBytes = 17 * ring::kXenPageSize;  // 64 KiB GSO + headers
+
+  // `mapper` belongs to this queue's thread from now on; the rings are attached to the mapped
+  // ring pages; `rx_evtchn` null: one event channel for both rings. `tap_fd` (non-blocking, with
+  // 10-byte vnet headers) is borrowed and must outlive the queue.
+  NetbackQueue(std::string name, gnttab::GrantMapper& mapper, ring::NetifTxBackRing tx,
+               ring::NetifRxBackRing rx, std::unique_ptr<domain::EventChannel> tx_evtchn,
+               std::unique_ptr<domain::EventChannel> rx_evtchn, int tap_fd, NetbackConfig cfg);
+  ~NetbackQueue();
+  NetbackQueue(const NetbackQueue&) = delete;
+  NetbackQueue& operator=(const NetbackQueue&) = delete;
+
+  // The data-plane loop: returns after stop() or once the queue is disabled.
+  void run() noexcept;
+  void stop() noexcept;
+
+  // One pass without blocking (tests drive the queue with it). False once disabled.
+  bool poll_once() noexcept;
+
+  bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
+  const NetbackCounters& counters() const noexcept { return counters_; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  enum class Step { none, moved, dropped, blocked };
+  struct Slot {
+    std::uint16_t id = 0;
+    bool extra = false;
+    std::uint16_t offset = 0, len = 0;
+    gnttab::GrantRef gref = 0;
+  };
+
+  bool pass() noexcept;  // one pass of the loop (run() and poll_once())
+  std::uint64_t now_us() const noexcept;
+  bool tx_has_work() noexcept;
+  bool rx_has_work() noexcept;
+  bool tx_turn() noexcept;
+  bool rx_turn() noexcept;
+  Step tx_one(std::size_t& bytes) noexcept;
+  Step rx_one(std::size_t& bytes) noexcept;
+  bool rx_fill() noexcept;  // read one packet into the pending buffer; false: none
+  void tx_respond(std::int16_t status) noexcept;
+  void push_and_notify() noexcept;
+  void disable(const char* why) noexcept;
+  template <class... Args>
+  void guest_error(const char* fmt, Args&&... args) noexcept;
+
+  std::string name_;
+  gnttab::GrantMapper& mapper_;
+  ring::NetifTxBackRing tx_;
+  ring::NetifRxBackRing rx_;
+  std::unique_ptr<domain::EventChannel> tx_evtchn_, rx_evtchn_;
+  int tap_;
+  NetbackConfig cfg_;
+  FairScheduler sched_;
+  CreditLimiter limiter_;
+  domain::EventFd stop_;
+  std::atomic<bool> disabled_{false};
+  NetbackCounters counters_;
+  std::uint64_t guest_errors_logged_ = 0;
+
+  // TX state.
+  std::optional<ring::NetifTxRequest> tx_held_;  // first slot of a packet waiting for credit
+  bool tx_rate_blocked_ = false;
+  bool tx_resp_pending_ = false;
+  std::vector<Slot> tx_slots_;
+  std::vector<gnttab::GrantHandle> tx_maps_;
+  std::vector<iovec> tx_iov_;
+  VnetHdr tx_vnet_{};
+  std::vector<std::uint8_t> tx_hdr_;  // the first bytes of a packet, contiguous, for parsing
+
+  // RX state.
+  VnetHdr rx_vnet_{};
+  std::vector<std::uint8_t> rx_buf_;
+  std::size_t rx_len_ = 0;        // bytes of the pending packet (0: none)
+  bool rx_pending_ = false;
+  bool tap_readable_ = true;
+  bool rx_stalled_ = false;       // the pending packet waits for rx buffers
+  std::uint64_t rx_stall_since_ = 0;
+  ring::RingIdx rx_need_ = 0;     // rx requests the pending packet needs
+  bool rx_resp_pending_ = false;
+  std::vector<ring::NetifRxRequest> rx_reqs_;
+  std::vector<gnttab::CopyOp> rx_ops_;
+  bool busy_ = false;             // poll_once left work behind: do not sleep
+};
+
+}  // namespace xpv::netback

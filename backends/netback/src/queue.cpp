@@ -1,0 +1,520 @@
+#include "xpv/netback/queue.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+namespace xpv::netback {
+
+using namespace xpv::ring;
+
+namespace {
+constexpr std::size_t kPage = kXenPageSize;
+constexpr std::size_t kHdrCopy = 256;  // header bytes gathered for offload parsing
+constexpr int kTurnsPerPoll = 32;      // turns before re-checking the stop fd and event channels
+}  // namespace
+
+template <class... Args>
+void NetbackQueue::guest_error(const char* format, Args&&... args) noexcept {
+  // A guest can send bad packets at line rate: log the first few, then one in a thousand.
+  ++guest_errors_logged_;
+  if (guest_errors_logged_ > 10 && guest_errors_logged_ % 1000 != 0) return;
+  try {
+    spdlog::warn("{}: {}{}", name_, fmt::format(fmt::runtime(format), std::forward<Args>(args)...),
+                 guest_errors_logged_ > 10 ? " (rate-limited)" : "");
+  } catch (...) {
+  }
+}
+
+NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifTxBackRing tx,
+                           NetifRxBackRing rx, std::unique_ptr<domain::EventChannel> tx_evtchn,
+                           std::unique_ptr<domain::EventChannel> rx_evtchn, int tap_fd,
+                           NetbackConfig cfg)
+    : name_(std::move(name)),
+      mapper_(mapper),
+      tx_(std::move(tx)),
+      rx_(std::move(rx)),
+      tx_evtchn_(std::move(tx_evtchn)),
+      rx_evtchn_(std::move(rx_evtchn)),
+      tap_(tap_fd),
+      cfg_(cfg),
+      sched_(cfg.fair),
+      limiter_(cfg.rate_bytes, cfg.rate_usec) {
+  if (!tx_evtchn_) throw std::invalid_argument("netback: no event channel");
+  auto s = domain::EventFd::create();
+  if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
+  stop_ = std::move(*s);
+  // Everything the data path needs is allocated here, never on it.
+  tx_slots_.reserve(tx_.size());
+  tx_maps_.reserve(kXenNetifNrSlotsMin);
+  tx_iov_.reserve(kXenNetifNrSlotsMin + 1);
+  tx_hdr_.resize(kHdrCopy);
+  rx_buf_.resize(kMaxRxBytes);
+  rx_reqs_.reserve(kMaxRxBytes / kPage + 2);
+  rx_ops_.reserve(kMaxRxBytes / kPage + 1);
+}
+
+NetbackQueue::~NetbackQueue() = default;
+
+void NetbackQueue::stop() noexcept { (void)stop_.notify(); }
+
+void NetbackQueue::disable(const char* why) noexcept {
+  if (!disabled_.exchange(true, std::memory_order_acq_rel)) {
+    spdlog::error("{}: disabled: {}", name_, why);
+  }
+}
+
+std::uint64_t NetbackQueue::now_us() const noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// ---- guest TX ------------------------------------------------------------------------------------
+
+bool NetbackQueue::tx_has_work() noexcept {
+  if (tx_rate_blocked_) {
+    if (now_us() < limiter_.next_window_us()) return false;
+    tx_rate_blocked_ = false;
+  }
+  if (tx_held_) return true;
+  auto n = tx_.unconsumed_requests();
+  if (!n) {
+    disable(to_string(n.error()));
+    return false;
+  }
+  return *n > 0;
+}
+
+void NetbackQueue::tx_respond(std::int16_t status) noexcept {
+  for (const Slot& s : tx_slots_) {
+    NetifTxResponse rsp{};
+    rsp.id = s.id;
+    rsp.status = s.extra ? kNetifRspNull : status;
+    if (auto r = tx_.produce_response(rsp); !r) {
+      disable(to_string(r.error()));
+      return;
+    }
+  }
+  tx_resp_pending_ = true;
+}
+
+NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
+  bytes = 0;
+  NetifTxRequest first;
+  if (tx_held_) {
+    first = *tx_held_;
+    tx_held_.reset();
+  } else {
+    auto r = tx_.pop_request();
+    if (!r) {
+      if (r.error() != RingError::empty) disable(to_string(r.error()));
+      return Step::none;
+    }
+    first = *r;
+  }
+  if (!limiter_.consume(first.size, now_us())) {
+    tx_held_ = first;  // its other slots stay on the ring until the credit allows it
+    tx_rate_blocked_ = true;
+    counters_.rate_limited.fetch_add(1, std::memory_order_relaxed);
+    return Step::blocked;
+  }
+
+  // Gather every slot of the packet (copies). A frontend publishes a packet's slots together:
+  // one missing is a protocol violation, as in Linux netback.
+  tx_slots_.clear();
+  tx_slots_.push_back({first.id, false, first.offset, first.size, first.gref});
+  const char* bad = nullptr;
+  NetifOffload off;
+  off.csum_blank = (first.flags & kNettxfCsumBlank) != 0;
+  off.data_validated = (first.flags & kNettxfDataValidated) != 0;
+  auto next = [&]() -> std::optional<NetifTxRequest> {
+    auto r = tx_.pop_request();
+    if (!r) {
+      disable(r.error() == RingError::empty ? "a packet's slots are not all on the tx ring"
+                                            : to_string(r.error()));
+      return std::nullopt;
+    }
+    return *r;
+  };
+  if (first.flags & kNettxfExtraInfo) {
+    for (unsigned i = 0;; ++i) {
+      auto r = next();
+      if (!r) return Step::none;
+      const NetifExtraInfo e = netif_extra_from_tx(*r);
+      tx_slots_.push_back({0, true, 0, 0, 0});
+      if (i >= kXenNetifExtraTypeMax) {
+        bad = "too many extra-info slots";
+      } else if (e.type == kXenNetifExtraTypeGso) {
+        off.gso_type = e.u.gso.type;
+        off.gso_size = e.u.gso.size;
+        if (off.gso_type == kXenNetifGsoTypeNone) bad = "GSO extra of type none";
+      } else if (e.type != kXenNetifExtraTypeMcastAdd && e.type != kXenNetifExtraTypeMcastDel) {
+        bad = "unknown extra-info type";  // multicast filters are accepted and ignored
+      }
+      if (!(e.flags & kXenNetifExtraFlagMore)) break;
+    }
+  }
+  std::uint16_t flags = first.flags;
+  std::uint32_t data_slots = 1;
+  std::uint32_t frag_bytes = 0;
+  while (flags & kNettxfMoreData) {
+    auto r = next();
+    if (!r) return Step::none;
+    flags = r->flags;
+    tx_slots_.push_back({r->id, false, r->offset, r->size, r->gref});
+    ++data_slots;
+    frag_bytes += r->size;
+    if (tx_slots_.size() > tx_.size()) {
+      disable("a packet larger than the tx ring");
+      return Step::none;
+    }
+  }
+
+  // Validate (all slots are consumed now: whatever happens, each gets its response).
+  if (!bad && first.size < kEthHeader) bad = "packet shorter than an Ethernet header";
+  if (!bad && data_slots > kXenNetifNrSlotsMin) bad = "too many slots";
+  if (!bad && frag_bytes > first.size) bad = "fragments larger than the packet";
+  if (!bad) tx_slots_.front().len = static_cast<std::uint16_t>(first.size - frag_bytes);
+  if (!bad) {
+    for (const Slot& s : tx_slots_) {
+      if (!s.extra && std::size_t{s.offset} + s.len > kPage) {
+        bad = "a slot crosses its page";
+        break;
+      }
+    }
+  }
+  if (bad) {
+    guest_error("tx packet id {}: {} (size {}, {} slots)", first.id, bad, first.size, tx_slots_.size());
+    tx_respond(kNetifRspError);
+    counters_.tx_errors.fetch_add(1, std::memory_order_relaxed);
+    return Step::dropped;
+  }
+
+  // Map each data slot read-only; gather the first bytes for header parsing.
+  tx_maps_.clear();
+  tx_iov_.clear();
+  tx_iov_.push_back({&tx_vnet_, sizeof tx_vnet_});
+  std::size_t hdr = 0;
+  std::int16_t status = kNetifRspOkay;
+  for (const Slot& s : tx_slots_) {
+    if (s.extra || s.len == 0) continue;
+    auto m = mapper_.map(s.gref, /*readonly=*/true);
+    if (!m) {
+      guest_error("tx packet id {}: grant {}: {}", first.id, s.gref, gnttab::to_string(m.error()));
+      status = kNetifRspError;
+      break;
+    }
+    tx_maps_.push_back(m->handle());
+    const auto data = m->data().subspan(s.offset, s.len);
+    tx_iov_.push_back({const_cast<std::uint8_t*>(data.data()), data.size()});
+    const std::size_t n = std::min(kHdrCopy - hdr, data.size());
+    std::memcpy(tx_hdr_.data() + hdr, data.data(), n);
+    hdr += n;
+  }
+  if (status == kNetifRspOkay) {
+    auto v = vnet_from_netif(off, std::span<const std::uint8_t>(tx_hdr_.data(), hdr));
+    if (!v) {
+      guest_error("tx packet id {}: {}", first.id, to_string(v.error()));
+      status = kNetifRspError;
+    } else {
+      tx_vnet_ = *v;
+      const ssize_t w = ::writev(tap_, tx_iov_.data(), static_cast<int>(tx_iov_.size()));
+      if (w < 0) {
+        // The host stack refused it (queue full, interface down): a drop on the wire, not a
+        // guest fault — the guest is answered OKAY as a NIC would.
+        counters_.tx_dropped.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        counters_.tx_packets.fetch_add(1, std::memory_order_relaxed);
+        counters_.tx_bytes.fetch_add(first.size, std::memory_order_relaxed);
+        bytes = first.size;
+      }
+    }
+  }
+  for (gnttab::GrantHandle h : tx_maps_) {
+    if (auto r = mapper_.unmap(h); !r) {
+      spdlog::critical("{}: unmap of our own grant handle failed: {}", name_, gnttab::to_string(r.error()));
+      std::abort();
+    }
+  }
+  tx_respond(status);
+  if (status != kNetifRspOkay) {
+    counters_.tx_errors.fetch_add(1, std::memory_order_relaxed);
+    return Step::dropped;
+  }
+  return Step::moved;
+}
+
+bool NetbackQueue::tx_turn() noexcept {
+  counters_.tx_turns.fetch_add(1, std::memory_order_relaxed);
+  while (sched_.may_send()) {
+    std::size_t bytes = 0;
+    const Step s = tx_one(bytes);
+    if (s == Step::none || s == Step::blocked || disabled()) return false;
+    sched_.charge(bytes);
+  }
+  return true;
+}
+
+// ---- guest RX ------------------------------------------------------------------------------------
+
+bool NetbackQueue::rx_fill() noexcept {
+  if (rx_pending_) return true;
+  if (!tap_readable_) return false;
+  iovec iov[2] = {{&rx_vnet_, sizeof rx_vnet_}, {rx_buf_.data(), rx_buf_.size()}};
+  const ssize_t n = ::readv(tap_, iov, 2);
+  if (n < 0) {
+    tap_readable_ = false;  // EAGAIN (or an error: poll tells us when to try again)
+    return false;
+  }
+  if (static_cast<std::size_t>(n) <= sizeof(VnetHdr)) return rx_fill();
+  rx_len_ = static_cast<std::size_t>(n) - sizeof(VnetHdr);
+  rx_pending_ = true;
+  return true;
+}
+
+bool NetbackQueue::rx_has_work() noexcept {
+  if (rx_stalled_) {
+    // Did the frontend post buffers, or has the packet waited too long?
+    const bool timed_out = now_us() - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000;
+    auto n = rx_.unconsumed_requests();
+    if (!n) {
+      disable(to_string(n.error()));
+      return false;
+    }
+    // Not yet enough for the pending packet: stay asleep until more come or time runs out.
+    return timed_out || *n >= rx_need_;
+  }
+  return rx_pending_ || tap_readable_;
+}
+
+NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
+  bytes = 0;
+  if (!rx_fill()) return Step::none;
+  auto drop = [&] {
+    rx_pending_ = false;
+    counters_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
+    return Step::dropped;
+  };
+  auto off = netif_from_vnet(rx_vnet_, cfg_.rx_gso);
+  if (!off) return drop();
+  const std::size_t data_slots = std::max<std::size_t>(1, (rx_len_ + kPage - 1) / kPage);
+  const std::size_t need = data_slots + (off->gso_type ? 1 : 0);
+  if ((!cfg_.sg && data_slots > 1) || need > rx_.size()) return drop();
+  auto avail = rx_.unconsumed_requests();
+  if (!avail) {
+    disable(to_string(avail.error()));
+    return Step::none;
+  }
+  if (*avail < need) {
+    const std::uint64_t now = now_us();
+    rx_need_ = static_cast<RingIdx>(need);
+    if (!rx_stalled_) {
+      rx_stalled_ = true;
+      rx_stall_since_ = now;
+      return Step::blocked;
+    }
+    if (now - rx_stall_since_ < std::uint64_t{cfg_.rx_stall_ms} * 1000) return Step::blocked;
+    // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
+    return drop();
+  }
+  rx_stalled_ = false;
+
+  rx_reqs_.clear();
+  for (std::size_t i = 0; i < need; ++i) {
+    auto r = rx_.pop_request();
+    if (!r) {
+      disable(to_string(r.error()));
+      return Step::none;
+    }
+    rx_reqs_.push_back(*r);
+  }
+  // Data goes to request 0, then (after the extra slot's request, whose buffer stays unused)
+  // requests 1+extra ... as netfront expects.
+  const std::size_t extra = off->gso_type ? 1 : 0;
+  rx_ops_.clear();
+  for (std::size_t i = 0; i < data_slots; ++i) {
+    const std::size_t at = i * kPage;
+    const std::size_t len = std::min(kPage, rx_len_ - std::min(rx_len_, at));
+    const NetifRxRequest& req = rx_reqs_[i == 0 ? 0 : i + extra];
+    rx_ops_.push_back(gnttab::CopyOp::to_granter(req.gref, 0, std::span<const std::uint8_t>(rx_buf_.data() + at, len)));
+  }
+  const bool copy_failed = mapper_.copy(rx_ops_) != 0;
+  if (copy_failed) {
+    guest_error("rx: a grant copy into a posted buffer failed");
+    counters_.rx_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  auto produce = [&](const NetifRxResponse& rsp) {
+    if (auto r = rx_.produce_response(rsp); !r) disable(to_string(r.error()));
+  };
+  for (std::size_t i = 0; i < data_slots; ++i) {
+    const NetifRxRequest& req = rx_reqs_[i == 0 ? 0 : i + extra];
+    NetifRxResponse rsp{};
+    rsp.id = req.id;
+    rsp.offset = 0;
+    rsp.status = copy_failed ? kNetifRspError : static_cast<std::int16_t>(rx_ops_[i].src.size());
+    if (i + 1 < data_slots) rsp.flags |= kNetrxfMoreData;
+    if (i == 0) {
+      if (off->csum_blank) rsp.flags |= kNetrxfCsumBlank;
+      if (off->data_validated) rsp.flags |= kNetrxfDataValidated;
+      if (extra) rsp.flags |= kNetrxfExtraInfo;
+    }
+    produce(rsp);
+    if (i == 0 && extra) {
+      NetifExtraInfo e{};
+      e.type = kXenNetifExtraTypeGso;
+      e.u.gso.size = off->gso_size;
+      e.u.gso.type = off->gso_type;
+      produce(netif_extra_to_rx(e));
+    }
+  }
+  rx_resp_pending_ = true;
+  rx_pending_ = false;
+  if (copy_failed) return Step::dropped;
+  counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
+  counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
+  bytes = rx_len_;
+  return Step::moved;
+}
+
+bool NetbackQueue::rx_turn() noexcept {
+  counters_.rx_turns.fetch_add(1, std::memory_order_relaxed);
+  while (sched_.may_send()) {
+    std::size_t bytes = 0;
+    const Step s = rx_one(bytes);
+    if (s == Step::none || s == Step::blocked || disabled()) return false;
+    sched_.charge(bytes);
+  }
+  return true;
+}
+
+// ---- the loop ------------------------------------------------------------------------------------
+
+void NetbackQueue::push_and_notify() noexcept {
+  bool kick_tx = false, kick_rx = false;
+  if (tx_resp_pending_) {
+    tx_resp_pending_ = false;
+    kick_tx = tx_.push_responses();
+  }
+  if (rx_resp_pending_) {
+    rx_resp_pending_ = false;
+    kick_rx = rx_.push_responses();
+  }
+  // Never notify without new responses (late-EOI frontends): only a push that the ring's event
+  // index asks for notifies, and only on the channel of that ring.
+  auto kick = [&](domain::EventChannel& ch) {
+    counters_.notifications.fetch_add(1, std::memory_order_relaxed);
+    if (auto r = ch.notify(); !r) disable("event channel notify failed");
+  };
+  if (rx_evtchn_) {
+    if (kick_tx) kick(*tx_evtchn_);
+    if (kick_rx) kick(*rx_evtchn_);
+  } else if (kick_tx || kick_rx) {
+    kick(*tx_evtchn_);
+  }
+}
+
+bool NetbackQueue::poll_once() noexcept {
+  tap_readable_ = true;  // no poll() told us: just try (one EAGAIN at worst)
+  return pass();
+}
+
+bool NetbackQueue::pass() noexcept {
+  if (disabled()) return false;
+  busy_ = false;
+  for (int t = 0; t < kTurnsPerPoll && !disabled(); ++t) {
+    const bool tx_ready = tx_has_work();
+    const bool rx_ready = !disabled() && rx_has_work();
+    if (disabled()) break;
+    auto d = sched_.begin_turn(tx_ready, rx_ready);
+    if (!d) break;
+    const bool more = *d == Dir::tx ? tx_turn() : rx_turn();
+    sched_.end_turn(more);
+    if (!disabled()) push_and_notify();
+    if (t + 1 == kTurnsPerPoll) busy_ = true;
+  }
+  if (disabled()) return false;
+  // Before sleeping: re-arm the event indexes and look once more (no lost wake-up).
+  if (!tx_rate_blocked_ && !tx_held_) {
+    auto more = tx_.final_check_for_requests();
+    if (!more) {
+      disable(to_string(more.error()));
+      return false;
+    }
+    if (*more) busy_ = true;
+  }
+  if (rx_stalled_) {
+    // Waiting for rx buffers: the usual final check (req_event = req_cons + 1) would be already
+    // passed while some buffers are posted but not enough, and we would spin. Ask instead to be
+    // notified at the next buffer after those posted now (Linux netback does the same), then
+    // look again.
+    auto n = rx_.unconsumed_requests();
+    if (n) {
+      std::atomic_ref<RingIdx> req_event(*reinterpret_cast<RingIdx*>(
+          rx_.bytes().data() + offsetof(SharedRingHeader, req_event)));
+      req_event.store(rx_.req_cons() + *n + 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read
+      n = rx_.unconsumed_requests();
+    }
+    if (!n) {
+      disable(to_string(n.error()));
+      return false;
+    }
+    if (*n >= rx_need_) busy_ = true;
+  }
+  return true;
+}
+
+void NetbackQueue::run() noexcept {
+  try {
+    while (pass()) {
+      pollfd fds[4];
+      int n = 0;
+      fds[n++] = {stop_.fd(), POLLIN, 0};
+      fds[n++] = {tx_evtchn_->wait_fd(), POLLIN, 0};
+      const int rx_at = rx_evtchn_ ? n : -1;
+      if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
+      // The TAP is only read while a packet can be taken (bounded buffering).
+      const int tap_at = n;
+      fds[n++] = {tap_, static_cast<short>(rx_stalled_ || rx_pending_ ? 0 : POLLIN), 0};
+      int timeout = -1;
+      const std::uint64_t now = now_us();
+      if (busy_) {
+        timeout = 0;
+      } else {
+        if (tx_rate_blocked_) {
+          const std::uint64_t at = limiter_.next_window_us();
+          timeout = static_cast<int>(std::min<std::uint64_t>(at > now ? (at - now + 999) / 1000 : 0, 1000));
+        }
+        if (rx_stalled_) {
+          const std::uint64_t at = rx_stall_since_ + std::uint64_t{cfg_.rx_stall_ms} * 1000;
+          const int t = static_cast<int>(std::min<std::uint64_t>(at > now ? (at - now + 999) / 1000 : 0, 1000));
+          timeout = timeout < 0 ? t : std::min(timeout, t);
+        }
+      }
+      if (::poll(fds, static_cast<nfds_t>(n), timeout) < 0 && errno != EINTR) {
+        disable("poll failed");
+        break;
+      }
+      counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
+      if (fds[0].revents) break;
+      if (fds[1].revents) (void)tx_evtchn_->consume();
+      if (rx_at >= 0 && fds[rx_at].revents) (void)rx_evtchn_->consume();
+      if (fds[tap_at].revents) tap_readable_ = true;
+    }
+    if (!disabled()) push_and_notify();
+  } catch (...) {
+    disable("unexpected exception on the data-plane thread");
+  }
+}
+
+}  // namespace xpv::netback
