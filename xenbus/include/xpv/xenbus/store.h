@@ -66,6 +66,11 @@ class Sink {
 // Side effects the core asks of the daemon. Called synchronously; they must not call back into
 // the Store (a transport closing a released domain's ring defers that with post()).
 struct Hooks {
+  // Called by INTRODUCE for a domain not yet introduced, before anything is recorded: the daemon
+  // attaches the domain's ring here. An error is the INTRODUCE reply and nothing is recorded
+  // (no @introduceDomain). Unset: the domain is recorded without a ring.
+  std::function<Expected<void, wire::Error>(DomId, std::uint64_t mfn, std::uint32_t port)> attach;
+  // Called after a domain was recorded as introduced (logging).
   std::function<void(DomId, std::uint64_t mfn, std::uint32_t port)> introduced;
   std::function<void(DomId)> released;
   std::function<void(std::string_view)> print;             // CONTROL print
