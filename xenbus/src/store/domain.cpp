@@ -46,6 +46,7 @@ Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint
   d.port = port;
   if (hooks_.introduced) hooks_.introduced(domid, mfn, port);
   fire(PendingEvent{"@introduceDomain", true, {}});
+  if (!handling_) flush_events();  // called directly by the daemon, not through a request
   return {};
 }
 
@@ -61,6 +62,7 @@ Expected<void, Error> Store::release(DomId domid) {
   }
   if (hooks_.released) hooks_.released(domid);
   fire(PendingEvent{"@releaseDomain", true, {}});
+  if (!handling_) flush_events();  // a domain that died: no request to answer first
   return {};
 }
 

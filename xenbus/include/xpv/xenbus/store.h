@@ -181,6 +181,7 @@ class Store {
   ConnId next_conn_ = 1;
   std::map<DomId, Domain> domains_;
   std::vector<std::pair<ConnId, std::string>> outbox_;  // watch events after the reply
+  bool handling_ = false;  // inside handle(): events go out after the reply; else at once
 };
 
 }  // namespace xpv::xenbus
