@@ -101,7 +101,15 @@ TEST(XenbusState, BackendIgnoresStatesThatAreNotTheFrontends) {
 TEST(XenbusState, FrontendFollowsABackendThatCloses) {
   auto f = frontend_step(S::connected, S::closing);
   EXPECT_EQ(f.action, FrontendAction::disconnect);
-  EXPECT_EQ(f.next, S::closing);
+  EXPECT_EQ(f.next, S::closed) << "straight to Closed, as Linux's xenbus_frontend_closed";
+  // The backend then sees Closed and finishes.
+  auto b = backend_step(S::closing, f.next, false);
+  EXPECT_EQ(b.action, BackendAction::disconnect_remove);
+  EXPECT_EQ(b.next, S::closed);
+  // A frontend that closed itself (Closing) follows the backend's Closing the same way.
+  f = frontend_step(S::closing, S::closing);
+  EXPECT_EQ(f.action, FrontendAction::disconnect);
+  EXPECT_EQ(f.next, S::closed);
   f = frontend_step(S::closing, S::closed);
   EXPECT_EQ(f.action, FrontendAction::disconnect);
   EXPECT_EQ(f.next, S::closed);

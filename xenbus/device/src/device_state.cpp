@@ -69,7 +69,12 @@ FrontendStep frontend_step(XenbusState frontend, XenbusState backend) noexcept {
       if (frontend == S::initialising) return {A::setup, S::initialised};
       return {A::none, frontend};
     case S::closing:
-      if (frontend == S::connected || frontend == S::initialised) return {A::disconnect, S::closing};
+      // The backend is going away (toolstack detach, or it answered our own Closing): stop and
+      // go straight to Closed, as Linux's xenbus_frontend_closed does. Stopping at Closing would
+      // leave both ends in Closing, since a backend moves on only when it sees Closed.
+      if (frontend == S::connected || frontend == S::initialised || frontend == S::closing) {
+        return {A::disconnect, S::closed};
+      }
       return {A::none, frontend};
     case S::closed:
       if (frontend == S::closing || frontend == S::connected || frontend == S::initialised) {

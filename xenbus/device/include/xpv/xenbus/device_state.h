@@ -13,7 +13,9 @@
 //                                          ───► 4 Connected
 //   ... I/O ...
 //   5 Closing   ◄── (rings unmapped)         ◄─ 5 Closing      (or the toolstack asks: backend
-//   6 Closed                                 ─► 6 Closed        goes Closing first)
+//   6 Closed                                 ─► 6 Closed        goes Closing first; a frontend
+//                                                              that sees backend Closing stops
+//                                                              and goes to Closed directly)
 //   2 InitWait  ◄── (frontend reconnects:    ◄─ 1 Initialising
 //                    module reload, kexec)
 //
