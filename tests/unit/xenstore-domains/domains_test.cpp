@@ -190,6 +190,12 @@ TEST_F(Domains, ReleaseDropsTheRing) {
   start_domain();
   ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
   ASSERT_TRUE(client_->wait_connected(3000ms));
+  // RELEASE and INTRODUCE back to back (the ring's drop is still queued): the new attach wins.
+  ASSERT_TRUE(on_xs([&] {
+    auto r = store_->release(7);
+    return r && store_->introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port());
+  }));
+  EXPECT_EQ(client_->read("name").value_or(""), "seven");
   ASSERT_TRUE(on_xs([&] { return store_->release(7); }));
   EXPECT_TRUE(eventually([&] { return on_xs([&] { return domains_->attached(); }) == 0u; }));
   client_->set_timeout(200ms);

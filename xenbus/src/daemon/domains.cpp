@@ -36,6 +36,20 @@ Domains::~Domains() {
 }
 
 Expected<void, wire::Error> Domains::attach(DomId domid, std::uint64_t mfn, std::uint32_t port) {
+  // A RELEASE whose drop is still queued: let go of the old binding now so that the port is
+  // unbound for dom0 again (the posted drop closes the old ring; it cannot run inside this call).
+  if (auto it = doms_.find(domid); it != doms_.end()) {
+    auto old = it->second;
+    doms_.erase(it);
+    if (old->foreign && old->port) {
+      try {
+        old->foreign->unbind(old->dom0_port);
+      } catch (const std::exception&) {
+      }
+      old->port.reset();
+    }
+    asio::post(io_, [this, old] { drop(old); });
+  }
   auto a = std::make_shared<Attached>();
   a->domid = domid;
   try {
@@ -119,7 +133,7 @@ void Domains::drop(const std::shared_ptr<Attached>& a) {
     boost::system::error_code ignored;
     a->death->close(ignored);
   }
-  if (a->foreign && a->port) {
+  if (a->foreign && a->port) {  // not already unbound by a re-introduce
     try {
       a->foreign->unbind(a->dom0_port);
     } catch (const std::exception&) {
