@@ -129,12 +129,13 @@ class XsFront : public ::testing::Test {
       return {};
     }));
   }
-  void start_front(unsigned d) {
-    front_.emplace(std::vector<std::string>{XPV_FRONT_BIN, "--domid", std::to_string(d), "--name",
-                                            "xsfront-" + std::to_string(d), "--memory", "128",
-                                            "--run-dir", run_, "--foreground", "--log-level", "warn",
-                                            "--xenstore-timeout", "20"},
-                   std::vector<std::string>{});
+  void start_front(unsigned d, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{XPV_FRONT_BIN, "--domid", std::to_string(d), "--name",
+                                  "xsfront-" + std::to_string(d), "--memory", "128",
+                                  "--run-dir", run_, "--foreground", "--log-level", "warn",
+                                  "--xenstore-timeout", "20"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    front_.emplace(argv, std::vector<std::string>{});
     auto line = front_->read_line(10s);
     ASSERT_TRUE(line.has_value()) << "xpv-front printed nothing";
     ASSERT_EQ(*line, "ready");
@@ -185,13 +186,14 @@ class XsFront : public ::testing::Test {
     return dom0_->read(fe_path(d, dev) + "/state").value_or("?");
   }
   // Backend: features, then InitWait.
-  void offer(unsigned d, const std::string& dev, std::uint32_t indirect = 256) {
+  void offer(unsigned d, const std::string& dev, std::uint32_t indirect = 256,
+             std::uint32_t max_order = 0) {
     const std::string be = be_path(d, dev);
     for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
              {"feature-flush-cache", "1"}, {"feature-discard", "1"}, {"discard-granularity", "4096"},
              {"discard-alignment", "0"}, {"discard-secure", "0"},
              {"feature-max-indirect-segments", std::to_string(indirect)},
-             {"max-ring-page-order", "0"}, {"multi-queue-max-queues", "1"},
+             {"max-ring-page-order", std::to_string(max_order)}, {"multi-queue-max-queues", "1"},
              {"feature-persistent", "0"}, {"state", "2"}}) {
       ASSERT_TRUE(dom0_->write(be + "/" + k, v));
     }
@@ -485,6 +487,26 @@ TEST_F(XsFront, ABackendTheDomainMayNotReadIsNeverUsed) {
   ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
   EXPECT_EQ(front_state(5, "51728"), "1");
   EXPECT_FALSE(dom0_->read(fe_path(5, "51728") + "/ring-ref"));
+}
+
+TEST_F(XsFront, MultiPageRingAndIndirectSegmentsAreNegotiated) {
+  // The backend offers order 2 and 64 indirect segments; xpv-front may use up to order 1: it
+  // publishes ring-page-order = 1 with ring-ref0/1 (no ring-ref), as blkif.h describes.
+  const std::string image = make_image(16 << 20);
+  write_domain_nodes(5);
+  ASSERT_NO_FATAL_FAILURE(start_front(5, {"--max-ring-page-order", "1"}));
+  ASSERT_NO_FATAL_FAILURE(introduce_front(5));
+  ASSERT_NO_FATAL_FAILURE(add_vbd(5, "51712", image, false));
+  ASSERT_NO_FATAL_FAILURE(offer(5, "51712", 64, 2));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
+  const std::string fe = fe_path(5, "51712");
+  EXPECT_EQ(dom0_->read(fe + "/ring-page-order").value_or(""), "1");
+  EXPECT_TRUE(dom0_->read(fe + "/ring-ref0"));
+  EXPECT_TRUE(dom0_->read(fe + "/ring-ref1"));
+  EXPECT_FALSE(dom0_->read(fe + "/ring-ref2"));
+  EXPECT_FALSE(dom0_->read(fe + "/ring-ref"));
+  EXPECT_EQ(dom0_->read(fe + "/feature-persistent").value_or(""), "0");
+  EXPECT_TRUE(dom0_->read(fe + "/event-channel"));
 }
 
 }  // namespace
