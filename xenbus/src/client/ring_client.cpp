@@ -5,8 +5,9 @@
 // watch thread never takes lock_ while holding watch_lock_).
 #include "xpv/xenbus/client/ring_client.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
 
 #include "xpv/ring/byte_ring.h"
@@ -120,7 +121,7 @@ bool RingClient::pump(std::unique_lock<std::mutex>&) {
   auto rsp = ring::xenstore_rsp_ring(*intf_);
   bool moved = false;
   const auto broken = [this](const char* what) {
-    std::fprintf(stderr, "xenstore ring client: %s; the ring is unusable\n", what);
+    spdlog::error("xenstore ring client: {}; the ring is unusable", what);
     broken_.store(true, std::memory_order_release);
     fail_all_locked();
     reply_cv_.notify_all();
@@ -211,9 +212,9 @@ void RingClient::watch_loop() {
     try {
       fn();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "xenstore ring client: a watch callback threw: %s\n", e.what());
+      spdlog::error("xenstore ring client: a watch callback threw: {}", e.what());
     } catch (...) {
-      std::fprintf(stderr, "xenstore ring client: a watch callback threw\n");
+      spdlog::error("xenstore ring client: a watch callback threw");
     }
     l.lock();
   }
@@ -260,9 +261,9 @@ Result<std::string> RingClient::request(MsgType type, std::string payload, TxId 
     pending_.erase(id);
     ++stats_.timeouts;
     l.unlock();
-    std::fprintf(stderr, "xenstore ring client: %s %s: no reply within %lld ms\n",
-                 wire::type_name(static_cast<std::uint32_t>(type)), first_arg(payload).c_str(),
-                 static_cast<long long>(timeout.count()));
+    spdlog::warn("xenstore ring client: {} {}: no reply within {} ms",
+                 wire::type_name(static_cast<std::uint32_t>(type)), first_arg(payload),
+                 timeout.count());
     return fail(Error::eio);
   }
   if (p->header.type == static_cast<std::uint32_t>(MsgType::error)) {

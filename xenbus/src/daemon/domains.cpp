@@ -64,7 +64,7 @@ Expected<void, wire::Error> Domains::attach(DomId domid, std::uint64_t mfn, std:
     }
     auto page = a->foreign->memory().page(xs.gfn);
     if (!page) {
-      spdlog::warn("xenstore: introduce dom{}: gfn {:#x} is outside its memory", domid, xs.gfn);
+      spdlog::warn("xenstored: introduce dom{}: gfn {:#x} is outside its memory", domid, xs.gfn);
       return fail(wire::Error::einval);
     }
     a->port = std::shared_ptr<domain::Dom0Port>(a->foreign->bind(port, &a->dom0_port));
