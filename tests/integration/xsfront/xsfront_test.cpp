@@ -104,9 +104,16 @@ class XsFront : public ::testing::Test {
     front_.reset();  // SIGKILL if still running
     dom0_.reset();
     xsd_.reset();
-    // Nothing of ours may stay mounted, whatever happened.
-    for (const auto& p : mounts_) {
-      if (mounted(p)) (void)!std::system(("umount -l " + p).c_str());
+    // Nothing of ours may stay mounted, whatever happened (a killed xpv-front leaves its FUSE
+    // mounts behind): every mount under our run dir goes.
+    if (!run_.empty()) {
+      std::ifstream m("/proc/mounts");
+      std::string dev, where, rest;
+      std::vector<std::string> ours;
+      while (m >> dev >> where && std::getline(m, rest)) {
+        if (where.rfind(run_ + "/", 0) == 0) ours.push_back(where);
+      }
+      for (const auto& p : ours) (void)!std::system(("umount -l " + p).c_str());
     }
   }
   std::pair<int, int> counts() {
@@ -243,7 +250,6 @@ class XsFront : public ::testing::Test {
   }
   std::string disk_file(unsigned d, const std::string& dev) {
     const std::string mnt = run_ + "/dom" + std::to_string(d) + "/vbd/" + dev;
-    mounts_.insert(mnt);
     return mnt + "/disk";
   }
   std::string image_bytes(const std::string& image, off_t off, std::size_t n) {
@@ -274,7 +280,6 @@ class XsFront : public ::testing::Test {
   std::optional<test::Proc> front_;
   std::mutex m_;
   int introduced_ = 0, released_ = 0;
-  std::set<std::string> mounts_;
   std::unique_ptr<blkback::Disk> disk_;
   std::unique_ptr<domain::ForeignDomain> foreign_;
   std::unique_ptr<gnttab::GrantMapper> mapper_;
