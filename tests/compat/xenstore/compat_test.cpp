@@ -135,12 +135,21 @@ TEST_F(XenstoreCompat, GetAndSetPermissions) {
 }
 
 TEST_F(XenstoreCompat, IntroduceAndReleaseFireSpecialWatches) {
-  auto r = client("introduce");
+  // INTRODUCE attaches the domain's ring through its control socket: a real domain 5 (an
+  // xpv-front process) with its run dir shared with this daemon.
+  xpv::test::TempDir run_dir;
+  Daemon d(XPV_XENSTORED_BIN, {"--run-dir", run_dir.path()});
+  xpv::test::Proc front({XPV_FRONT_BIN, "--domid", "5", "--name", "compat", "--memory", "16",
+                         "--run-dir", run_dir.path(), "--foreground", "--log-level", "off"},
+                        {});
+  ASSERT_EQ(front.read_line(10s).value_or(""), "ready");
+  auto r = run({XPV_XS_CLIENT_BIN, "introduce"}, d.env());
   EXPECT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_EQ(r.out,
             "event @introduceDomain intro\n"
             "event @releaseDomain rel\n"
             "introduced before: no\n"
+            "introduce missing: EINVAL\n"
             "event @introduceDomain intro\n"
             "introduced after: yes\n"
             "domain path: /local/domain/5\n"

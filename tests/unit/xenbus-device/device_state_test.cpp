@@ -101,29 +101,19 @@ TEST(XenbusState, BackendIgnoresStatesThatAreNotTheFrontends) {
 TEST(XenbusState, FrontendFollowsABackendThatCloses) {
   auto f = frontend_step(S::connected, S::closing);
   EXPECT_EQ(f.action, FrontendAction::disconnect);
-  EXPECT_EQ(f.next, S::closed) << "all the way to Closed, as Linux frontends do";
-  EXPECT_EQ(frontend_step(S::closing, S::closing).next, S::closed);
-  EXPECT_EQ(frontend_step(S::initialised, S::closed).next, S::closed);
+  EXPECT_EQ(f.next, S::closed) << "straight to Closed, as Linux's xenbus_frontend_closed";
+  // The backend then sees Closed and finishes.
+  auto b = backend_step(S::closing, f.next, false);
+  EXPECT_EQ(b.action, BackendAction::disconnect_remove);
+  EXPECT_EQ(b.next, S::closed);
+  // A frontend that closed itself (Closing) follows the backend's Closing the same way.
+  f = frontend_step(S::closing, S::closing);
+  EXPECT_EQ(f.action, FrontendAction::disconnect);
+  EXPECT_EQ(f.next, S::closed);
+  f = frontend_step(S::closing, S::closed);
+  EXPECT_EQ(f.action, FrontendAction::disconnect);
+  EXPECT_EQ(f.next, S::closed);
   EXPECT_EQ(frontend_step(S::closed, S::closed).action, FrontendAction::none);
-  EXPECT_EQ(frontend_step(S::closed, S::closing).action, FrontendAction::none);
-}
-
-// The toolstack removes a connected device: it sets the backend offline and Closing; both ends
-// must reach Closed and the backend must drop the device (no end may wait for the other).
-TEST(XenbusState, ToolstackRemovalConverges) {
-  S back = S::closing, front = S::connected;
-  for (int step = 0; step < 8 && !(back == S::closed && front == S::closed); ++step) {
-    auto f = frontend_step(front, back);
-    front = f.next;
-    auto b = backend_step(back, front, /*online=*/false);
-    if (b.action == BackendAction::disconnect_remove) {
-      EXPECT_EQ(b.next, S::closed);
-    }
-    back = b.next;
-  }
-  EXPECT_EQ(front, S::closed);
-  EXPECT_EQ(back, S::closed);
-  EXPECT_EQ(backend_step(S::closing, S::closed, false).action, BackendAction::disconnect_remove);
 }
 
 TEST(XenbusState, FrontendSetsUpFirstWhenTheBackendIsAlreadyConnected) {
@@ -131,6 +121,26 @@ TEST(XenbusState, FrontendSetsUpFirstWhenTheBackendIsAlreadyConnected) {
   EXPECT_EQ(f.action, FrontendAction::setup);
   EXPECT_EQ(f.next, S::initialised);
   EXPECT_EQ(frontend_step(f.next, S::connected).action, FrontendAction::connect);
+}
+
+// The toolstack removes a connected device: it sets the backend offline and Closing; both ends
+// must reach Closed and the backend must drop the device (no end may wait for the other).
+TEST(XenbusState, ToolstackRemovalConverges) {
+  S back = S::closing, front = S::connected;
+  for (int step = 0; step < 8 && !(back == S::closed && front == S::closed); ++step) {
+    front = frontend_step(front, back).next;
+    back = backend_step(back, front, /*online=*/false).next;
+  }
+  EXPECT_EQ(front, S::closed);
+  EXPECT_EQ(back, S::closed);
+  EXPECT_EQ(backend_step(S::closing, S::closed, false).action, BackendAction::disconnect_remove);
+}
+
+// After a close the frontend may start over; the backend offers the device again and a frontend
+// in Initialising is not sent back to Closed by the backend's old Closed state.
+TEST(XenbusState, ReconnectAfterCloseIsNotBouncedBack) {
+  EXPECT_EQ(frontend_step(S::initialising, S::closed).action, FrontendAction::none);
+  EXPECT_EQ(backend_step(S::closed, S::initialising, true).next, S::init_wait);
 }
 
 }  // namespace

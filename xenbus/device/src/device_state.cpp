@@ -69,12 +69,17 @@ FrontendStep frontend_step(XenbusState frontend, XenbusState backend) noexcept {
       if (frontend == S::initialising) return {A::setup, S::initialised};
       return {A::none, frontend};
     case S::closing:
+      // The backend is going away (toolstack detach, or it answered our own Closing): stop and
+      // go straight to Closed, as Linux's xenbus_frontend_closed does. Stopping at Closing would
+      // leave both ends in Closing, since a backend moves on only when it sees Closed.
+      if (frontend == S::connected || frontend == S::initialised || frontend == S::closing) {
+        return {A::disconnect, S::closed};
+      }
+      return {A::none, frontend};
     case S::closed:
-      // The backend is going away (or the toolstack asked it to: online = 0, state = Closing):
-      // stop I/O and close all the way, as Linux's frontends do (xenbus_frontend_closed). The
-      // backend then sees Closed and closes (or removes the device) itself. Waiting in Closing
-      // for the backend to close first would leave both ends in Closing for ever.
-      if (frontend != S::closed && frontend != S::unknown) return {A::disconnect, S::closed};
+      if (frontend == S::closing || frontend == S::connected || frontend == S::initialised) {
+        return {A::disconnect, S::closed};
+      }
       return {A::none, frontend};
     case S::unknown:
     case S::initialising:

@@ -1,10 +1,12 @@
 // xpv-xenstored — the xenstore daemon.
-//   xpv-xenstored [--socket PATH] [--foreground] [--pid-file F] [--quota KEY=N]... [--log-level L]
+//   xpv-xenstored [--socket PATH] [--run-dir D] [--foreground] [--pid-file F] [--quota KEY=N]...
+//                 [--log-level L]
 // Serves libxenstore clients on a unix socket (default /run/xenstored/socket, what Debian's
 // libxenstore opens; XENSTORED_PATH points clients elsewhere). Without --foreground it
 // daemonizes (double fork, setsid, stdio on /dev/null, logs to syslog) once the socket is
 // listening, so a caller may connect as soon as the parent exits. SIGTERM/SIGINT: clean
-// shutdown removing the socket and the pid file.
+// shutdown removing the socket and the pid file. INTRODUCE attaches the domain's ring through its
+// control socket <run-dir>/dom<N>.sock (daemon/domains.h; default /run/xpv or $XPV_RUN_DIR).
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <spdlog/sinks/syslog_sink.h>
@@ -16,11 +18,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "xpv/xenbus/daemon/domains.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 #include "xpv/xenbus/store.h"
 
@@ -108,7 +112,11 @@ int main(int argc, char** argv) {
   std::string pid_file;
   std::vector<std::string> quota_args;
   std::string log_level = "info";
+  std::string run_dir = "/run/xpv";
+  if (const char* e = std::getenv("XPV_RUN_DIR"); e && *e) run_dir = e;
   app.add_option("--socket", socket_path, "unix socket to listen on")->capture_default_str();
+  app.add_option("--run-dir", run_dir, "where domains' control sockets dom<N>.sock live")
+      ->capture_default_str();
   app.add_flag("--foreground", foreground, "do not daemonize; log to stderr");
   app.add_option("--pid-file", pid_file, "write the daemon's pid here");
   app.add_option("--quota", quota_args,
@@ -159,13 +167,24 @@ int main(int argc, char** argv) {
       if (l) spdlog::set_level(*l);
       return l.has_value();
     };
-    hooks.introduced = [](xpv::xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
-      // No domain control socket yet: the domain is recorded without a ring (README.md).
-      spdlog::info("xenstored: dom{} introduced (mfn {:#x}, port {}); no ring attached", d, mfn,
-                   port);
+    // The hooks reach the domain glue, which needs the Store: created right after it (and so
+    // destroyed before it).
+    xpv::xenbus::daemon::Domains* domains_ptr = nullptr;
+    hooks.attach = [&domains_ptr](xpv::xenbus::DomId d, std::uint64_t mfn, std::uint32_t port)
+        -> xpv::Expected<void, xpv::xenbus::wire::Error> {
+      if (!domains_ptr) return xpv::fail(xpv::xenbus::wire::Error::eio);
+      return domains_ptr->attach(d, mfn, port);
     };
-    hooks.released = [](xpv::xenbus::DomId d) { spdlog::info("xenstored: dom{} released", d); };
+    hooks.introduced = [](xpv::xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
+      spdlog::info("xenstored: dom{} introduced (mfn {:#x}, port {})", d, mfn, port);
+    };
+    hooks.released = [&domains_ptr](xpv::xenbus::DomId d) {
+      spdlog::info("xenstored: dom{} released", d);
+      if (domains_ptr) domains_ptr->released(d);
+    };
     xpv::xenbus::Store store(quotas, hooks);
+    xpv::xenbus::daemon::Domains domains(io, store, run_dir);
+    domains_ptr = &domains;
     xpv::xenbus::daemon::SocketServer server(io, store, socket_path);
 
     if (!foreground) {

@@ -1,8 +1,8 @@
 // Domain table: INTRODUCE, RELEASE, RESUME, SET_TARGET, IS_DOMAIN_INTRODUCED, GET_DOMAIN_PATH.
 //
-// Without a domain control socket (today) INTRODUCE records the domain as introduced with its
-// mfn and event-channel port and fires @introduceDomain; the Hooks::introduced callback is where
-// the daemon will map the domain's ring once domains hand their pages over. Dom0 is always
+// INTRODUCE asks Hooks::attach to attach the domain's ring (the daemon connects to the domain's
+// control socket, maps the page and binds the port); only if that succeeds is the domain
+// recorded with its mfn and event-channel port and @introduceDomain fired. Dom0 is always
 // introduced. RELEASE drops the domain's watches and transactions, keeps its nodes (as Xen does),
 // and fires @releaseDomain.
 #include <fmt/format.h>
@@ -29,19 +29,24 @@ bool Store::is_introduced(DomId domid) const noexcept {
 
 Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint32_t port) {
   if (domid == 0 || domid >= kDomIdFirstReserved) return fail(Error::einval);
-  Domain& d = domains_[domid];
-  if (d.introduced) {
-    // Re-introducing with the same page re-binds the event channel (Xen); another page is a
-    // toolstack bug.
-    if (d.mfn != mfn) return fail(Error::eexist);
-    d.port = port;
+  if (auto it = domains_.find(domid); it != domains_.end() && it->second.introduced) {
+    // Re-introducing with the same page is accepted and records the port (Xen re-binds the
+    // event channel; an attached ring keeps the binding it has); another page is a toolstack bug.
+    if (it->second.mfn != mfn) return fail(Error::eexist);
+    it->second.port = port;
     return {};
   }
+  // Attach first: a domain whose ring cannot be reached is not recorded at all.
+  if (hooks_.attach) {
+    if (auto r = hooks_.attach(domid, mfn, port); !r) return fail(r.error());
+  }
+  Domain& d = domains_[domid];
   d.introduced = true;
   d.mfn = mfn;
   d.port = port;
   if (hooks_.introduced) hooks_.introduced(domid, mfn, port);
   fire(PendingEvent{"@introduceDomain", true, {}});
+  if (!handling_) flush_events();  // called directly by the daemon, not through a request
   return {};
 }
 
@@ -57,6 +62,7 @@ Expected<void, Error> Store::release(DomId domid) {
   }
   if (hooks_.released) hooks_.released(domid);
   fire(PendingEvent{"@releaseDomain", true, {}});
+  if (!handling_) flush_events();  // a domain that died: no request to answer first
   return {};
 }
 

@@ -92,12 +92,14 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
   if (it == conns_.end()) return;
   Conn& c = *it->second;
   Reply r = fail(Error::enomem);
+  handling_ = true;
   try {
     r = dispatch(c, id, h, payload);
   } catch (const std::bad_alloc&) {
     r = fail(Error::enomem);
     outbox_.clear();
   }
+  handling_ = false;
   wire::Header out{h.type, h.req_id, h.tx_id, 0};
   try {
     if (r) {

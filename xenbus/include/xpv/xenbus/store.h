@@ -66,6 +66,11 @@ class Sink {
 // Side effects the core asks of the daemon. Called synchronously; they must not call back into
 // the Store (a transport closing a released domain's ring defers that with post()).
 struct Hooks {
+  // Called by INTRODUCE for a domain not yet introduced, before anything is recorded: the daemon
+  // attaches the domain's ring here. An error is the INTRODUCE reply and nothing is recorded
+  // (no @introduceDomain). Unset: the domain is recorded without a ring.
+  std::function<Expected<void, wire::Error>(DomId, std::uint64_t mfn, std::uint32_t port)> attach;
+  // Called after a domain was recorded as introduced (logging).
   std::function<void(DomId, std::uint64_t mfn, std::uint32_t port)> introduced;
   std::function<void(DomId)> released;
   std::function<void(std::string_view)> print;             // CONTROL print
@@ -176,6 +181,7 @@ class Store {
   ConnId next_conn_ = 1;
   std::map<DomId, Domain> domains_;
   std::vector<std::pair<ConnId, std::string>> outbox_;  // watch events after the reply
+  bool handling_ = false;  // inside handle(): events go out after the reply; else at once
 };
 
 }  // namespace xpv::xenbus

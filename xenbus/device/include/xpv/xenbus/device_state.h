@@ -12,11 +12,10 @@
 //                    bound, geometry written)
 //                                          ───► 4 Connected
 //   ... I/O ...
-//   5 Closing   ◄── (rings unmapped)         ◄─ 5 Closing      (the guest closes)
-//   6 Closed    ◄──                          ◄─ 6 Closed
-//   or, when the toolstack removes the device (backend online = 0, state = 5 Closing):
-//   5 Closing   ───────────────────────────►  stops I/O, 6 Closed
-//   6 Closed, device removed  ◄───────────────
+//   5 Closing   ◄── (rings unmapped)         ◄─ 5 Closing      (or the toolstack asks: backend
+//   6 Closed                                 ─► 6 Closed        goes Closing first; a frontend
+//                                                              that sees backend Closing stops
+//                                                              and goes to Closed directly)
 //   2 InitWait  ◄── (frontend reconnects:    ◄─ 1 Initialising
 //                    module reload, kexec)
 //

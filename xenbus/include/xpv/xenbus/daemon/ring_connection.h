@@ -14,6 +14,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +32,11 @@ class RingConnection final : public Connection,
   // interface or an fd is invalid. Call start() to begin serving.
   RingConnection(boost::asio::io_context& io, Store& store, std::span<std::uint8_t> page,
                  int kick_in_fd, int kick_out_fd, DomId domid);
+  // The same with the outgoing kick as a function (a real domain's event channel: Dom0Port's
+  // notify(), which the daemon's domain glue owns). `kick_out` is called on the io thread and
+  // returns false if the kick could not be sent. Takes ownership of kick_in_fd.
+  RingConnection(boost::asio::io_context& io, Store& store, std::span<std::uint8_t> page,
+                 int kick_in_fd, std::function<bool()> kick_out, DomId domid);
   ~RingConnection() override;
 
   void start();
@@ -53,6 +59,7 @@ class RingConnection final : public Connection,
   ring::XenstoreDomainInterface* intf_;
   boost::asio::posix::stream_descriptor kick_in_;
   int kick_out_fd_;
+  std::function<bool()> kick_out_;
   DomId domid_;
   ConnId id_ = 0;
   wire::Framer framer_;

@@ -1,0 +1,242 @@
+// xpv-front — a process domain (DESIGN.md §1, PROCESS-DOMAINS.md "Domain lifecycle").
+//
+//   xpv-front --domid N --name NAME --memory MiB [--run-dir D] [--foreground] [--log-level L]
+//             [--xenstore-timeout S] [--max-indirect-segments K] [--max-ring-page-order O]
+//
+// Creates domain N (memfd memory, grant table, event channels, control socket <run-dir>/dom<N>.sock),
+// prints `ready` on stdout once the socket listens, then waits (bounded by --xenstore-timeout)
+// until xpv-xenstored serves its xenstore ring — the toolstack introduces the domain after
+// `ready` — and runs the blkfront xenbus driver (VbdDriver) over it: every vbd under
+// /local/domain/N/device/vbd becomes <run-dir>/dom<N>/vbd/<devid>/disk.
+// SIGTERM/SIGINT: every device is closed with the backend (bounded), unmounted, exit 0.
+// Without --foreground it logs to syslog and lets go of stdout after `ready`; it never forks
+// (its pid is the domain's, for the toolstack).
+//
+// Threads: main (signals, start-up, shutdown), the domain's control thread (Asio io_context:
+// control socket, dom0 kicks), the guest event dispatcher (GuestEvents::run), the xenstore ring
+// client's io and watch threads (the driver runs on the latter), FUSE loops per disk.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "xpv/domain/domain.h"
+#include "xpv/frontends/guest_events.h"
+#include "xpv/frontends/vbd_driver.h"
+#include "xpv/xenbus/client/ring_client.h"
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
+  using spdlog::level::level_enum;
+  if (s == "trace") return level_enum::trace;
+  if (s == "debug") return level_enum::debug;
+  if (s == "info") return level_enum::info;
+  if (s == "warn" || s == "warning") return level_enum::warn;
+  if (s == "error") return level_enum::err;
+  if (s == "off") return level_enum::off;
+  return std::nullopt;
+}
+
+// The domain's upcalls go to GuestEvents, which needs the domain's shared_info page: created
+// after the Domain, so the sink forwards.
+struct ForwardingSink : xpv::domain::UpcallSink {
+  void upcall(unsigned v) noexcept override {
+    if (auto* t = target.load(std::memory_order_acquire)) t->upcall(v);
+  }
+  std::atomic<xpv::frontends::GuestEvents*> target{nullptr};
+};
+
+int error(const std::string& msg) {
+  std::fprintf(stderr, "xpv-front: %s\n", msg.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"xpv-front — a process domain: xpv's own PV frontends in a host process"};
+  int domid = 0;
+  std::string name;
+  std::uint64_t memory_mib = 0;
+  std::string run_dir = "/run/xpv";
+  if (const char* e = std::getenv("XPV_RUN_DIR"); e && *e) run_dir = e;
+  bool foreground = false;
+  std::string log_level = "info";
+  unsigned xs_timeout_s = 30;
+  std::uint32_t max_indirect = 256;
+  std::uint32_t max_order = 0;
+  app.add_option("--domid", domid, "domain id (1..32751)")->required();
+  app.add_option("--name", name, "domain name")->required();
+  app.add_option("--memory", memory_mib, "memory in MiB (1..65536)")->required();
+  app.add_option("--run-dir", run_dir, "where dom<N>.sock and dom<N>/ live")->capture_default_str();
+  app.add_flag("--foreground", foreground, "log to stderr and keep stdout (default: syslog)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--xenstore-timeout", xs_timeout_s,
+                 "seconds to wait for xpv-xenstored to serve the ring (1..3600)")
+      ->capture_default_str();
+  app.add_option("--max-indirect-segments", max_indirect,
+                 "indirect segments per request asked for (0..4096)")
+      ->capture_default_str();
+  app.add_option("--max-ring-page-order", max_order, "largest ring page order used (0..4)")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "xpv-front: %s\n", e.what());
+    return 2;
+  }
+  auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "xpv-front: %s\n", m.c_str());
+    return 2;
+  };
+  if (domid < 1 || domid > 32751) return bad("--domid " + std::to_string(domid) + ": expected 1..32751");
+  if (name.empty()) return bad("--name: must not be empty");
+  if (memory_mib < 1 || memory_mib > 65536) return bad("--memory " + std::to_string(memory_mib) + ": expected 1..65536 MiB");
+  if (xs_timeout_s < 1 || xs_timeout_s > 3600) return bad("--xenstore-timeout: expected 1..3600 seconds");
+  if (max_indirect > 4096) return bad("--max-indirect-segments: expected 0..4096");
+  if (max_order > 4) return bad("--max-ring-page-order: expected 0..4");
+  auto level = parse_level(log_level);
+  if (!level) return bad("--log-level '" + log_level + "': expected trace, debug, info, warn, error or off");
+  if (!foreground) {
+    auto sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("xpv-front", LOG_PID, LOG_DAEMON, false);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("xpv-front", sink));
+  } else {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("xpv-front"));
+  }
+  spdlog::set_level(*level);
+
+  // Signals are taken by the main thread only (sigtimedwait); block them before any thread.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  asio::io_context io(1);
+  auto work = asio::make_work_guard(io);
+  ForwardingSink upcalls;
+  std::unique_ptr<xpv::domain::Domain> domain;
+  std::unique_ptr<xpv::frontends::GuestEvents> events;
+  std::thread io_thread, events_thread;
+  // Tear-down in reverse order, also on an error path.
+  struct Stop {
+    std::function<void()> fn;
+    ~Stop() { fn(); }
+  };
+  std::unique_ptr<xpv::xenbus::client::RingClient> xs;
+  std::unique_ptr<xpv::frontends::VbdDriver> driver;
+  Stop stop{[&] {
+    driver.reset();
+    if (events) events->stop();
+    if (events_thread.joinable()) events_thread.join();
+    xs.reset();
+    if (domain && io_thread.joinable()) {
+      std::promise<void> gone;
+      asio::post(io, [&] {
+        domain.reset();
+        gone.set_value();
+      });
+      gone.get_future().wait();
+    }
+    domain.reset();
+    work.reset();
+    io.stop();
+    if (io_thread.joinable()) io_thread.join();
+  }};
+
+  xpv::domain::DomainConfig cfg;
+  cfg.domid = static_cast<std::uint16_t>(domid);
+  cfg.name = name;
+  cfg.memory_bytes = memory_mib << 20;
+  cfg.run_dir = run_dir;
+  try {
+    domain = std::make_unique<xpv::domain::Domain>(io, cfg, upcalls);
+    events = std::make_unique<xpv::frontends::GuestEvents>(
+        domain->pages(xpv::domain::Domain::kSharedInfoGfn, 1));
+  } catch (const std::exception& e) {
+    return error("dom" + std::to_string(domid) + ": " + e.what());
+  }
+  upcalls.target.store(events.get(), std::memory_order_release);
+  io_thread = std::thread([&] {
+    try {
+      io.run();
+    } catch (const std::exception& e) {
+      spdlog::critical("dom{}: control thread stopped: {}", domid, e.what());
+    }
+  });
+  events_thread = std::thread([&] { events->run(); });
+
+  std::printf("ready\n");
+  std::fflush(stdout);
+  if (!foreground) {
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+      ::close(null);
+    }
+  }
+  spdlog::info("dom{} ({}): {} MiB, control socket {}", domid, name, memory_mib, domain->socket_path());
+
+  const auto port = domain->xenstore_port();
+  xs = std::make_unique<xpv::xenbus::client::RingClient>(
+      domain->xenstore_page(), [d = domain.get(), port] { (void)d->evtchn().send(port); });
+  events->set_handler(port, [c = xs.get()] { c->on_event(); });
+
+  xpv::frontends::VbdDriverConfig dcfg;
+  dcfg.domid = cfg.domid;
+  dcfg.run_dir = run_dir;
+  dcfg.max_indirect_segments = max_indirect;
+  dcfg.max_ring_page_order = max_order;
+  driver = std::make_unique<xpv::frontends::VbdDriver>(*domain, *events, *xs, dcfg);
+
+  (void)xs->wait_connected(0ms);  // the probe waits on the ring until xenstored serves it
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(xs_timeout_s);
+  bool started = false;
+  int sig = 0;
+  for (;;) {
+    timespec ts{0, 100'000'000};
+    siginfo_t si;
+    int s = ::sigtimedwait(&sigs, &si, &ts);
+    if (s > 0) {
+      sig = s;
+      break;
+    }
+    if (!started && xs->connected()) {
+      auto r = driver->start();
+      if (!r) {
+        return error("dom" + std::to_string(domid) + ": cannot watch its device/vbd: " +
+                     std::string(xpv::xenbus::wire::error_name(r.error())));
+      }
+      started = true;
+      spdlog::info("dom{}: xenstore connected; watching device/vbd", domid);
+    }
+    if (!started && std::chrono::steady_clock::now() >= deadline) {
+      return error("dom" + std::to_string(domid) + ": xenstored did not serve the xenstore ring within " +
+                   std::to_string(xs_timeout_s) + " s (was the domain introduced?)");
+    }
+    if (xs->broken()) return error("dom" + std::to_string(domid) + ": the xenstore ring broke");
+  }
+  spdlog::info("dom{}: signal {}: closing devices", domid, sig);
+  xs->set_timeout(2s);
+  if (started && !driver->shutdown(30s)) spdlog::warn("dom{}: device shutdown did not finish in time", domid);
+  return 0;
+}

@@ -1,0 +1,225 @@
+// xpv-xenstored's attachment of real domains (daemon::Domains), in one process: a real process
+// Domain (memfd memory, event channels, control socket in a temp dir) with GuestEvents and the
+// domain's own RingClient, and the daemon side (Store + Domains) on its own io thread — the same
+// objects xpv-xenstored and xpv-front are built from.
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "xpv/domain/domain.h"
+#include "xpv/frontends/guest_events.h"
+#include "xpv/xenbus/client/ring_client.h"
+#include "xpv/xenbus/daemon/domains.h"
+
+namespace xpv {
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using xenbus::wire::Error;
+using xenbus::wire::MsgType;
+
+std::string z(std::string_view s) { return std::string(s) + std::string(1, '\0'); }
+
+// A dom0 connection that records watch events.
+struct Recorder : xenbus::Sink {
+  void deliver(const xenbus::wire::Header& h, std::string_view payload) override {
+    if (h.type != static_cast<std::uint32_t>(MsgType::watch_event)) return;
+    std::lock_guard l(m);
+    events.emplace_back(payload.substr(0, payload.find('\0')));
+  }
+  std::size_t count(const std::string& path) {
+    std::lock_guard l(m);
+    return static_cast<std::size_t>(std::count(events.begin(), events.end(), path));
+  }
+  std::mutex m;
+  std::vector<std::string> events;
+};
+
+class Domains : public ::testing::Test {
+ protected:
+  template <class F>
+  static auto run_on(asio::io_context& io, F f) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto fut = task.get_future();
+    asio::post(io, [&task] { task(); });
+    return fut.get();
+  }
+  template <class F>
+  auto on_xs(F f) { return run_on(xs_io_, std::move(f)); }
+  template <class F>
+  auto on_dom(F f) { return run_on(dom_io_, std::move(f)); }
+  Domains() {
+    char tmpl[] = "/tmp/xpv-xsdom-XXXXXX";
+    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
+    dir_ = tmpl;
+    xenbus::Hooks hooks;
+    hooks.attach = [this](xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
+      return domains_->attach(d, mfn, port);
+    };
+    hooks.released = [this](xenbus::DomId d) { domains_->released(d); };
+    store_ = std::make_unique<xenbus::Store>(xenbus::Quotas{}, hooks);
+    domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
+    xs_thread_ = std::thread([this] { xs_io_.run(); });
+    dom_thread_ = std::thread([this] { dom_io_.run(); });
+    on_xs([this] {
+      watcher_ = store_->connect(0, recorder_);
+      dom0(MsgType::watch, z("@introduceDomain") + z("i"));
+      dom0(MsgType::watch, z("@releaseDomain") + z("r"));
+      dom0(MsgType::mkdir, z("/local/domain/7"));
+      dom0(MsgType::set_perms, z("/local/domain/7") + z("n7"));
+      dom0(MsgType::write, z("/local/domain/7/name") + "seven");
+      dom0(MsgType::write, z("/local/domain/8/name") + "eight");
+    });
+  }
+  ~Domains() override {
+    stop_domain();
+    on_xs([this] {
+      domains_.reset();
+      store_->disconnect(watcher_);
+    });
+    xs_work_.reset();
+    dom_work_.reset();
+    xs_io_.stop();
+    dom_io_.stop();
+    xs_thread_.join();
+    dom_thread_.join();
+    std::filesystem::remove_all(dir_);
+  }
+  void dom0(MsgType t, const std::string& payload) {
+    xenbus::wire::Header h{static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(payload.size())};
+    store_->handle(watcher_, h, payload);
+  }
+
+  void start_domain(std::uint16_t domid = 7) {
+    domain::DomainConfig cfg;
+    cfg.domid = domid;
+    cfg.name = "xs-test";
+    cfg.memory_bytes = 16 << 20;
+    cfg.run_dir = dir_;
+    sink_ = std::make_unique<Sink>();
+    on_dom([&] { domain_ = std::make_unique<domain::Domain>(dom_io_, cfg, *sink_); });
+    events_ = std::make_unique<frontends::GuestEvents>(domain_->pages(domain::Domain::kSharedInfoGfn, 1));
+    sink_->target = events_.get();
+    events_thread_ = std::thread([this] { events_->run(); });
+    const auto port = domain_->xenstore_port();
+    xenbus::client::RingClient::Options o;
+    o.timeout = 3000ms;
+    client_ = std::make_unique<xenbus::client::RingClient>(
+        domain_->xenstore_page(), [this, port] { (void)domain_->evtchn().send(port); }, o);
+    events_->set_handler(port, [c = client_.get()] { c->on_event(); });
+  }
+  void stop_domain() {
+    if (events_) events_->stop();
+    if (events_thread_.joinable()) events_thread_.join();
+    client_.reset();
+    events_.reset();
+    if (domain_) on_dom([this] { domain_.reset(); });
+  }
+  Expected<void, Error> introduce(xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
+    return on_xs([&] { return store_->introduce(d, mfn, port); });
+  }
+  template <class P>
+  bool eventually(P p) {
+    for (int i = 0; i < 500; ++i) {
+      if (p()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return p();
+  }
+
+  struct Sink : domain::UpcallSink {
+    void upcall(unsigned v) noexcept override {
+      if (target) target->upcall(v);
+    }
+    frontends::GuestEvents* target = nullptr;
+  };
+
+  std::string dir_;
+  asio::io_context xs_io_, dom_io_;
+  asio::executor_work_guard<asio::io_context::executor_type> xs_work_ = asio::make_work_guard(xs_io_);
+  asio::executor_work_guard<asio::io_context::executor_type> dom_work_ = asio::make_work_guard(dom_io_);
+  std::unique_ptr<xenbus::Store> store_;
+  std::unique_ptr<xenbus::daemon::Domains> domains_;
+  Recorder recorder_;
+  xenbus::ConnId watcher_ = 0;
+  std::thread xs_thread_, dom_thread_, events_thread_;
+  std::unique_ptr<Sink> sink_;
+  std::unique_ptr<domain::Domain> domain_;
+  std::unique_ptr<frontends::GuestEvents> events_;
+  std::unique_ptr<xenbus::client::RingClient> client_;
+};
+
+TEST_F(Domains, IntroduceServesTheDomainsRingWithItsPermissions) {
+  start_domain();
+  // Requests posted before the introduce wait on the ring.
+  EXPECT_FALSE(client_->wait_connected(20ms));
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  EXPECT_TRUE(eventually([&] { return recorder_.count("@introduceDomain") == 2; }))
+      << "once at registration, once for dom7";
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  EXPECT_EQ(client_->read("/local/domain/7/name").value(), "seven");
+  EXPECT_EQ(client_->read("name").value(), "seven");
+  ASSERT_TRUE(client_->write("data/x", "1"));
+  EXPECT_EQ(client_->read("/local/domain/8/name").error(), Error::eacces);
+  EXPECT_EQ(client_->write("/local/domain/8/name", "x").error(), Error::eacces);
+  EXPECT_EQ(on_xs([&] { return domains_->attached(); }), 1u);
+}
+
+TEST_F(Domains, DomainDeathReleasesIt) {
+  start_domain();
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  const auto conns = on_xs([&] { return store_->connection_count(); });
+  stop_domain();  // its control socket closes, as when the process dies
+  EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == 2; }));
+  EXPECT_TRUE(eventually([&] { return on_xs([&] { return domains_->attached(); }) == 0u; }));
+  EXPECT_FALSE(on_xs([&] { return store_->is_introduced(7); }));
+  EXPECT_EQ(on_xs([&] { return store_->connection_count(); }), conns - 1);
+  // Its nodes stay (Xen keeps them until the toolstack removes them).
+  EXPECT_NE(on_xs([&] { return store_->find("/local/domain/7/name"); }), nullptr);
+}
+
+TEST_F(Domains, ReleaseDropsTheRing) {
+  start_domain();
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  // RELEASE and INTRODUCE back to back (the ring's drop is still queued): the new attach wins.
+  ASSERT_TRUE(on_xs([&] {
+    auto r = store_->release(7);
+    return r && store_->introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port());
+  }));
+  EXPECT_EQ(client_->read("name").value_or(""), "seven");
+  ASSERT_TRUE(on_xs([&] { return store_->release(7); }));
+  EXPECT_TRUE(eventually([&] { return on_xs([&] { return domains_->attached(); }) == 0u; }));
+  client_->set_timeout(200ms);
+  EXPECT_EQ(client_->read("name").error(), Error::eio) << "nobody serves the ring any more";
+  // The same domain can be introduced again (its port was unbound for dom0 again).
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  client_->set_timeout(3000ms);
+  EXPECT_EQ(client_->read("name").value(), "seven");
+}
+
+TEST_F(Domains, BadIntroducesCreateNothing) {
+  start_domain();
+  const auto port = domain_->xenstore_port();
+  EXPECT_EQ(introduce(9, 1, 1).error(), Error::einval) << "no dom9.sock";
+  EXPECT_EQ(introduce(7, 5, port).error(), Error::einval) << "not its ring's gfn";
+  EXPECT_EQ(introduce(7, domain::Domain::kXenstoreGfn, port + 1).error(), Error::einval)
+      << "not its xenstore port";
+  EXPECT_FALSE(on_xs([&] { return store_->is_introduced(7) || store_->is_introduced(9); }));
+  EXPECT_EQ(on_xs([&] { return domains_->attached(); }), 0u);
+  EXPECT_EQ(recorder_.count("@introduceDomain"), 1u) << "only the registration firing";
+  // Nothing half-created: the port is still free for the real introduce.
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, port));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+}
+
+}  // namespace
+}  // namespace xpv

@@ -1,0 +1,67 @@
+// Domains — xpv-xenstored's attachment of real domains (PROCESS-DOMAINS.md, "Domain lifecycle"
+// step 3): on INTRODUCE(domid, mfn, port) connect to the domain's control socket
+// (`<run_dir>/dom<N>.sock`, ForeignDomain), check that the domain's xenstore ring is at gfn `mfn`
+// with event channel `port`, take the ring page from its memory, bind the port and serve a
+// RingConnection with domain N's permissions. When the domain process goes away (its control
+// socket closes: ForeignDomain::death_fd) the domain is released — its watches and transactions
+// dropped, @releaseDomain fired — and its ring is no longer served.
+//
+// This is the daemon's only link to hypervisor-core/domain (library xpv::xenbus_domains): the
+// store and the transports stay free of it, as Xen's xenstored keeps its grant/evtchn library
+// calls in domain.c.
+//
+//   INTRODUCE ──attach()──► connect dom<N>.sock ─► check gfn, port ─► map page ─► bind port
+//        │ any step fails: INTRODUCE answers the error, nothing is recorded or kept
+//        ▼ ok: Store records N, fires @introduceDomain; ring->start() runs next (posted)
+//   serving ──death_fd readable──► Store::release(N) (@releaseDomain) ─► drop ─► gone
+//   serving ──RELEASE(N)─────────► released(N) (posted) ──────────────► drop ─► gone
+//
+// Threading: everything on the daemon's io_context thread (the Store's thread). attach() blocks
+// that thread while it talks to the domain's control socket (bounded by the control client's
+// timeout, 5 s), as Xen's xenstored blocks in its map and bind calls.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "xpv/expected.h"
+#include "xpv/xenbus/store.h"
+#include "xpv/xenbus/wire.h"
+
+namespace xpv::xenbus::daemon {
+
+class Domains {
+ public:
+  // `store` must be the Store whose hooks call attach()/released(); both outlive this object.
+  Domains(boost::asio::io_context& io, Store& store, std::string run_dir);
+  ~Domains();
+  Domains(const Domains&) = delete;
+  Domains& operator=(const Domains&) = delete;
+
+  // Hooks::attach. Errors (what Xen's xenstored answers for an introduce it cannot map or bind,
+  // seen through libxenstore): EINVAL for a domain without a control socket, one that does not
+  // answer, a gfn or port that is not the domain's xenstore ring, a failed bind.
+  Expected<void, wire::Error> attach(DomId domid, std::uint64_t mfn, std::uint32_t port);
+  // Hooks::released: the Store already dropped the domain; its ring goes away (posted, since
+  // this runs inside a Store call).
+  void released(DomId domid);
+
+  std::size_t attached() const noexcept { return doms_.size(); }
+  bool is_attached(DomId domid) const noexcept { return doms_.count(domid) != 0; }
+
+  struct Attached;
+
+ private:
+  void watch_death(const std::shared_ptr<Attached>& a);
+  void drop(const std::shared_ptr<Attached>& a);
+
+  boost::asio::io_context& io_;
+  Store& store_;
+  std::string run_dir_;
+  std::map<DomId, std::shared_ptr<Attached>> doms_;
+};
+
+}  // namespace xpv::xenbus::daemon
