@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -64,18 +65,44 @@ class FileTarget : public frontends::BlockTarget {
   }
   std::uint64_t size_bytes() const override { return size_; }
   bool readonly() const override { return false; }
+  // FUSE hands over buffers with no particular alignment: go through an aligned buffer, one copy,
+  // as the PV path copies into granted pages.
   long read(std::uint64_t off, std::span<std::uint8_t> out) override {
-    ssize_t n = ::pread(fd_.get(), out.data(), out.size(), static_cast<off_t>(off));
-    return n < 0 ? -errno : n;
+    std::uint8_t* b = bounce(out.size());
+    if (!b) return -ENOMEM;
+    ssize_t n = ::pread(fd_.get(), b, out.size(), static_cast<off_t>(off));
+    if (n < 0) return -errno;
+    std::memcpy(out.data(), b, static_cast<std::size_t>(n));
+    return n;
   }
   long write(std::uint64_t off, std::span<const std::uint8_t> in) override {
-    ssize_t n = ::pwrite(fd_.get(), in.data(), in.size(), static_cast<off_t>(off));
+    std::uint8_t* b = bounce(in.size());
+    if (!b) return -ENOMEM;
+    std::memcpy(b, in.data(), in.size());
+    ssize_t n = ::pwrite(fd_.get(), b, in.size(), static_cast<off_t>(off));
     return n < 0 ? -errno : n;
   }
   int flush() override { return ::fdatasync(fd_.get()) == 0 ? 0 : -errno; }
   int discard(std::uint64_t, std::uint64_t) override { return -EOPNOTSUPP; }
 
  private:
+  static std::uint8_t* bounce(std::size_t n) {
+    struct Buf {
+      void* p = nullptr;
+      std::size_t size = 0;
+      ~Buf() { std::free(p); }
+    };
+    thread_local Buf buf;
+    if (buf.size < n) {
+      std::free(buf.p);
+      buf.p = nullptr;
+      buf.size = 0;
+      if (::posix_memalign(&buf.p, 4096, n) != 0) return nullptr;
+      buf.size = n;
+    }
+    return static_cast<std::uint8_t*>(buf.p);
+  }
+
   UniqueFd fd_;
   std::uint64_t size_ = 0;
 };
