@@ -70,13 +70,26 @@ std::optional<std::string> Backend::read(const std::string& path) {
 }
 
 bool Backend::write_state(Device& d, XenbusState s) {
+  // In a transaction that first checks the node is there: a state written after the toolstack
+  // removed the directory would bring a lone `state` back (the watch event we act on may be
+  // older than the removal).
   const std::string v = std::to_string(static_cast<int>(s));
-  if (read(d.be_path + "/state") == v) return true;
-  if (!xs_->write(d.be_path + "/state", v)) {
-    spdlog::error("{}: cannot write state {}", d.name, xenbus::to_string(s));
+  bool wrote = false;
+  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    wrote = false;
+    auto cur = xs_->read(d.be_path + "/state", tx);
+    if (!cur) return fail(cur.error());
+    if (*cur == v) return {};
+    wrote = true;
+    return xs_->write(d.be_path + "/state", v, tx);
+  });
+  if (!r) {
+    if (r.error() != xenbus::wire::Error::enoent) {
+      spdlog::error("{}: cannot write state {}: {}", d.name, xenbus::to_string(s), xenbus::wire::error_name(r.error()));
+    }
     return false;
   }
-  spdlog::info("{}: backend state {}", d.name, xenbus::to_string(s));
+  if (wrote) spdlog::info("{}: backend state {}", d.name, xenbus::to_string(s));
   return true;
 }
 
