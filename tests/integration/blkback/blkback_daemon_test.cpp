@@ -569,25 +569,44 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
     std::lock_guard l(states_m);
     states.push_back("event");
   }));
-  constexpr int kBlocks = 300;
+  constexpr int kBlocks = 300, kWriters = 4;
   constexpr std::size_t kBlock = 64 << 10;
   std::atomic<int> acked{0};
   std::atomic<int> errors{0};
-  std::thread writer([&] {
-    for (int i = 0; i < kBlocks; ++i) {
-      std::vector<std::uint8_t> b(kBlock, static_cast<std::uint8_t>(i * 7 + 1));
-      std::memcpy(b.data(), &i, sizeof i);
-      if (g.front->write(std::uint64_t(i) * kBlock, b) != static_cast<long>(kBlock) || g.front->flush() != 0) {
-        ++errors;
-        return;
+  std::vector<std::atomic<bool>> done(kBlocks);
+  auto block_ok = [&](int i) {
+    const std::string got = image_bytes(img, off_t(i) * kBlock, kBlock);
+    int tag = -1;
+    std::memcpy(&tag, got.data(), sizeof tag);
+    return tag == i && static_cast<std::uint8_t>(got[kBlock - 1]) == static_cast<std::uint8_t>(i * 7 + 1);
+  };
+  // Four guest threads, each a loop of write + flush over its own blocks: several requests are
+  // in the ring when the backend dies.
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kWriters; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = t; i < kBlocks; i += kWriters) {
+        std::vector<std::uint8_t> b(kBlock, static_cast<std::uint8_t>(i * 7 + 1));
+        std::memcpy(b.data(), &i, sizeof i);
+        if (g.front->write(std::uint64_t(i) * kBlock, b) != static_cast<long>(kBlock) || g.front->flush() != 0) {
+          ++errors;
+          return;
+        }
+        done[i].store(true);
+        acked.fetch_add(1);
       }
-      acked.store(i + 1);
-    }
-  });
-  for (int i = 0; i < 2000 && acked.load() < 40; ++i) std::this_thread::sleep_for(5ms);
+    });
+  }
+  for (int i = 0; i < 2000 && acked.load() < 60; ++i) std::this_thread::sleep_for(5ms);
   blkback_->kill(SIGKILL);
-  const int acked_at_kill = acked.load();
   EXPECT_EQ(blkback_->wait(10s), 128 + SIGKILL);
+  // Every write acknowledged so far is in the image now, with no backend running.
+  std::vector<int> acked_before;
+  for (int i = 0; i < kBlocks; ++i) {
+    if (done[i].load()) acked_before.push_back(i);
+  }
+  const int acked_at_kill = static_cast<int>(acked_before.size());
+  for (int i : acked_before) EXPECT_TRUE(block_ok(i)) << "acknowledged block " << i << " is not in the image";
   std::this_thread::sleep_for(50ms);  // the guest keeps queueing into the ring meanwhile
   start_blkback();
   for (int i = 0; i < 6000 && acked.load() < kBlocks && errors.load() == 0; ++i) std::this_thread::sleep_for(10ms);
@@ -595,28 +614,22 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
     // The writer is blocked on a request nobody will answer: leave it and its domain behind
     // (leaked on purpose: destroying them under it would crash the test process).
     ADD_FAILURE() << "the write loop did not finish after the restart (acked " << acked.load() << ")";
-    writer.detach();
+    for (auto& w : writers) w.detach();
     for (auto& gp : guests_) (void)gp.release();
     guests_.clear();
     return;
   }
-  writer.join();
+  for (auto& w : writers) w.join();
   EXPECT_EQ(errors.load(), 0) << "a guest-visible error";
   EXPECT_EQ(acked.load(), kBlocks);
-  EXPECT_GE(acked_at_kill, 40);
+  EXPECT_GE(acked_at_kill, 60);
   EXPECT_EQ(xs_->read(be(3, kXvda) + "/state").value_or(""), "4");
   {
     std::lock_guard l(states_m);
     EXPECT_EQ(states.size(), 1u) << "only the registration event: the backend state never changed";
   }
   (void)xs_->unwatch(be(3, kXvda) + "/state", "states");
-  for (int i = 0; i < kBlocks; ++i) {
-    const std::string got = image_bytes(img, off_t(i) * kBlock, kBlock);
-    int tag = -1;
-    std::memcpy(&tag, got.data(), sizeof tag);
-    ASSERT_EQ(tag, i) << "block " << i;
-    ASSERT_EQ(static_cast<std::uint8_t>(got[kBlock - 1]), static_cast<std::uint8_t>(i * 7 + 1)) << "block " << i;
-  }
+  for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(block_ok(i)) << "block " << i;
   EXPECT_NE(log().find("vbd3.51712: reconnected"), std::string::npos);
   // Grant flags the killed process left set were re-pinned by the new one and cleared when it
   // let go: once it stops, no grant of the guest is mapped any more.
