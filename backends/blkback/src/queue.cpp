@@ -24,6 +24,7 @@ struct BlkifQueue::Pending {
   enum class State : std::uint8_t { free, in_flight, done };
   State state = State::free;
   std::int16_t status = 0;     // valid when done
+  RingIdx idx = 0;             // the request's ring index
   std::uint64_t id = 0;
   std::uint8_t op = 0;         // the operation as the guest wrote it (echoed in the response)
   std::uint64_t expect = 0;    // bytes a read/write must transfer; 0 for flush/discard
@@ -200,6 +201,7 @@ BlkifQueue::Admit BlkifQueue::admit_indirect(const BlkifRequest& raw, Pending& p
 BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot) noexcept {
   counters_.requests.fetch_add(1, std::memory_order_relaxed);
   Pending& p = pending_[slot];
+  p.idx = ring_.req_cons() - 1;
   p.id = req.id;
   p.op = req.operation;
   // blkfront matches a response to an indirect request by its indirect_op (READ or WRITE).
@@ -311,8 +313,13 @@ void BlkifQueue::complete(std::uint32_t slot, int res) noexcept {
 void BlkifQueue::finish(Pending& p, std::int16_t status) noexcept {
   p.state = Pending::State::done;
   p.status = status;
-  if (&p != &pending_[ring_slot(ring_.rsp_prod_pvt(), ring_.size())]) {
-    counters_.held.fetch_add(1, std::memory_order_relaxed);
+  // Held: some earlier request of this ring is not done yet, so this answer must wait. (The
+  // walk stops at the first request not done; done ones ahead of it are this batch's.)
+  for (RingIdx i = ring_.rsp_prod_pvt(); i != p.idx; ++i) {
+    if (pending_[ring_slot(i, ring_.size())].state != Pending::State::done) {
+      counters_.held.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
   }
 }
 
