@@ -42,7 +42,7 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   }
   auto w = xs_->watch(kBase, "vbd", [this](const std::string& path, const std::string&) {
     // xenstore client thread: hand the event to the control thread.
-    asio::post(io_, [this, path] { on_event(path); });
+    asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
   });
   if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
   spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments)", kBase,
@@ -65,8 +65,26 @@ void Backend::shutdown() {
 
 std::optional<std::string> Backend::read(const std::string& path) {
   auto r = xs_->read(path);
-  if (!r) return std::nullopt;
+  if (!r) {
+    if (r.error() == xenbus::wire::Error::eio) throw XenstoreLost{};
+    return std::nullopt;
+  }
   return *r;
+}
+
+template <class F>
+void Backend::guarded(F&& f) {
+  if (shut_down_ || xs_lost_) return;
+  try {
+    f();
+  } catch (const XenstoreLost&) {
+    xs_lost_ = true;
+    spdlog::error("blkback: lost xpv-xenstored at {}; control plane stopped, {} device(s) keep being served",
+                  options_.xenstore_path, devices_.size());
+  } catch (const std::exception& e) {
+    // A control-plane bug must not take the data plane of every domain down with it.
+    spdlog::error("blkback: control plane: {}", e.what());
+  }
 }
 
 bool Backend::write_state(Device& d, XenbusState s) {
@@ -149,9 +167,7 @@ Backend::Device* Backend::adopt(const Key& key) {
   d.fe_path = *fe;
   d.fe_token = fmt::format("fe:{}:{}", key.first, key.second);
   auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
-    asio::post(io_, [this, key] {
-      if (!shut_down_) reconcile(key);
-    });
+    asio::post(io_, [this, key] { guarded([&] { reconcile(key); }); });
   });
   if (!w) {
     spdlog::error("{}: cannot watch {}/state", name, d.fe_path);
@@ -346,7 +362,7 @@ void Backend::connect(Device& d, bool resume) {
     d.conn = std::make_unique<VbdConnection>(
         d.name, domain(d.key.first), *d.disk, rings, cfg, shadow_dir_, resume, [this, key, generation](unsigned q) {
           // Queue thread: report to the control thread (a disabled queue closes the device).
-          asio::post(io_, [this, key, generation, q] { on_queue_exit(key, generation, q); });
+          asio::post(io_, [this, key, generation, q] { guarded([&] { on_queue_exit(key, generation, q); }); });
         });
     d.generation = generation;
   } catch (const std::exception& e) {

@@ -681,6 +681,24 @@ TEST_F(BlkbackDaemon, DaemonModeReportsStartupErrorsAndWritesItsPidFile) {
   EXPECT_NE(::kill(pid, 0), 0);
 }
 
+TEST_F(BlkbackDaemon, LosingXenstoredKeepsTheDataPlaneServing) {
+  const auto img = image("a.img");
+  Guest& g = guest(3);
+  add_vbd(3, kXvda, img, "w");
+  connect_blkfront(g, kXvda);
+  xs_.reset();
+  xenstored_->kill(SIGKILL);
+  EXPECT_EQ(xenstored_->wait(10s), 128 + SIGKILL);
+  const auto data = random_bytes(512 << 10, 14);
+  ASSERT_EQ(g.front->write(0, data), static_cast<long>(data.size()));
+  std::vector<std::uint8_t> back(data.size());
+  ASSERT_EQ(g.front->read(0, back), static_cast<long>(back.size()));
+  EXPECT_EQ(back, data);
+  blkback_->kill(SIGTERM);
+  EXPECT_EQ(blkback_->wait(10s), 0);
+  blkback_.reset();
+}
+
 // ext4 through the daemon: FUSE file over Blkfront, a loop device, mkfs, mount, fsync'd data,
 // then the image checked straight from the host.
 TEST_F(BlkbackDaemon, Ext4OverFuseAndLoop) {

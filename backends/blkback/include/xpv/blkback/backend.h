@@ -81,6 +81,9 @@ class Backend {
   void shutdown();
 
   std::size_t devices() const noexcept { return devices_.size(); }
+  // The xenstore connection broke (or xenstored stopped answering): the control plane stopped,
+  // every connected queue keeps serving its guest; nothing is torn down on a read that failed.
+  bool xenstore_lost() const noexcept { return xs_lost_; }
 
  private:
   using Key = std::pair<std::uint16_t, std::uint32_t>;  // domid, devid
@@ -97,6 +100,9 @@ class Backend {
     bool resume_checked = false;   // the restart check ran once
   };
 
+  struct XenstoreLost {};
+  template <class F>
+  void guarded(F&& f);  // runs a control-plane step; XenstoreLost stops the control plane
   void on_event(const std::string& path);
   void scan();
   void reconcile(const Key& key);
@@ -120,6 +126,7 @@ class Backend {
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
+  bool xs_lost_ = false;
 };
 
 }  // namespace xpv::blkback
