@@ -173,6 +173,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The daemon runs in "/": relative paths are taken from where it was started.
+  for (std::string* p : {&opts.xenstore_path, &opts.run_dir, &pid_file, &log_file}) {
+    if (!p->empty()) *p = std::filesystem::absolute(*p).lexically_normal().string();
+  }
+
   Launcher launcher;
   try {
     if (!foreground) daemonize(launcher);
