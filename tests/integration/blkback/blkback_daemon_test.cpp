@@ -462,6 +462,26 @@ TEST_F(BlkbackDaemon, ScatteredMultiPageRingsOnSeveralQueues) {
   EXPECT_EQ(raw.data(1)[100], 'c');
 }
 
+TEST_F(BlkbackDaemon, ARestartReattachesScatteredRingsOfEveryQueue) {
+  const auto img = image("a.img");
+  Guest& g = guest(4);
+  add_vbd(4, kXvda, img, "w");
+  RawFront raw(*g.dom, 2, 1);
+  connect_raw(g, kXvda, raw, 1);
+  std::memset(raw.data(0).data(), 'x', 4096);
+  ASSERT_EQ(raw.io(0, true, 0), ring::kBlkifRspOkay);
+  blkback_->kill(SIGKILL);
+  EXPECT_EQ(blkback_->wait(10s), 128 + SIGKILL);
+  start_blkback();
+  for (unsigned q = 0; q < 2; ++q) {
+    std::memset(raw.data(q).data(), 'm' + static_cast<int>(q), 4096);
+    EXPECT_EQ(raw.io(q, true, 8 + 8 * q), ring::kBlkifRspOkay) << "queue " << q;
+    EXPECT_EQ(image_bytes(img, 4096 * (q + 1), 1), std::string(1, static_cast<char>('m' + q)));
+  }
+  EXPECT_NE(log().find("vbd4.51712: reconnected to 2 queue(s)"), std::string::npos);
+  EXPECT_EQ(xs_->read(be(4, kXvda) + "/state").value_or(""), "4");
+}
+
 TEST_F(BlkbackDaemon, AReadOnlyDiskRefusesWrites) {
   const auto img = image("ro.img");
   Guest& g = guest(3);
