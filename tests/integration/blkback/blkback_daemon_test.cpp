@@ -701,6 +701,27 @@ TEST_F(BlkbackDaemon, DaemonModeReportsStartupErrorsAndWritesItsPidFile) {
   EXPECT_NE(::kill(pid, 0), 0);
 }
 
+TEST_F(BlkbackDaemon, BadOptionsGiveOneErrorLine) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--bogus"}, "xpv-blkback: The following argument was not expected: --bogus"},
+      {{"--max-queues", "0"}, "xpv-blkback: --max-queues: Value 0 not in range 1 to 64"},
+      {{"--log-level", "loud"}, "xpv-blkback: --log-level 'loud': expected trace, debug, info, warn, error or off"},
+      {{"--foreground", "--xenstore", dir_ + "/nothing.sock", "--run-dir", dir_ + "/other-run"},
+       "xpv-blkback: cannot connect to xpv-xenstored at " + dir_ + "/nothing.sock"}};
+  int n = 0;
+  for (const auto& [args, want] : cases) {
+    std::vector<std::string> argv{XPV_BLKBACK_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string out = dir_ + "/bad" + std::to_string(++n) + ".log";
+    Child c(argv, out);
+    EXPECT_EQ(c.wait(10s), args.front() == "--foreground" ? 1 : 2) << want;
+    std::ifstream f(out);
+    std::stringstream text;
+    text << f.rdbuf();
+    EXPECT_EQ(text.str(), want + "\n");
+  }
+}
+
 TEST_F(BlkbackDaemon, LosingXenstoredKeepsTheDataPlaneServing) {
   const auto img = image("a.img");
   Guest& g = guest(3);
