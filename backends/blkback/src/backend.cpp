@@ -401,7 +401,11 @@ void Backend::disconnect(Device& d, bool for_good) {
 void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {
   // Like Linux's xenbus_dev_fatal: say why in xenstore, then leave the connected state.
   spdlog::error("{}: {}", d.name, what);
-  (void)xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what));
+  // Only into a directory that is still there (see write_state).
+  (void)xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    if (auto cur = xs_->read(d.be_path + "/state", tx); !cur) return fail(cur.error());
+    return xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what), tx);
+  });
   disconnect(d, /*for_good=*/true);
   write_state(d, state);
   d.fatal = true;
