@@ -24,8 +24,8 @@
 // (read, write, flush and discard are idempotent; nothing acknowledged is lost because nothing
 // is acknowledged before it completed). With a ShadowRing the requests are also copied to a
 // file as they are consumed, which closes the one window where a slot holds a response that is
-// not yet published (shadow_ring.h). A ring's requests go to one disk through one io_uring, so
-// holding early completions costs nothing measurable (backends/README.md has the figures).
+// not yet published (shadow_ring.h). What holding early completions costs depends on how much
+// the disk reorders them (counters().held); backends/README.md has the measurements.
 //
 // Threading: everything runs on the queue's thread (run()); stop() may be called from any thread.
 #pragma once
