@@ -21,6 +21,10 @@ constexpr std::uint64_t kSector = kBlkifSectorSize;
 
 // One admitted request: what its completion needs to answer it and to release its grants.
 struct BlkifQueue::Pending {
+  enum class State : std::uint8_t { free, in_flight, done };
+  State state = State::free;
+  std::int16_t status = 0;     // valid when done
+  RingIdx idx = 0;             // the request's ring index
   std::uint64_t id = 0;
   std::uint8_t op = 0;         // the operation as the guest wrote it (echoed in the response)
   std::uint64_t expect = 0;    // bytes a read/write must transfer; 0 for flush/discard
@@ -43,14 +47,15 @@ void BlkifQueue::guest_error(const char* format, Args&&... args) noexcept {
 
 BlkifQueue::BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& mapper,
                        BlkifBackRing ring, std::unique_ptr<domain::EventChannel> evtchn,
-                       QueueConfig config)
+                       QueueConfig config, ShadowRing* shadow)
     : name_(std::move(name)),
       disk_(disk),
       mapper_(mapper),
       ring_(std::move(ring)),
       evtchn_(std::move(evtchn)),
       config_(config),
-      io_(std::max<unsigned>(ring_.size(), 8)) {
+      io_(std::max<unsigned>(ring_.size(), 8)),
+      shadow_(shadow) {
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
   stop_ = std::move(*s);
@@ -66,7 +71,6 @@ BlkifQueue::BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& 
     p.iov.reserve(max_segs);
     p.segs.reserve(max_segs);
   }
-  for (std::uint32_t i = ring_.size(); i-- > 0;) free_.push_back(i);
 }
 
 BlkifQueue::~BlkifQueue() {
@@ -77,7 +81,7 @@ BlkifQueue::~BlkifQueue() {
     io_.reap([this](std::uint64_t user, int) {
       Pending& p = pending_[user];
       release(p);
-      free_.push_back(static_cast<std::uint32_t>(user));
+      p.state = Pending::State::free;
     });
   }
 }
@@ -194,10 +198,10 @@ BlkifQueue::Admit BlkifQueue::admit_indirect(const BlkifRequest& raw, Pending& p
   return Admit::queued;
 }
 
-BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req) noexcept {
+BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot) noexcept {
   counters_.requests.fetch_add(1, std::memory_order_relaxed);
-  const std::uint32_t slot = free_.back();
   Pending& p = pending_[slot];
+  p.idx = ring_.req_cons() - 1;
   p.id = req.id;
   p.op = req.operation;
   // blkfront matches a response to an indirect request by its indirect_op (READ or WRITE).
@@ -255,7 +259,7 @@ BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req) noexcept {
       break;
     case kBlkifOpDiscard: {
       const auto d = blkif_view<BlkifRequestDiscard>(req);
-      if (!disk_.info().discard || (d.flag & kBlkifDiscardSecure) != 0) {
+      if (!config_.discard || !disk_.info().discard || (d.flag & kBlkifDiscardSecure) != 0) {
         reject = kUnsupported;
         break;
       }
@@ -284,10 +288,11 @@ BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req) noexcept {
   }
   if (a != Admit::queued) {
     release(p);
-    if (a == Admit::answered) respond(p.id, p.op, reject);
+    // Answered at once, but only in its turn: after every earlier request (retire()).
+    if (a == Admit::answered) finish(p, reject);
     return a;
   }
-  free_.pop_back();
+  p.state = Pending::State::in_flight;
   return a;
 }
 
@@ -302,29 +307,65 @@ void BlkifQueue::complete(std::uint32_t slot, int res) noexcept {
     status = kError;
   }
   release(p);
-  if (!disabled()) respond(p.id, p.op, status);
-  free_.push_back(slot);
+  finish(p, status);
+}
+
+void BlkifQueue::finish(Pending& p, std::int16_t status) noexcept {
+  p.state = Pending::State::done;
+  p.status = status;
+  // Held: some earlier request of this ring is not done yet, so this answer must wait. (The
+  // walk stops at the first request not done; done ones ahead of it are this batch's.)
+  for (RingIdx i = ring_.rsp_prod_pvt(); i != p.idx; ++i) {
+    if (pending_[ring_slot(i, ring_.size())].state != Pending::State::done) {
+      counters_.held.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+  }
+}
+
+// Responses in request order: answer the oldest unanswered requests while they are done.
+void BlkifQueue::retire() noexcept {
+  while (!disabled() && ring_.rsp_prod_pvt() != ring_.req_cons()) {
+    Pending& p = pending_[ring_slot(ring_.rsp_prod_pvt(), ring_.size())];
+    if (p.state != Pending::State::done) return;
+    p.state = Pending::State::free;
+    respond(p.id, p.op, p.status);
+  }
 }
 
 void BlkifQueue::drain_ring() noexcept {
   for (int rounds = 0; rounds < 1024; ++rounds) {
-    while (!free_.empty()) {
+    // The ring refuses more than size() unanswered requests (RING_REQUEST_PROD_OVERFLOW), so
+    // the slot of every request it hands out is free.
+    while (true) {
       auto req = ring_.pop_request();
       if (!req) {
         if (req.error() != RingError::empty) disable(to_string(req.error()));
         break;
       }
-      Admit a = admit(*req);
+      const RingIdx idx = ring_.req_cons() - 1;
+      if (shadow_ != nullptr) {
+        // A restarted backend: an index the dead one had consumed is taken from its copy (the
+        // ring slot may already hold that request's unpublished response).
+        if (auto old = shadow_->get(idx)) {
+          *req = *old;
+          counters_.redone_from_shadow.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          shadow_->put(idx, *req);
+        }
+      }
+      const std::uint32_t slot = ring_slot(idx, ring_.size());
+      Admit a = admit(*req, slot);
       if (a == Admit::ring_busy) {
         // Retry the same request after the submit admit() did.
-        a = admit(*req);
+        a = admit(*req, slot);
         if (a == Admit::ring_busy) {
           disable("io_uring submission queue stuck");
           return;
         }
       }
     }
-    if (disabled() || free_.empty()) return;
+    if (disabled()) return;
     // Nothing more right now: re-arm req_event and look once more (no lost wake-up).
     auto more = ring_.final_check_for_requests();
     if (!more) {
@@ -337,10 +378,11 @@ void BlkifQueue::drain_ring() noexcept {
 
 bool BlkifQueue::poll_once() noexcept {
   io_.reap([this](std::uint64_t user, int res) { complete(static_cast<std::uint32_t>(user), res); });
-  if (!disabled()) drain_ring();
+  if (!disabled() && draining_) drain_ring();
   if (io_.in_flight() > 0) {
     if (auto s = io_.submit(); !s) disable("io_uring submit failed");
   }
+  retire();
   if (!disabled()) push_and_notify();
   return !disabled();
 }
@@ -363,6 +405,7 @@ void BlkifQueue::run() noexcept {
     }
     if (!stopping && fds[2].revents) {
       stopping = true;  // finish what is in flight, answer it, then leave
+      draining_ = false;
     }
   }
   // Disabled: wait for the kernel to finish with the guest's pages, answer nothing more.
@@ -370,6 +413,7 @@ void BlkifQueue::run() noexcept {
     (void)io_.submit_and_wait(1);
     io_.reap([this](std::uint64_t user, int res) { complete(static_cast<std::uint32_t>(user), res); });
   }
+  retire();
   if (!disabled()) push_and_notify();
 }
 

@@ -102,4 +102,47 @@ DomainMemory::~DomainMemory() {
   if (base_) ::munmap(base_, size_);
 }
 
+ContiguousMapping& ContiguousMapping::operator=(ContiguousMapping&& o) noexcept {
+  if (this != &o) {
+    if (base_) ::munmap(base_, size_);
+    base_ = std::exchange(o.base_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+ContiguousMapping::~ContiguousMapping() {
+  if (base_) ::munmap(base_, size_);
+}
+
+ContiguousMapping DomainMemory::map_contiguous(std::span<const std::uint64_t> gfns) const {
+  if (gfns.empty()) throw std::invalid_argument("map_contiguous: no pages");
+  // File offset of each page first: nothing is mapped for a bad list.
+  std::vector<std::uint64_t> offsets;
+  offsets.reserve(gfns.size());
+  for (const std::uint64_t gfn : gfns) {
+    const std::uint64_t gpa = gfn << kPageShift;
+    const MemoryRegion* hit = nullptr;
+    if ((gpa >> kPageShift) == gfn) {
+      for (const MemoryRegion& r : layout_) {
+        if (gpa >= r.gpa && gpa - r.gpa < r.size) hit = &r;
+      }
+    }
+    if (!hit) throw std::invalid_argument(fmt::format("map_contiguous: gfn {:#x} is outside the domain's memory", gfn));
+    offsets.push_back(hit->offset + (gpa - hit->gpa));
+  }
+  const std::size_t size = gfns.size() * kPageSize;
+  void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw_errno("reserving a contiguous range");
+  ContiguousMapping m(static_cast<std::uint8_t*>(p), size);  // unmaps the range on a throw below
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    void* at = static_cast<std::uint8_t*>(p) + i * kPageSize;
+    if (::mmap(at, kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_.get(),
+               static_cast<off_t>(offsets[i])) == MAP_FAILED) {
+      throw_errno("mapping a domain page into a contiguous range");
+    }
+  }
+  return m;
+}
+
 }  // namespace xpv::domain

@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <thread>
 
 #include "temp_dir.h"
 #include "xpv/blkback/queue.h"
+#include "xpv/blkback/shadow_ring.h"
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
 
@@ -101,14 +103,15 @@ class QueueTest : public ::testing::Test {
     disk_ = std::make_unique<Disk>(Disk::open(path_, readonly));
   }
 
-  void start(QueueConfig cfg = {}) {
+  void start(QueueConfig cfg = {}, ShadowRing* shadow = nullptr) {
     mapper_ = fe_.make_mapper();
     auto ring_map = mapper_->map(fe_.ring_ref, false);
     ASSERT_TRUE(ring_map);
     ring_handle_ = ring_map->handle();
     auto back = BlkifBackRing::attach(ring_map->writable());
     ASSERT_TRUE(back);
-    queue_ = std::make_unique<BlkifQueue>("vbd5.51712", *disk_, *mapper_, std::move(*back), fe_.make_channel(), cfg);
+    queue_ = std::make_unique<BlkifQueue>("vbd5.51712", *disk_, *mapper_, std::move(*back), fe_.make_channel(), cfg,
+                                          shadow);
   }
 
   // Runs the queue until `n` responses are on the ring (bounded: 2000 passes, 5 s of waiting).
@@ -390,6 +393,105 @@ TEST_F(QueueTest, RunLoopServesAGuestAndStops) {
   for (auto& r : got) EXPECT_EQ(r.status, kBlkifRspOkay);
   EXPECT_EQ(file_bytes(19 * 8 * 512, 1), "T");
   EXPECT_EQ(queue_->in_flight(), 0u);
+}
+
+TEST_F(QueueTest, ResponsesGoOutInRequestOrder) {
+  start();
+  // Request 1 is answered at once (bad grant) while request 0 is still in the kernel: its
+  // response is held until request 0's is out, so the ring's responses follow its requests.
+  std::memset(fe_.page(16).data(), 'x', kPageSize);
+  BlkifRequest w = rw(kBlkifOpWrite, 100, 0);
+  add_seg(w, fe_.grant(16, true));
+  BlkifRequest bad = rw(kBlkifOpRead, 101, 0);
+  add_seg(bad, 4000);
+  BlkifRequest w2 = rw(kBlkifOpWrite, 102, 8);
+  add_seg(w2, fe_.grant(17, true));
+  ASSERT_TRUE(fe_.ring().produce_request(w));
+  ASSERT_TRUE(fe_.ring().produce_request(bad));
+  ASSERT_TRUE(fe_.ring().produce_request(w2));
+  fe_.ring().push_requests();
+  auto rs = serve(3);
+  ASSERT_EQ(rs.size(), 3u);
+  EXPECT_EQ(rs[0].id, 100u);
+  EXPECT_EQ(rs[0].status, kBlkifRspOkay);
+  EXPECT_EQ(rs[1].id, 101u);
+  EXPECT_EQ(rs[1].status, kBlkifRspError);
+  EXPECT_EQ(rs[2].id, 102u);
+  EXPECT_GE(queue_->counters().held.load(), 1u) << "the bad request's answer waited for request 0";
+  EXPECT_EQ(queue_->unanswered(), 0u);
+}
+
+// A backend that dies with requests consumed but unanswered: a new queue attached at the shared
+// rsp_prod redoes them, taking from the shadow the one whose slot already holds an unpublished
+// response (the torn state a kill between "write response" and "publish rsp_prod" leaves).
+TEST_F(QueueTest, ARestartedQueueRedoesWhatTheDeadOneLeftUnanswered) {
+  auto shadow = std::make_unique<ShadowRing>(ShadowRing::create(dir_.file("q0.shadow"), 32));
+  start({}, shadow.get());
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    std::memset(fe_.page(16 + i).data(), static_cast<int>('p' + i), kPageSize);
+    BlkifRequest w = rw(kBlkifOpWrite, 200 + i, i * 8);
+    add_seg(w, fe_.grant(16 + i, true));
+    ASSERT_TRUE(fe_.ring().produce_request(w));
+  }
+  fe_.ring().push_requests();
+  // The "dead" backend consumed all four (they are in the shadow) and answered none: drop it
+  // without letting it respond (the destructor waits for the kernel and releases the grants).
+  queue_->poll_once();
+  EXPECT_EQ(queue_->unanswered(), 4u);
+  queue_.reset();
+  EXPECT_EQ(mapper_->mapped(), 1u);
+  // Its response for index 0 was written into slot 0 but rsp_prod was never published.
+  BlkifResponse torn{};
+  torn.id = 200;
+  torn.operation = kBlkifOpWrite;
+  std::memcpy(fe_.page(1).data() + 64, &torn, sizeof torn);
+  {
+    UniqueFd fd(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+    for (std::uint64_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(::pwrite(fd.get(), "\0", 1, static_cast<off_t>(i * 8 * 512)), 1);  // undo the writes
+    }
+  }
+  auto again = std::make_unique<ShadowRing>(ShadowRing::open(dir_.file("q0.shadow"), 32));
+  EXPECT_TRUE(again->reused());
+  mapper_.reset();
+  start({}, again.get());
+  auto rs = serve(4);
+  ASSERT_EQ(rs.size(), 4u);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(rs[i].id, 200 + i);
+    EXPECT_EQ(rs[i].status, kBlkifRspOkay);
+    EXPECT_EQ(file_bytes(static_cast<off_t>(i * 8 * 512), 1), std::string(1, static_cast<char>('p' + i)));
+  }
+  EXPECT_EQ(queue_->counters().redone_from_shadow.load(), 4u);
+  queue_.reset();
+}
+
+TEST(ShadowRing, RecordsByIndexAndRefusesStaleOrForeignFiles) {
+  test::TempDir dir;
+  const auto path = dir.file("s");
+  BlkifRequest r{};
+  r.id = 77;
+  {
+    auto s = ShadowRing::create(path, 32);
+    EXPECT_FALSE(s.get(0)) << "a fresh shadow holds nothing, not even index 0";
+    s.put(33, r);
+    EXPECT_EQ(s.get(33).value().id, 77u);
+    EXPECT_FALSE(s.get(1)) << "same record, other index";
+    EXPECT_FALSE(s.get(33 + 32));
+  }
+  {
+    auto s = ShadowRing::open(path, 32);
+    EXPECT_TRUE(s.reused());
+    EXPECT_EQ(s.get(33).value().id, 77u);
+  }
+  {
+    auto s = ShadowRing::open(path, 64);  // another geometry: started afresh
+    EXPECT_FALSE(s.reused());
+    EXPECT_FALSE(s.get(33));
+    s.remove();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_THROW(ShadowRing::create(path, 24), std::invalid_argument);
 }
 
 }  // namespace

@@ -75,3 +75,39 @@ TEST(DomainMemory, MovedFromObjectsOwnNothing) {
 
 }  // namespace
 }  // namespace xpv::domain
+
+namespace xpv::domain {
+namespace {
+
+TEST(DomainMemory, MapContiguousPutsScatteredPagesBackToBack) {
+  auto mem = DomainMemory::create("scatter", {{0, 8 * kPageSize}, {0x100000, 4 * kPageSize}});
+  // Tag each page with its gfn, then map gfns 5, 2 and 0x101 (second region) as one range.
+  const std::uint64_t gfns[] = {5, 2, 0x101};
+  for (auto g : gfns) mem.view().page(g).value()[7] = static_cast<std::uint8_t>(g);
+  ContiguousMapping m = mem.map_contiguous(gfns);
+  auto b = m.bytes();
+  ASSERT_EQ(b.size(), 3 * kPageSize);
+  EXPECT_EQ(b[7], 5);
+  EXPECT_EQ(b[kPageSize + 7], 2);
+  EXPECT_EQ(b[2 * kPageSize + 7], 0x01);
+  // Shared with the domain both ways.
+  b[kPageSize + 100] = 0xab;
+  EXPECT_EQ(mem.view().page(2).value()[100], 0xab);
+  mem.view().page(0x101).value()[9] = 0xcd;
+  EXPECT_EQ(b[2 * kPageSize + 9], 0xcd);
+  ContiguousMapping moved = std::move(m);
+  EXPECT_TRUE(m.bytes().empty());
+  EXPECT_EQ(moved.bytes().size(), 3 * kPageSize);
+}
+
+TEST(DomainMemory, MapContiguousRefusesPagesOutsideTheDomain) {
+  auto mem = DomainMemory::create("scatter", {{0, 4 * kPageSize}});
+  const std::uint64_t bad[] = {1, 4};
+  EXPECT_THROW(mem.map_contiguous(bad), std::invalid_argument);
+  const std::uint64_t huge[] = {~std::uint64_t{0}};
+  EXPECT_THROW(mem.map_contiguous(huge), std::invalid_argument);
+  EXPECT_THROW(mem.map_contiguous({}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace xpv::domain

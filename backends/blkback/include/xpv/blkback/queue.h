@@ -16,6 +16,17 @@
 //                            our own bookkeeping, nothing more is read from the ring
 // An acknowledged write has completed: a response is produced only from its completion.
 //
+// Responses go out strictly in request order (what makes a backend restart safe): a request
+// that completes before an earlier one of the same ring is held until every earlier request is
+// answered. So at any time, every ring index in [rsp_prod, req_prod) is a request that has not
+// been answered, and a backend that dies leaves the ring in a state a new one can resume from:
+// BackRing::attach() starts at the shared rsp_prod and the new queue redoes those requests
+// (read, write, flush and discard are idempotent; nothing acknowledged is lost because nothing
+// is acknowledged before it completed). With a ShadowRing the requests are also copied to a
+// file as they are consumed, which closes the one window where a slot holds a response that is
+// not yet published (shadow_ring.h). What holding early completions costs depends on how much
+// the disk reorders them (counters().held); backends/README.md has the measurements.
+//
 // Threading: everything runs on the queue's thread (run()); stop() may be called from any thread.
 #pragma once
 
@@ -27,6 +38,7 @@
 
 #include "xpv/blkback/disk.h"
 #include "xpv/blkback/io_ring.h"
+#include "xpv/blkback/shadow_ring.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/event_fd.h"
 #include "xpv/gnttab/mapper.h"
@@ -37,7 +49,8 @@ namespace xpv::blkback {
 struct QueueConfig {
   // What this backend advertises as feature-max-indirect-segments (0: no indirect requests).
   std::uint32_t max_indirect_segments = 256;
-  bool flush = true;  // feature-flush-cache
+  bool flush = true;    // feature-flush-cache
+  bool discard = true;  // feature-discard (also needs a disk that can punch holes)
 };
 
 // Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
@@ -46,21 +59,29 @@ struct QueueCounters {
   std::atomic<std::uint64_t> sectors_read{0}, sectors_written{0};
   std::atomic<std::uint64_t> errors{0}, unsupported{0};
   std::atomic<std::uint64_t> batches{0}, notifications{0}, wakeups{0};
+  // Completions that had to wait for an earlier request before their response could go out.
+  std::atomic<std::uint64_t> held{0};
+  // Requests taken from the shadow file rather than the ring (a restart's redo).
+  std::atomic<std::uint64_t> redone_from_shadow{0};
 };
 
 class BlkifQueue {
  public:
   // `mapper` maps the frontend's grants (it belongs to this queue's thread from now on);
   // `ring` is attached to the mapped shared ring page(s); `evtchn` is the interdomain channel.
+  // `shadow` (optional): the restart journal of consumed requests (shadow_ring.h); its entries
+  // must equal the ring's size.
   BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& mapper,
              ring::BlkifBackRing ring, std::unique_ptr<domain::EventChannel> evtchn,
-             QueueConfig config);
+             QueueConfig config, ShadowRing* shadow = nullptr);
   ~BlkifQueue();
   BlkifQueue(const BlkifQueue&) = delete;
   BlkifQueue& operator=(const BlkifQueue&) = delete;
 
   // The data-plane loop: returns after stop() or when the queue was disabled, once every I/O in
-  // flight has completed and been answered (or, if disabled, dropped).
+  // flight has completed and been answered (or, if disabled, dropped). After stop() nothing more
+  // is taken from the ring: what the frontend queued meanwhile stays there, unanswered, for the
+  // next backend (a restart) or is never looked at (a disconnect).
   void run() noexcept;
   void stop() noexcept;
 
@@ -72,18 +93,22 @@ class BlkifQueue {
   // Returns false once the queue is disabled.
   bool poll_once() noexcept;
   unsigned in_flight() const noexcept { return io_.in_flight(); }
+  // Requests taken from the ring and not yet answered (in the kernel, or completed and held).
+  std::uint32_t unanswered() const noexcept { return ring_.unanswered(); }
 
  private:
   struct Pending;
   enum class Admit { queued, answered, ring_busy };
 
   void drain_ring() noexcept;
-  Admit admit(const ring::BlkifRequest& req) noexcept;
+  Admit admit(const ring::BlkifRequest& req, std::uint32_t slot) noexcept;
   Admit admit_rw(const ring::BlkifRequest& req, Pending& p) noexcept;
   Admit admit_indirect(const ring::BlkifRequest& req, Pending& p) noexcept;
   Admit admit_discard(const ring::BlkifRequest& req, Pending& p) noexcept;
   bool map_segments(Pending& p, const ring::BlkifRequestSegment* segs, unsigned n, bool write) noexcept;
   void complete(std::uint32_t slot, int res) noexcept;
+  void finish(Pending& p, std::int16_t status) noexcept;
+  void retire() noexcept;
   void respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept;
   void release(Pending& p) noexcept;
   void push_and_notify() noexcept;
@@ -99,9 +124,12 @@ class BlkifQueue {
   QueueConfig config_;
   IoRing io_;
   domain::EventFd stop_;
-  std::vector<Pending> pending_;  // one per ring slot: at most ring-size requests outstanding
-  std::vector<std::uint32_t> free_;
+  ShadowRing* shadow_ = nullptr;
+  // One per ring slot, indexed by ring index mod size: the ring itself bounds what is
+  // outstanding (req_prod - rsp_prod <= size), and responses retire them in index order.
+  std::vector<Pending> pending_;
   bool respond_pending_ = false;
+  bool draining_ = true;  // false once stopping: take nothing more from the ring
   std::atomic<bool> disabled_{false};
   QueueCounters counters_;
   std::uint64_t guest_errors_logged_ = 0;

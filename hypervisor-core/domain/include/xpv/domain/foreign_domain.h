@@ -34,6 +34,10 @@ class ForeignDomain {
   std::uint16_t domid() const noexcept { return client_.domain().domid; }
   const DomainInfo& info() const noexcept { return client_.domain(); }
   const GuestMemory& memory() const noexcept { return memory_.view(); }
+  // Scattered pages of the domain mapped back to back (multi-page rings): DomainMemory's.
+  ContiguousMapping map_contiguous(std::span<const std::uint64_t> gfns) const {
+    return memory_.map_contiguous(gfns);
+  }
 
   // Asks the domain again for its grant-table frames (a guest adds frames as it grows its
   // table); returns how many there are now. Throws ControlError on a frame outside its memory.

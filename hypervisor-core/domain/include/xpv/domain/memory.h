@@ -11,8 +11,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <utility>
 
 #include "xpv/unique_fd.h"
 #include "xpv/guest_memory.h"
@@ -23,6 +26,27 @@ struct MemoryRegion {
   std::uint64_t gpa = 0;     // guest-physical base, page aligned
   std::uint64_t size = 0;    // bytes, page aligned, > 0
   std::uint64_t offset = 0;  // offset of the region in the memfd, page aligned
+};
+
+// A private, virtually contiguous mapping of some (not necessarily consecutive) pages of a
+// domain's memfd: what a backend needs for a multi-page shared ring whose granted frames are
+// scattered in guest-physical memory (blkif ring-page-order). Unmapped by the destructor.
+class ContiguousMapping {
+ public:
+  ContiguousMapping() = default;
+  ContiguousMapping(std::uint8_t* base, std::size_t size) noexcept : base_(base), size_(size) {}
+  ContiguousMapping(ContiguousMapping&& o) noexcept
+      : base_(std::exchange(o.base_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  ContiguousMapping& operator=(ContiguousMapping&& o) noexcept;
+  ContiguousMapping(const ContiguousMapping&) = delete;
+  ContiguousMapping& operator=(const ContiguousMapping&) = delete;
+  ~ContiguousMapping();
+
+  std::span<std::uint8_t> bytes() const noexcept { return {base_, size_}; }
+
+ private:
+  std::uint8_t* base_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 class DomainMemory {
@@ -47,6 +71,14 @@ class DomainMemory {
   ~DomainMemory();
 
   const GuestMemory& view() const noexcept { return view_; }
+
+  // Maps the pages `gfns` (in that order) back to back into one new range of this process:
+  // a range is reserved (PROT_NONE) and each page of the memfd is mapped over its place with
+  // MAP_FIXED, so the result is contiguous whatever the gfns are. The pages are the domain's
+  // own (MAP_SHARED): writes are seen through view() and by the domain. Throws
+  // std::invalid_argument for an empty list or a gfn outside every region, std::system_error
+  // when mmap fails (setup path).
+  ContiguousMapping map_contiguous(std::span<const std::uint64_t> gfns) const;
   int fd() const noexcept { return fd_.get(); }
   std::uint64_t file_size() const noexcept { return size_; }
   const std::vector<MemoryRegion>& layout() const noexcept { return layout_; }

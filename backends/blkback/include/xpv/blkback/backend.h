@@ -1,0 +1,132 @@
+// Backend — xpv-blkback's control plane: watches /local/domain/0/backend/vbd in xenstore and
+// runs the backend half of the xenbus state machine for every device <domid>/<devid> found
+// there, as docs/PROCESS-DOMAINS.md lays it out.
+//
+//  toolstack writes backend + frontend dirs (state 1)
+//        │
+//        ▼  probe: open `params` (read-only for mode=r), publish the features
+//   ┌────────────┐  missing image ─► error node, state 6 Closed (fatal: sticky until the
+//   │ 1 Initial- │                   device is removed or its frontend closes)
+//   │   ising    │
+//   └─────┬──────┘
+//         ▼
+//   ┌────────────┐  frontend 3 Initialised or 4 Connected: connect — ForeignDomain (one per
+//   │ 2 InitWait │  domain), map ring-ref(s), bind event-channel(s), one BlkifQueue thread per
+//   └─────┬──────┘  queue, write sectors/info/sector-size/physical-sector-size
+//         ▼                                  failure ─► error node, state 5 Closing
+//   ┌────────────┐  a queue disabled (ring protocol violation) ─► error node, 5 Closing
+//   │ 4 Connected│  (that device only: every other device and domain keeps running)
+//   └─────┬──────┘
+//         ▼  frontend 5 Closing: stop the queues (in-flight I/O finishes and is answered),
+//   ┌────────────┐  unmap, unbind
+//   │ 5 Closing  │
+//   └─────┬──────┘
+//         ▼  frontend 6 Closed (or its directory gone, or `online` = 0)
+//   ┌────────────┐  frontend back to 1 Initialising with online = 1 ─► 2 InitWait again
+//   │ 6 Closed   │  backend directory removed ─► the device is forgotten
+//   └────────────┘
+//
+// The transitions are xpv::xenbus::backend_step's (xenbus/device); this class only performs
+// the actions and publishes the states it returns.
+//
+// Restart without a guest reboot: a device found with backend state 4 and frontend state 3 or 4
+// for which this process holds no connection was served by an xpv-blkback that died. It is
+// reconnected to the published rings with no state change the frontend could see: BlkifQueue
+// answers in request order, so the new queues attach at the shared rsp_prod and redo what was
+// left unanswered (queue.h, shadow_ring.h, backends/README.md).
+//
+// Threading: every method runs on the thread that runs the io_context (the control thread).
+// Watch events arrive on the xenstore client's thread and are posted here; queue threads post
+// their exit here. SIGTERM (main.cpp) calls shutdown(): queues stopped, xenstore left as it is.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xpv/blkback/connection.h"
+#include "xpv/blkback/disk.h"
+#include "xpv/domain/foreign_domain.h"
+#include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/device_state.h"
+
+namespace xpv::blkback {
+
+struct BackendOptions {
+  std::string xenstore_path = "/run/xenstored/socket";
+  std::string run_dir = "/run/xpv";   // dom<N>.sock live here; our shadow files in blkback/
+  unsigned max_queues = 1;            // multi-queue-max-queues
+  unsigned max_ring_page_order = 4;   // max-ring-page-order
+  std::uint32_t max_indirect_segments = 256;
+};
+
+class Backend {
+ public:
+  static constexpr const char* kBase = "/local/domain/0/backend/vbd";
+
+  // Connects to xenstored and watches kBase (the watch fires once at once: the first scan).
+  // Throws std::runtime_error when xenstored cannot be reached.
+  Backend(boost::asio::io_context& io, BackendOptions options);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  // Stops every queue (in-flight I/O completes and is answered), unmaps, unbinds; xenstore is
+  // left as it is so that the next xpv-blkback reconnects. Idempotent.
+  void shutdown();
+
+  std::size_t devices() const noexcept { return devices_.size(); }
+  // The xenstore connection broke (or xenstored stopped answering): the control plane stopped,
+  // every connected queue keeps serving its guest; nothing is torn down on a read that failed.
+  bool xenstore_lost() const noexcept { return xs_lost_; }
+
+ private:
+  using Key = std::pair<std::uint16_t, std::uint32_t>;  // domid, devid
+  struct Device {
+    Key key;
+    std::string name;      // vbd<domid>.<devid>, in every log line
+    std::string be_path;   // kBase/<domid>/<devid>
+    std::string fe_path;   // from the backend's `frontend` node
+    std::string fe_token;  // our watch on <fe_path>/state
+    std::unique_ptr<Disk> disk;
+    std::unique_ptr<VbdConnection> conn;
+    std::uint64_t generation = 0;  // of conn, to match queue-exit posts
+    bool fatal = false;            // an error was reported; wait for the frontend to close
+    bool resume_checked = false;   // the restart check ran once
+  };
+
+  struct XenstoreLost {};
+  template <class F>
+  void guarded(F&& f);  // runs a control-plane step; XenstoreLost stops the control plane
+  void on_event(const std::string& path);
+  void scan();
+  void reconcile(const Key& key);
+  Device* adopt(const Key& key);
+  void forget(const Key& key, bool removed);
+  bool probe(Device& d);  // open the disk and publish the features
+  void connect(Device& d, bool resume);
+  void disconnect(Device& d, bool for_good);
+  void fatal(Device& d, xenbus::XenbusState state, int err, const std::string& what);
+  void on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue);
+  std::shared_ptr<domain::ForeignDomain> domain(std::uint16_t domid);
+
+  std::optional<std::string> read(const std::string& path);
+  bool write_state(Device& d, xenbus::XenbusState s);
+
+  boost::asio::io_context& io_;
+  BackendOptions options_;
+  std::string shadow_dir_;
+  std::unique_ptr<xenbus::client::SyncClient> xs_;
+  std::map<Key, Device> devices_;
+  std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
+  std::uint64_t next_generation_ = 1;
+  bool shut_down_ = false;
+  bool xs_lost_ = false;
+};
+
+}  // namespace xpv::blkback

@@ -1,0 +1,432 @@
+#include "xpv/blkback/backend.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <stdexcept>
+
+namespace xpv::blkback {
+
+namespace asio = boost::asio;
+using xenbus::XenbusState;
+
+namespace {
+
+constexpr std::uint32_t kVdiskReadonly = 0x4;  // io/blkif.h VDISK_READONLY, in `info`
+
+// A decimal number from xenstore (a guest may write anything): digits only, <= max.
+std::optional<std::uint32_t> parse_uint(const std::string& s, std::uint32_t max) {
+  std::uint32_t v = 0;
+  if (s.empty() || s.size() > 10) return std::nullopt;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v > max) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+Backend::Backend(asio::io_context& io, BackendOptions options)
+    : io_(io), options_(std::move(options)), shadow_dir_(options_.run_dir + "/blkback") {
+  if (options_.max_queues == 0) options_.max_queues = 1;
+  std::filesystem::create_directories(shadow_dir_);
+  ::chmod(shadow_dir_.c_str(), 0700);
+  try {
+    xs_ = std::make_unique<xenbus::client::SyncClient>(options_.xenstore_path);
+  } catch (const std::exception&) {
+    throw std::runtime_error("cannot connect to xpv-xenstored at " + options_.xenstore_path);
+  }
+  auto w = xs_->watch(kBase, "vbd", [this](const std::string& path, const std::string&) {
+    // xenstore client thread: hand the event to the control thread.
+    asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
+  });
+  if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
+  spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments)", kBase,
+               options_.max_queues, options_.max_ring_page_order, options_.max_indirect_segments);
+}
+
+Backend::~Backend() { shutdown(); }
+
+void Backend::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Stop every queue of every device first so they all drain in parallel, then tear down.
+  for (auto& [key, d] : devices_) {
+    if (d.conn) d.conn->stop();
+  }
+  for (auto& [key, d] : devices_) d.conn.reset();
+  devices_.clear();
+  xs_.reset();  // joins the client's thread: no more watch events
+}
+
+std::optional<std::string> Backend::read(const std::string& path) {
+  auto r = xs_->read(path);
+  if (!r) {
+    if (r.error() == xenbus::wire::Error::eio) throw XenstoreLost{};
+    return std::nullopt;
+  }
+  return *r;
+}
+
+template <class F>
+void Backend::guarded(F&& f) {
+  if (shut_down_ || xs_lost_) return;
+  try {
+    f();
+  } catch (const XenstoreLost&) {
+    xs_lost_ = true;
+    spdlog::error("blkback: lost xpv-xenstored at {}; control plane stopped, {} device(s) keep being served",
+                  options_.xenstore_path, devices_.size());
+  } catch (const std::exception& e) {
+    // A control-plane bug must not take the data plane of every domain down with it.
+    spdlog::error("blkback: control plane: {}", e.what());
+  }
+}
+
+bool Backend::write_state(Device& d, XenbusState s) {
+  // In a transaction that first checks the node is there: a state written after the toolstack
+  // removed the directory would bring a lone `state` back (the watch event we act on may be
+  // older than the removal).
+  const std::string v = std::to_string(static_cast<int>(s));
+  bool wrote = false;
+  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    wrote = false;
+    auto cur = xs_->read(d.be_path + "/state", tx);
+    if (!cur) return fail(cur.error());
+    if (*cur == v) return {};
+    wrote = true;
+    return xs_->write(d.be_path + "/state", v, tx);
+  });
+  if (!r) {
+    if (r.error() != xenbus::wire::Error::enoent) {
+      spdlog::error("{}: cannot write state {}: {}", d.name, xenbus::to_string(s), xenbus::wire::error_name(r.error()));
+    }
+    return false;
+  }
+  if (wrote) spdlog::info("{}: backend state {}", d.name, xenbus::to_string(s));
+  return true;
+}
+
+void Backend::on_event(const std::string& path) {
+  if (shut_down_) return;
+  const std::string base = kBase;
+  if (path.size() <= base.size() || path.compare(0, base.size(), base) != 0 || path[base.size()] != '/') {
+    scan();
+    return;
+  }
+  // kBase/<domid>[/<devid>[/...]]
+  std::string rest = path.substr(base.size() + 1);
+  const auto s1 = rest.find('/');
+  if (s1 == std::string::npos) {
+    scan();
+    return;
+  }
+  const auto s2 = rest.find('/', s1 + 1);
+  auto domid = parse_uint(rest.substr(0, s1), 32751);
+  auto devid = parse_uint(rest.substr(s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1), UINT32_MAX);
+  if (!domid || !devid || *domid == 0) return;  // not a device of ours
+  reconcile({static_cast<std::uint16_t>(*domid), *devid});
+}
+
+void Backend::scan() {
+  std::vector<Key> seen;
+  if (auto doms = xs_->directory(kBase)) {
+    for (const auto& dom : *doms) {
+      auto domid = parse_uint(dom, 32751);
+      if (!domid || *domid == 0) continue;
+      auto devs = xs_->directory(fmt::format("{}/{}", kBase, dom));
+      if (!devs) continue;
+      for (const auto& dev : *devs) {
+        if (auto devid = parse_uint(dev, UINT32_MAX)) seen.emplace_back(static_cast<std::uint16_t>(*domid), *devid);
+      }
+    }
+  }
+  for (const auto& [key, d] : devices_) seen.push_back(key);  // gone ones are noticed and forgotten
+  for (const Key& k : seen) reconcile(k);
+}
+
+Backend::Device* Backend::adopt(const Key& key) {
+  const std::string be = fmt::format("{}/{}/{}", kBase, key.first, key.second);
+  auto fe = read(be + "/frontend");
+  auto feid = read(be + "/frontend-id");
+  if (!fe || !feid) return nullptr;  // the toolstack has not finished writing it
+  const std::string name = fmt::format("vbd{}.{}", key.first, key.second);
+  if (parse_uint(*feid, 32751) != key.first || fe->rfind(fmt::format("/local/domain/{}/", key.first), 0) != 0) {
+    spdlog::error("{}: frontend {} (frontend-id {}) does not belong to domain {}; ignored", name, *fe, *feid,
+                  key.first);
+    return nullptr;
+  }
+  Device d;
+  d.key = key;
+  d.name = name;
+  d.be_path = be;
+  d.fe_path = *fe;
+  d.fe_token = fmt::format("fe:{}:{}", key.first, key.second);
+  auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
+    asio::post(io_, [this, key] { guarded([&] { reconcile(key); }); });
+  });
+  if (!w) {
+    spdlog::error("{}: cannot watch {}/state", name, d.fe_path);
+    return nullptr;
+  }
+  spdlog::info("{}: new device, frontend {}", name, d.fe_path);
+  return &devices_.emplace(key, std::move(d)).first->second;
+}
+
+void Backend::forget(const Key& key, bool removed) {
+  auto it = devices_.find(key);
+  if (it == devices_.end()) return;
+  Device& d = it->second;
+  disconnect(d, /*for_good=*/true);
+  (void)xs_->unwatch(d.fe_path + "/state", d.fe_token);
+  spdlog::info("{}: {}", d.name, removed ? "backend directory removed; device forgotten" : "forgotten");
+  devices_.erase(it);
+}
+
+void Backend::reconcile(const Key& key) {
+  if (shut_down_) return;
+  const std::string be = fmt::format("{}/{}/{}", kBase, key.first, key.second);
+  auto st = read(be + "/state");
+  auto it = devices_.find(key);
+  if (!st) {
+    if (it != devices_.end()) forget(key, /*removed=*/true);
+    return;
+  }
+  Device* d = it != devices_.end() ? &it->second : adopt(key);
+  if (d == nullptr) return;
+
+  auto be_state = xenbus::parse_state(*st);
+  if (!be_state) return;  // only we and the toolstack write it; wait for a sane value
+  auto fe_node = read(d->fe_path + "/state");
+  XenbusState fe_state = XenbusState::unknown;
+  if (fe_node) {
+    auto p = xenbus::parse_state(*fe_node);
+    if (!p) return;  // garbage from the guest: no change (never a reason to tear down)
+    fe_state = *p;
+  }
+  const bool online = read(be + "/online") == "1";
+
+  if (d->fatal) {
+    // An error was reported: nothing happens until the frontend acknowledged it by closing,
+    // or the device goes away.
+    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && online) return;
+    d->fatal = false;
+  }
+
+  // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the
+  // published rings without touching `state`: the frontend sees nothing.
+  if (!d->resume_checked) {
+    d->resume_checked = true;
+    if (!d->conn && *be_state == XenbusState::connected &&
+        (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
+      if (probe(*d)) connect(*d, /*resume=*/true);
+      return;
+    }
+  }
+
+  if (!d->disk && *be_state != XenbusState::closing && *be_state != XenbusState::closed) {
+    if (!probe(*d)) return;
+  }
+  if (*be_state == XenbusState::initialising) {
+    if (!write_state(*d, XenbusState::init_wait)) return;
+    be_state = XenbusState::init_wait;
+  }
+
+  const xenbus::BackendStep step = xenbus::backend_step(*be_state, fe_state, online);
+  switch (step.action) {
+    case xenbus::BackendAction::connect:
+      if (!d->disk && !probe(*d)) return;
+      if (!d->conn) connect(*d, /*resume=*/false);
+      return;
+    case xenbus::BackendAction::disconnect:
+      disconnect(*d, /*for_good=*/true);
+      write_state(*d, step.next);
+      return;
+    case xenbus::BackendAction::disconnect_remove:
+      disconnect(*d, /*for_good=*/true);
+      d->disk.reset();
+      write_state(*d, step.next);
+      return;
+    case xenbus::BackendAction::none:
+      if (step.next != *be_state) {
+        if (step.next == XenbusState::init_wait) {
+          // The frontend starts over after a close: offer the device again.
+          if (!d->disk && !probe(*d)) return;
+          (void)xs_->rm(d->be_path + "/error");
+        }
+        write_state(*d, step.next);
+      }
+      return;
+  }
+}
+
+bool Backend::probe(Device& d) {
+  auto params = read(d.be_path + "/params");
+  auto mode = read(d.be_path + "/mode").value_or("w");
+  if (!params || params->empty()) {
+    fatal(d, XenbusState::closed, ENOENT, "no params (image path) in " + d.be_path);
+    return false;
+  }
+  if (mode != "r" && mode != "w") {
+    fatal(d, XenbusState::closed, EINVAL, "mode '" + mode + "': expected r or w");
+    return false;
+  }
+  try {
+    d.disk = std::make_unique<Disk>(Disk::open(*params, mode == "r"));
+  } catch (const std::exception& e) {
+    fatal(d, XenbusState::closed, ENOENT, e.what());
+    return false;
+  }
+  const DiskInfo& info = d.disk->info();
+  const bool discard = info.discard && read(d.be_path + "/discard-enable").value_or("1") != "0";
+  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };
+    for (auto res : {w("feature-flush-cache", "1"), w("feature-discard", discard ? "1" : "0"),
+                     w("feature-max-indirect-segments", std::to_string(options_.max_indirect_segments)),
+                     w("max-ring-page-order", std::to_string(options_.max_ring_page_order)),
+                     w("multi-queue-max-queues", std::to_string(options_.max_queues)),
+                     w("feature-persistent", "0")}) {
+      if (!res) return res;
+    }
+    if (discard) {
+      for (auto res : {w("discard-granularity", std::to_string(std::max<std::uint32_t>(info.physical_block_size, 4096))),
+                       w("discard-alignment", "0"), w("discard-secure", "0")}) {
+        if (!res) return res;
+      }
+    }
+    return {};
+  });
+  if (!r) {
+    d.disk.reset();
+    spdlog::error("{}: cannot publish the features: {}", d.name, xenbus::wire::error_name(r.error()));
+    return false;
+  }
+  spdlog::info("{}: {} ({} sectors, {}{}{})", d.name, d.disk->path(), info.sectors, info.readonly ? "read-only" : "read-write",
+               info.direct ? ", O_DIRECT" : ", buffered", discard ? ", discard" : "");
+  return true;
+}
+
+void Backend::connect(Device& d, bool resume) {
+  const std::string& fe = d.fe_path;
+  std::vector<QueueRings> rings;
+  const std::uint64_t generation = next_generation_++;
+  try {
+    unsigned nq = 1;
+    bool multi = false;
+    if (auto v = read(fe + "/multi-queue-num-queues")) {
+      auto n = parse_uint(*v, options_.max_queues);
+      if (!n || *n == 0) {
+        throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
+      }
+      nq = *n;
+      multi = true;
+    }
+    if (auto p = read(fe + "/protocol"); p && *p != "x86_64-abi") {
+      throw std::runtime_error(fmt::format("{}/protocol '{}': only x86_64-abi is served", fe, *p));
+    }
+    const auto root_order = read(fe + "/ring-page-order");
+    for (unsigned q = 0; q < nq; ++q) {
+      const std::string dir = multi ? fmt::format("{}/queue-{}", fe, q) : fe;
+      QueueRings r;
+      auto order_s = read(dir + "/ring-page-order");
+      if (!order_s) order_s = root_order;
+      if (order_s) {
+        auto o = parse_uint(*order_s, options_.max_ring_page_order);
+        if (!o) throw std::runtime_error(fmt::format("{}/ring-page-order '{}': expected 0..{}", dir, *order_s, options_.max_ring_page_order));
+        r.page_order = *o;
+      }
+      auto ref_at = [&](const std::string& node) {
+        auto v = read(dir + "/" + node);
+        if (!v) throw std::runtime_error(fmt::format("{}/{} is missing", dir, node));
+        auto ref = parse_uint(*v, UINT32_MAX);
+        if (!ref) throw std::runtime_error(fmt::format("{}/{} '{}' is not a grant reference", dir, node, *v));
+        return *ref;
+      };
+      if (r.page_order == 0) {
+        r.refs.push_back(read(dir + "/ring-ref") ? ref_at("ring-ref") : ref_at("ring-ref0"));
+      } else {
+        for (unsigned i = 0; i < (1u << r.page_order); ++i) r.refs.push_back(ref_at(fmt::format("ring-ref{}", i)));
+      }
+      r.event_channel = ref_at("event-channel");
+      rings.push_back(std::move(r));
+    }
+    QueueConfig cfg;
+    cfg.max_indirect_segments = options_.max_indirect_segments;
+    cfg.flush = true;
+    cfg.discard = read(d.be_path + "/feature-discard") == "1";
+    const Key key = d.key;
+    d.conn = std::make_unique<VbdConnection>(
+        d.name, domain(d.key.first), *d.disk, rings, cfg, shadow_dir_, resume, [this, key, generation](unsigned q) {
+          // Queue thread: report to the control thread (a disabled queue closes the device).
+          asio::post(io_, [this, key, generation, q] { guarded([&] { on_queue_exit(key, generation, q); }); });
+        });
+    d.generation = generation;
+  } catch (const std::exception& e) {
+    fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
+    return;
+  }
+  if (resume) {
+    spdlog::info("{}: reconnected to {} queue(s) of a previous xpv-blkback; state left Connected", d.name, rings.size());
+    return;
+  }
+  const DiskInfo& info = d.disk->info();
+  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };
+    for (auto res : {w("sectors", std::to_string(info.sectors)), w("info", std::to_string(info.readonly ? kVdiskReadonly : 0)),
+                     w("sector-size", std::to_string(info.logical_block_size)),
+                     w("physical-sector-size", std::to_string(info.physical_block_size)), w("state", "4")}) {
+      if (!res) return res;
+    }
+    return {};
+  });
+  if (!r) {
+    fatal(d, XenbusState::closing, EIO, "cannot publish the disk geometry");
+    return;
+  }
+  spdlog::info("{}: connected, {} queue(s), ring page order {}; backend state Connected", d.name, rings.size(),
+               rings.front().page_order);
+}
+
+void Backend::disconnect(Device& d, bool for_good) {
+  if (!d.conn) return;
+  if (for_good) d.conn->forget_shadows();
+  d.conn.reset();  // stops the queues; in-flight I/O completes and is answered first
+  spdlog::info("{}: disconnected", d.name);
+}
+
+void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {
+  // Like Linux's xenbus_dev_fatal: say why in xenstore, then leave the connected state.
+  spdlog::error("{}: {}", d.name, what);
+  // Only into a directory that is still there (see write_state).
+  (void)xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    if (auto cur = xs_->read(d.be_path + "/state", tx); !cur) return fail(cur.error());
+    return xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what), tx);
+  });
+  disconnect(d, /*for_good=*/true);
+  write_state(d, state);
+  d.fatal = true;
+}
+
+void Backend::on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue) {
+  if (shut_down_) return;
+  auto it = devices_.find(key);
+  if (it == devices_.end()) return;
+  Device& d = it->second;
+  if (!d.conn || d.generation != generation || !d.conn->disabled()) return;
+  fatal(d, XenbusState::closing, EPROTO, fmt::format("queue {}: ring protocol violation; device disabled", queue));
+}
+
+std::shared_ptr<domain::ForeignDomain> Backend::domain(std::uint16_t domid) {
+  if (auto it = domains_.find(domid); it != domains_.end()) {
+    if (auto d = it->second.lock()) return d;
+  }
+  auto d = std::make_shared<domain::ForeignDomain>(domain::ForeignDomain::connect(domid, "xpv-blkback", options_.run_dir));
+  domains_[domid] = d;
+  return d;
+}
+
+}  // namespace xpv::blkback

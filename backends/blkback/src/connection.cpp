@@ -1,0 +1,150 @@
+#include "xpv/blkback/connection.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <stdexcept>
+
+#include "xpv/gnttab/abi.h"
+
+namespace xpv::blkback {
+
+std::string VbdConnection::shadow_path(const std::string& dir, const std::string& name, unsigned q) {
+  return fmt::format("{}/{}-q{}.shadow", dir, name, q);
+}
+
+VbdConnection::VbdConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
+                             const Disk& disk, const std::vector<QueueRings>& queues,
+                             QueueConfig config, const std::string& shadow_dir, bool resume,
+                             std::function<void(unsigned)> on_exit)
+    : name_(std::move(name)), dom_(std::move(dom)), on_exit_(std::move(on_exit)) {
+  try {
+    // A guest grows its grant table as it needs refs: look at its frames as they are now.
+    dom_->refresh_grant_frames();
+    for (unsigned i = 0; i < queues.size(); ++i) add_queue(i, queues[i], disk, config, shadow_dir, resume);
+  } catch (...) {
+    teardown();
+    throw;
+  }
+  // Threads last: a failure above leaves nothing running.
+  for (unsigned i = 0; i < queues_.size(); ++i) {
+    Queue& q = *queues_[i];
+    q.thread = std::thread([this, &q, i] {
+      q.queue->run();
+      if (on_exit_) on_exit_(i);
+    });
+  }
+}
+
+VbdConnection::~VbdConnection() { teardown(); }
+
+void VbdConnection::stop() noexcept {
+  for (auto& q : queues_) {
+    if (q->queue) q->queue->stop();
+  }
+}
+
+bool VbdConnection::disabled() const noexcept {
+  for (const auto& q : queues_) {
+    if (q->queue && q->queue->disabled()) return true;
+  }
+  return false;
+}
+
+void VbdConnection::add_queue(unsigned index, const QueueRings& rings, const Disk& disk,
+                              QueueConfig config, const std::string& shadow_dir, bool resume) {
+  auto q = std::make_unique<Queue>();
+  Queue& r = *q;
+  queues_.push_back(std::move(q));
+  r.mapper = dom_->make_mapper();
+  const std::size_t pages = std::size_t{1} << rings.page_order;
+  if (rings.refs.size() != pages) {
+    throw std::runtime_error(fmt::format("queue {}: {} ring refs for ring-page-order {}", index,
+                                         rings.refs.size(), rings.page_order));
+  }
+  std::vector<std::span<std::uint8_t>> spans;
+  for (const gnttab::GrantRef ref : rings.refs) {
+    auto m = r.mapper->map(ref, /*readonly=*/false);
+    if (!m) {
+      throw std::runtime_error(fmt::format("queue {}: mapping ring ref {}: {}", index, ref,
+                                           gnttab::to_string(m.error())));
+    }
+    r.ring_handles.push_back(m->handle());
+    spans.push_back(m->writable());
+  }
+  std::span<std::uint8_t> ring_bytes;
+  bool consecutive = true;
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].data() != spans[0].data() + i * gnttab::kFrameSize) consecutive = false;
+  }
+  if (consecutive) {
+    ring_bytes = std::span<std::uint8_t>(spans[0].data(), pages * gnttab::kFrameSize);
+  } else {
+    // The frames are pinned now: read them from the grant entries and map them back to back.
+    std::vector<std::uint64_t> gfns;
+    const auto& frames = dom_->grant_frames();
+    for (const gnttab::GrantRef ref : rings.refs) {
+      auto* entry = frames.at(ref / gnttab::kEntriesPerFrame).data() +
+                    (ref % gnttab::kEntriesPerFrame) * sizeof(gnttab::GrantEntryV1);
+      gfns.push_back(std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(entry + 4))
+                         .load(std::memory_order_acquire));
+    }
+    r.scattered = dom_->map_contiguous(gfns);
+    ring_bytes = r.scattered.bytes();
+  }
+  // Attach at the shared rsp_prod: a fresh ring has rsp_prod == req_prod; a ring a dead backend
+  // served resumes with its unanswered requests (queue.h).
+  auto back = ring::BlkifBackRing::attach(ring_bytes);
+  if (!back) {
+    throw std::runtime_error(fmt::format("queue {}: the shared ring is unusable: {}", index,
+                                         ring::to_string(back.error())));
+  }
+  const std::string path = shadow_path(shadow_dir, name_, index);
+  r.shadow = std::make_unique<ShadowRing>(resume ? ShadowRing::open(path, back->size())
+                                                 : ShadowRing::create(path, back->size()));
+  if (resume) {
+    spdlog::info("{}: queue {}: resuming at rsp_prod {}, {} request(s) left unanswered{}", name_, index,
+                 back->req_cons(), back->unconsumed_requests().value_or(0),
+                 r.shadow->reused() ? "" : " (no shadow file: taking them from the ring)");
+  }
+  std::unique_ptr<domain::Dom0Port> port;
+  try {
+    port = dom_->bind(rings.event_channel, &r.dom0_port);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("queue {}: binding event channel {}: {}", index,
+                                         rings.event_channel, e.what()));
+  }
+  r.bound = true;
+  const std::string qn = queues_.size() == 1 && index == 0 ? name_ : fmt::format("{}q{}", name_, index);
+  r.queue = std::make_unique<BlkifQueue>(qn, disk, *r.mapper, std::move(*back), std::move(port), config,
+                                         r.shadow.get());
+}
+
+void VbdConnection::teardown() noexcept {
+  stop();
+  for (auto& q : queues_) {
+    if (q->thread.joinable()) q->thread.join();
+  }
+  for (auto& q : queues_) {
+    q->queue.reset();  // waits for the kernel to finish with the guest's pages
+    for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
+    q->ring_handles.clear();
+    q->scattered = {};
+    q->mapper.reset();
+    if (q->bound) {
+      try {
+        dom_->unbind(q->dom0_port);
+      } catch (const std::exception& e) {
+        // The domain went away: its end of the channel went with it.
+        spdlog::debug("{}: unbinding port {}: {}", name_, q->dom0_port, e.what());
+      }
+      q->bound = false;
+    }
+    if (q->shadow && forget_shadows_) q->shadow->remove();
+    q->shadow.reset();
+  }
+  queues_.clear();
+}
+
+}  // namespace xpv::blkback
