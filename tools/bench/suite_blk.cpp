@@ -221,8 +221,9 @@ std::array<double, 3> bonnie(const std::string& file, const std::string& mnt) {
   run_capture("mount " + loop + " " + mnt);
   // -s 256 MiB with -r 128 (bonnie++ wants size >= 2x RAM it is told about); no small-file test.
   const std::string csv = run_capture("bonnie++ -q -d " + mnt + " -s 256 -r 128 -n 0 -u root 2>/dev/null");
-  // CSV line: fields 9/10 = sequential block output K/s, 11 = rewrite K/s, 15 = block input K/s
-  // (bonnie++ 1.98 format: version,version,name,concurrency,seed,size,chunk,...).
+  // CSV format 1.98: format, version, name, concurrency, seed, size, chunk size, seeks,
+  // seek processes, putc, putc %cpu, block write (11), %cpu, rewrite (13), %cpu, getc, %cpu,
+  // block read (17), ... in K/s; "+++++" where a phase was too quick to measure.
   std::string line = csv.substr(0, csv.find('\n'));
   std::vector<std::string> f;
   std::stringstream ss(line);
@@ -231,7 +232,7 @@ std::array<double, 3> bonnie(const std::string& file, const std::string& mnt) {
     if (i >= f.size() || f[i].empty() || f[i].find('+') != std::string::npos) return 0.0;
     return std::stod(f[i]) / 1000.0;  // K/s → MB/s
   };
-  return {kps(9), kps(15), kps(11)};
+  return {kps(11), kps(17), kps(13)};
 }
 
 std::vector<Result> run_blk(const Options& opt) {
