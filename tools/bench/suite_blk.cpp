@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -229,7 +230,8 @@ std::array<double, 3> bonnie(const std::string& file, const std::string& mnt) {
   std::stringstream ss(line);
   for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
   auto kps = [&](std::size_t i) {
-    if (i >= f.size() || f[i].empty() || f[i].find('+') != std::string::npos) return 0.0;
+    // Too quick to measure ("+++++") or missing: no number (null in the JSON).
+    if (i >= f.size() || f[i].empty() || f[i].find('+') != std::string::npos) return std::numeric_limits<double>::quiet_NaN();
     return std::stod(f[i]) / 1000.0;  // K/s → MB/s
   };
   return {kps(11), kps(17), kps(13)};
