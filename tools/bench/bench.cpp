@@ -2,8 +2,12 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 namespace xpv::bench {
@@ -62,6 +66,50 @@ void print_table(const std::string& suite, const std::vector<Result>& rs) {
     fmt::print("  {:<40} {:>14.4g} {:>14} {:>8}  {}{}\n", r.metric, r.xpv, ref, ratio, r.unit,
                r.note.empty() ? "" : "  (" + r.note + ")");
   }
+}
+
+std::string plot_path(const Options& opts, const std::string& suite, const std::string& what) {
+  if (!opts.json_path.empty()) {
+    std::filesystem::path p(opts.json_path);
+    return (p.parent_path() / (p.stem().string() + "-" + what + ".png")).string();
+  }
+  return "bench-" + suite + "-" + what + ".png";
+}
+
+bool write_ratio_chart(const std::string& png, const std::string& suite, const std::vector<Result>& rs) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fmt::print(stderr, "xpv bench: gnuplot is not installed (scripts/setup installs gnuplot-nox); no chart\n");
+    return false;
+  }
+  char tmpl[] = "/tmp/xpv-bench-chart-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return false;
+  const std::filesystem::path dir = tmpl;
+  std::size_t n = 0;
+  double top = 1.1;  // the reference line at 1 is always in view
+  {
+    std::ofstream d(dir / "data");
+    for (const Result& r : rs) {
+      if (!r.reference || *r.reference == 0 || !std::isfinite(r.xpv)) continue;
+      std::string label = r.metric;
+      for (char& c : label) if (c == '"') c = '\'';
+      d << n++ << " \"" << label << "\" " << r.xpv / *r.reference << '\n';
+      top = std::max(top, 1.1 * r.xpv / *r.reference);
+    }
+    std::ofstream g(dir / "plot.gp");
+    g << "set terminal png size 1000," << (200 + 28 * n) << "\nset output '" << png << "'\n"
+      << "set title 'xpv bench " << suite << ": xpv / reference, same machine, same run'\n"
+      << "set style fill solid 0.6\nset boxwidth 0.7\nset xrange [0:" << top << "]\nset grid x\n"
+      << "set ytics nomirror\nset yrange [-1:" << n << "]\nset xlabel 'ratio (1 = as fast as the reference; "
+         "for latency units lower is better)'\n"
+      << "set arrow from 1, graph 0 to 1, graph 1 nohead dt 2\n"
+      << "plot '" << (dir / "data").string() << "' using ($3*0.5):1:($3*0.5):(0.35):yticlabels(2) "
+         "with boxxyerror notitle\n";
+  }
+  const bool ok = n > 0 && std::system(("gnuplot " + (dir / "plot.gp").string() + " 2>/dev/null").c_str()) == 0;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!ok) fmt::print(stderr, "xpv bench: no chart for {} (nothing with a reference, or gnuplot failed)\n", suite);
+  return ok;
 }
 
 }  // namespace xpv::bench

@@ -17,7 +17,8 @@
 namespace xpv::bench {
 
 struct Options {
-  double scale = 1.0;  // multiplies iteration counts / durations (--quick sets 0.1)
+  double scale = 1.0;     // multiplies iteration counts / durations (--quick sets 0.1)
+  std::string json_path;  // --json FILE, or empty; plots go next to it (plot_path)
 };
 
 struct Result {
@@ -50,6 +51,14 @@ inline double seconds_since(Clock::time_point t0) {
 // Writes the shared JSON shape; returns false (and prints why) if the file cannot be written.
 bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs);
 void print_table(const std::string& suite, const std::vector<Result>& rs);
+
+// Where a suite's plot named `what` goes: next to the JSON (FILE.json → FILE-what.png), else
+// ./bench-SUITE-what.png.
+std::string plot_path(const Options& opts, const std::string& suite, const std::string& what);
+
+// A PNG bar chart of xpv/reference per metric (gnuplot; metrics without a reference are left
+// out). Returns false, saying why on stderr, if it cannot be drawn.
+bool write_ratio_chart(const std::string& png, const std::string& suite, const std::vector<Result>& rs);
 
 }  // namespace xpv::bench
 

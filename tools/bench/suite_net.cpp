@@ -9,8 +9,8 @@
 // domain->host (-R), then --bidir. Metrics (Gbit/s, as received): `tcp host->domain`,
 // `tcp domain->host`, `bidir host->domain`, `bidir domain->host`, and `bidir min/max` (the smaller
 // direction over the larger under --bidir, for xpv and for veth). A PNG of the per-second
-// throughput of each direction under --bidir is written with gnuplot (if installed) to
-// $XPV_BENCH_PLOT or ./bench-net.png. Duration: 5 s per run, times --quick's scale (min 1 s).
+// throughput of each direction under --bidir is written with gnuplot (if installed) next to
+// the JSON (FILE-bidir-timeline.png; see bench.h plot_path). Duration: 5 s per run, times --quick's scale (min 1 s).
 // Needs root, /dev/net/tun, iproute2 and iperf3; without them the results say why.
 #include <signal.h>
 #include <sys/wait.h>
@@ -225,10 +225,8 @@ Figures measure(const Namespaces& ns, const std::string& ip, int port, int secon
   return f;
 }
 
-void plot(const Figures& xpv, const Figures& veth) {
+void plot(const Figures& xpv, const Figures& veth, const std::string& png) {
   if (sh("command -v gnuplot") != 0) return;
-  const char* env = std::getenv("XPV_BENCH_PLOT");
-  const std::string png = env && *env ? env : "bench-net.png";
   char tmpl[] = "/tmp/xpv-bench-net-XXXXXX";
   if (!::mkdtemp(tmpl)) return;
   const std::string dir = tmpl;
@@ -302,7 +300,7 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
   (void)sh("ip -n " + ns.d + " link set " + vd_if + " up");
   v = measure(ns, vd, 5302, seconds);
   if (!x.ok() || !v.ok()) return unavailable("an iperf3 run failed");
-  plot(x, v);
+  plot(x, v, xpv::bench::plot_path(opt, "net", "bidir-timeline"));
   auto minmax = [](double a, double b) { return std::max(a, b) > 0 ? std::min(a, b) / std::max(a, b) : 0.0; };
   const std::string ref = "reference: veth pair between the same two namespaces; " + std::to_string(seconds) + " s per run";
   rs.push_back({"tcp host->domain", "Gbit/s", x.up.fwd, v.up.fwd, ref + "; " + note});

@@ -20,11 +20,16 @@ namespace {
 int run_bench(const std::string& suite_name, const std::string& json_path, bool quick) {
   xpv::bench::Options opts;
   if (quick) opts.scale = 0.1;
+  opts.json_path = json_path;
   for (const auto& s : xpv::bench::suites()) {
     if (s.name != suite_name) continue;
     auto results = s.run(opts);
     xpv::bench::print_table(s.name, results);
-    if (!json_path.empty() && !xpv::bench::write_json(json_path, s.name, results)) return 1;
+    if (!json_path.empty()) {
+      if (!xpv::bench::write_json(json_path, s.name, results)) return 1;
+      const std::string png = xpv::bench::plot_path(opts, s.name, "ratios");
+      if (xpv::bench::write_ratio_chart(png, s.name, results)) fmt::print("chart: {}\n", png);
+    }
     return 0;
   }
   std::string known;
