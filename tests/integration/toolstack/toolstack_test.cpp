@@ -469,5 +469,73 @@ TEST_F(RealFront, CreateListBlockAttachDestroy) {
   }
 }
 
+// Issue 4's acceptance path, through the toolstack with every real component: a process domain
+// with a PV disk; mkfs.ext4 on a loop device over its FUSE file; files written with fsync;
+// destroy; create again; the content is there (sha256).
+TEST_F(RealFront, Ext4OnAPvDiskSurvivesDestroyAndCreate) {
+  if (std::system("command -v losetup >/dev/null && command -v mkfs.ext4 >/dev/null") != 0) {
+    GTEST_SKIP() << "needs losetup and mkfs.ext4";
+  }
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto img = image(h, "root.img", 64);
+  const std::string cfg = h.write("store.cfg", "name = \"store\"\ntype = \"process\"\nmemory = 64\n"
+                                               "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n");
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
+  const std::string mnt = h.dir + "/mnt";
+  fs::create_directories(mnt);
+  auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
+  auto attach_loop = [&]() {
+    std::string loop;
+    FILE* p = ::popen(("losetup --find --show " + disk + " 2>/dev/null").c_str(), "r");
+    if (p) {
+      char line[64] = {};
+      if (std::fgets(line, sizeof line, p)) loop = line;
+      ::pclose(p);
+    }
+    while (!loop.empty() && loop.back() == '\n') loop.pop_back();
+    return loop;
+  };
+  struct Cleanup {
+    std::string mnt;
+    std::string loop;
+    ~Cleanup() {
+      (void)!std::system(("umount " + mnt + " 2>/dev/null").c_str());
+      if (!loop.empty()) (void)!std::system(("losetup -d " + loop + " 2>/dev/null").c_str());
+    }
+  } cleanup{mnt, ""};
+
+  r = h.run({"create", cfg});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
+  cleanup.loop = attach_loop();
+  if (cleanup.loop.empty()) GTEST_SKIP() << "no free loop device";
+  ASSERT_EQ(sh("mkfs.ext4 -q -F " + cleanup.loop), 0);
+  ASSERT_EQ(sh("mount " + cleanup.loop + " " + mnt), 0);
+  ASSERT_EQ(sh("dd if=/dev/urandom of=" + mnt + "/a bs=64k count=32 conv=fsync"), 0);
+  ASSERT_EQ(sh("sh -c 'echo pv-disk > " + mnt + "/b && sync " + mnt + "/b'"), 0);
+  ASSERT_EQ(sh("sh -c 'cd " + mnt + " && sha256sum a b > " + h.dir + "/sums'"), 0);
+  ASSERT_EQ(sh("umount " + mnt), 0);
+  ASSERT_EQ(sh("losetup -d " + cleanup.loop), 0);
+  cleanup.loop.clear();
+  r = h.run({"destroy", "store"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(fs::exists(disk));
+
+  r = h.run({"create", cfg});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
+  cleanup.loop = attach_loop();
+  ASSERT_FALSE(cleanup.loop.empty());
+  ASSERT_EQ(sh("mount -o ro " + cleanup.loop + " " + mnt), 0);
+  EXPECT_EQ(sh("sh -c 'cd " + mnt + " && sha256sum -c --quiet " + h.dir + "/sums'"), 0);
+  ASSERT_EQ(sh("umount " + mnt), 0);
+  ASSERT_EQ(sh("losetup -d " + cleanup.loop), 0);
+  cleanup.loop.clear();
+  r = h.run({"destroy", "store"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 }  // namespace
 }  // namespace xpv::test
