@@ -47,7 +47,17 @@ mount -t devtmpfs devtmpfs /host/dev || die "cannot mount /dev in the chroot"
 mkdir -p /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts
 mount -t tmpfs tmpfs /host/dev/shm
+# A writable /tmp for the command, with the host's /tmp still visible (read-only) underneath:
+# every top-level directory of the host's /tmp is bound back into it, so a checkout, a build or
+# an input that lives in /tmp (CI clones may) is found at its usual path.
+mkdir -p /hosttmp
+mount -o bind /host/tmp /hosttmp || die "cannot keep the host's /tmp visible"
 mount -t tmpfs tmpfs /host/tmp || die "cannot mount /tmp in the chroot"
+for d in /hosttmp/* /hosttmp/.[!.]*; do
+  [ -d "$d" ] || continue
+  b="${d#/hosttmp/}"
+  mkdir -p "/host/tmp/$b" && mount -o bind "$d" "/host/tmp/$b" || log "cannot show /tmp/$b in L1"
+done
 mount -t tmpfs tmpfs /host/run
 if [ -n "$XPV_SHARE" ]; then
   mkdir -p "/host$XPV_SHARE" 2>/dev/null
