@@ -32,6 +32,7 @@
 #include <optional>
 #include <thread>
 
+#include "xpv/xenbus/daemon/process.h"
 #include "xpv/domain/domain.h"
 #include "xpv/frontends/guest_events.h"
 #include "xpv/frontends/vbd_driver.h"
@@ -41,17 +42,6 @@ namespace {
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
-
-std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
-  using spdlog::level::level_enum;
-  if (s == "trace") return level_enum::trace;
-  if (s == "debug") return level_enum::debug;
-  if (s == "info") return level_enum::info;
-  if (s == "warn" || s == "warning") return level_enum::warn;
-  if (s == "error") return level_enum::err;
-  if (s == "off") return level_enum::off;
-  return std::nullopt;
-}
 
 // The domain's upcalls go to GuestEvents, which needs the domain's shared_info page: created
 // after the Domain, so the sink forwards.
@@ -112,7 +102,7 @@ int main(int argc, char** argv) {
   if (xs_timeout_s < 1 || xs_timeout_s > 3600) return bad("--xenstore-timeout: expected 1..3600 seconds");
   if (max_indirect > 4096) return bad("--max-indirect-segments: expected 0..4096");
   if (max_order > 4) return bad("--max-ring-page-order: expected 0..4");
-  auto level = parse_level(log_level);
+  auto level = xpv::daemon::parse_log_level(log_level);
   if (!level) return bad("--log-level '" + log_level + "': expected trace, debug, info, warn, error or off");
   if (!foreground) {
     auto sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("xpv-front", LOG_PID, LOG_DAEMON, false);

@@ -24,44 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "xpv/xenbus/daemon/process.h"
 #include "xpv/xenbus/daemon/domains.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 #include "xpv/xenbus/store.h"
 
 namespace {
-
-std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
-  using spdlog::level::level_enum;
-  if (s == "trace") return level_enum::trace;
-  if (s == "debug") return level_enum::debug;
-  if (s == "info") return level_enum::info;
-  if (s == "warn" || s == "warning") return level_enum::warn;
-  if (s == "error") return level_enum::err;
-  if (s == "off") return level_enum::off;
-  return std::nullopt;
-}
-
-// Removes the pid file when the daemon exits normally.
-class PidFile {
- public:
-  PidFile() = default;
-  explicit PidFile(std::string path) : path_(std::move(path)) {
-    std::ofstream f(path_);
-    if (!f) throw std::runtime_error("cannot write pid file " + path_);
-    f << ::getpid() << '\n';
-  }
-  PidFile(PidFile&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  PidFile& operator=(PidFile&& o) noexcept {
-    std::swap(path_, o.path_);
-    return *this;
-  }
-  ~PidFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-
- private:
-  std::string path_;
-};
 
 // Double fork. The original process waits until the daemon reports ready (one byte on a pipe:
 // '1' ok, '0' failed) so its exit status tells the caller whether the daemon runs.
@@ -147,7 +115,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto level = parse_level(log_level);
+  auto level = xpv::daemon::parse_log_level(log_level);
   if (!level) {
     std::fprintf(stderr,
                  "xpv-xenstored: --log-level '%s': expected trace, debug, info, warn, error or "
@@ -163,7 +131,7 @@ int main(int argc, char** argv) {
     xpv::xenbus::Hooks hooks;
     hooks.print = [](std::string_view s) { spdlog::info("xenstored: control print: {}", s); };
     hooks.set_log_level = [](std::string_view s) {
-      auto l = parse_level(s);
+      auto l = xpv::daemon::parse_log_level(s);
       if (l) spdlog::set_level(*l);
       return l.has_value();
     };
@@ -194,8 +162,8 @@ int main(int argc, char** argv) {
       spdlog::set_default_logger(std::make_shared<spdlog::logger>("xenstored", sink));
       spdlog::set_level(*level);
     }
-    PidFile pid;
-    if (!pid_file.empty()) pid = PidFile(pid_file);
+    xpv::daemon::PidFile pid;
+    if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
     if (ready_fd >= 0) {
       [[maybe_unused]] auto n = ::write(ready_fd, "1", 1);
       ::close(ready_fd);

@@ -28,43 +28,11 @@
 #include <string>
 #include <thread>
 
+#include "xpv/xenbus/daemon/process.h"
 #include "xpv/blkback/backend.h"
 #include "xpv/unique_fd.h"
 
 namespace {
-
-std::optional<spdlog::level::level_enum> parse_level(std::string_view s) {
-  using spdlog::level::level_enum;
-  if (s == "trace") return level_enum::trace;
-  if (s == "debug") return level_enum::debug;
-  if (s == "info") return level_enum::info;
-  if (s == "warn" || s == "warning") return level_enum::warn;
-  if (s == "error") return level_enum::err;
-  if (s == "off") return level_enum::off;
-  return std::nullopt;
-}
-
-// Removes the pid file when the daemon exits normally.
-class PidFile {
- public:
-  PidFile() = default;
-  explicit PidFile(std::string path) : path_(std::move(path)) {
-    std::ofstream f(path_);
-    if (!f) throw std::runtime_error("cannot write pid file " + path_);
-    f << ::getpid() << '\n';
-  }
-  PidFile(const PidFile&) = delete;
-  PidFile& operator=(PidFile&& o) noexcept {
-    std::swap(path_, o.path_);
-    return *this;
-  }
-  ~PidFile() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-
- private:
-  std::string path_;
-};
 
 // Tells the launching process how startup went: '1' = serving, '0' + message = failed.
 class Launcher {
@@ -166,7 +134,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "xpv-blkback: %s\n", e.what());
     return 2;
   }
-  auto level = parse_level(log_level);
+  auto level = xpv::daemon::parse_log_level(log_level);
   if (!level) {
     std::fprintf(stderr, "xpv-blkback: --log-level '%s': expected trace, debug, info, warn, error or off\n",
                  log_level.c_str());
@@ -198,8 +166,8 @@ int main(int argc, char** argv) {
     // Signals first, before the xenstore client starts its thread.
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     xpv::blkback::Backend backend(io, opts);
-    PidFile pid;
-    if (!pid_file.empty()) pid = PidFile(pid_file);
+    xpv::daemon::PidFile pid;
+    if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
     signals.async_wait([&](boost::system::error_code ec, int sig) {
       if (ec) return;
       spdlog::info("blkback: signal {}: stopping the queues; devices stay as they are", sig);
