@@ -119,8 +119,9 @@ class Domains : public ::testing::Test {
     if (events_) events_->stop();
     if (events_thread_.joinable()) events_thread_.join();
     client_.reset();
-    events_.reset();
+    // The domain raises upcalls from its own thread until it is gone: destroy it before its sink.
     if (domain_) on_dom([this] { domain_.reset(); });
+    events_.reset();
   }
   Expected<void, Error> introduce(xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
     return on_xs([&] { return store_->introduce(d, mfn, port); });
