@@ -33,7 +33,31 @@ Domain::Domain(asio::io_context& io, DomainConfig config, UpcallSink& sink)
   grants_ = std::make_unique<gnttab::GrantTable>(std::move(frames), config_.max_grant_frames);
   page_used_.assign(config_.memory_bytes >> kPageShift, false);
   for (std::uint64_t g = 0; g < kFirstGrantGfn + config_.max_grant_frames; ++g) page_used_[g] = true;
+  finish_setup();
+}
 
+Domain::Domain(asio::io_context& io, DomainConfig config, UpcallSink& sink, DomainMemory memory, HvmLayout layout)
+    : io_(io), config_(std::move(config)), memory_(std::move(memory)) {
+  xenstore_gfn_ = layout.xenstore_gfn;
+  grant_frames_gfn_ = layout.grant_frames_gfn;
+  if (!memory_.view().page(xenstore_gfn_)) {
+    throw std::invalid_argument(fmt::format("domain {}: xenstore gfn {:#x} is not in the domain's memory", config_.name,
+                                            xenstore_gfn_));
+  }
+  for (std::uint32_t i = 0; i < config_.max_grant_frames; ++i) {
+    if (!memory_.view().page(grant_frames_gfn_ + i)) {
+      throw std::invalid_argument(fmt::format("domain {}: grant frame {} (gfn {:#x}) is not in the domain's memory",
+                                              config_.name, i, grant_frames_gfn_ + i));
+    }
+  }
+  shared_info_placeholder_.assign(kPageSize / sizeof(std::uint64_t), 0);
+  evtchn_ = std::make_unique<EventChannels>(
+      config_.domid, config_.vcpus,
+      std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(shared_info_placeholder_.data()), kPageSize), sink);
+  finish_setup();
+}
+
+void Domain::finish_setup() {
   auto port = evtchn_->alloc_unbound(0);
   if (!port) throw std::runtime_error(fmt::format("domain {}: no xenstore event channel", config_.name));
   xenstore_port_ = *port;
@@ -80,7 +104,7 @@ DomainInfo Domain::info() {
 GrantTableInfo Domain::grant_table() {
   GrantTableInfo g;
   g.max_frames = config_.max_grant_frames;
-  for (std::uint32_t i = 0; i < config_.max_grant_frames; ++i) g.gfns.push_back(kFirstGrantGfn + i);
+  for (std::uint32_t i = 0; i < config_.max_grant_frames; ++i) g.gfns.push_back(grant_frames_gfn_ + i);
   return g;
 }
 
@@ -126,6 +150,6 @@ Expected<void, int> Domain::unbind(std::uint32_t port) {
   return {};
 }
 
-Expected<XenstoreInfo, int> Domain::xenstore() { return XenstoreInfo{kXenstoreGfn, xenstore_port_}; }
+Expected<XenstoreInfo, int> Domain::xenstore() { return XenstoreInfo{xenstore_gfn_, xenstore_port_}; }
 
 }  // namespace xpv::domain

@@ -4,36 +4,62 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
 namespace xpv::kvm {
 
-GuestRam::GuestRam(std::uint64_t size) : size_(size) {
+GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& device)
+    : size_(size) {
   if (size == 0 || size % kPageSize != 0) {
     throw std::runtime_error(fmt::format("guest memory size {} is not a positive multiple of 4 KiB", size));
   }
+  const std::uint64_t low = size < kLowRamMax ? size : kLowRamMax;
+  std::uint64_t file = size;
+  for (const auto& [gpa, len] : device) {
+    // Device memory lives in the hole between low RAM and 4 GiB, page aligned.
+    if (len == 0 || gpa % kPageSize != 0 || len % kPageSize != 0 || gpa < low || gpa + len > kHighRamBase ||
+        gpa + len < gpa) {
+      throw std::runtime_error(fmt::format("device memory [{:#x}, +{:#x}) is not page aligned inside the PCI hole",
+                                           gpa, len));
+    }
+    file += len;
+  }
+  auto sorted = device;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i - 1].first + sorted[i - 1].second > sorted[i].first) {
+      throw std::runtime_error(fmt::format("device memory at {:#x} overlaps the region at {:#x}", sorted[i].first,
+                                           sorted[i - 1].first));
+    }
+  }
+  file_size_ = file;
   fd_ = UniqueFd(memfd_create("xpv-guest-ram", MFD_CLOEXEC));
   if (!fd_.valid()) throw std::runtime_error(fmt::format("memfd_create: {}", std::strerror(errno)));
-  if (ftruncate(fd_.get(), static_cast<off_t>(size)) != 0) {
-    throw std::runtime_error(fmt::format("guest memory: ftruncate({} bytes): {}", size, std::strerror(errno)));
+  if (ftruncate(fd_.get(), static_cast<off_t>(file)) != 0) {
+    throw std::runtime_error(fmt::format("guest memory: ftruncate({} bytes): {}", file, std::strerror(errno)));
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_.get(), 0);
+  void* p = mmap(nullptr, file, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_.get(), 0);
   if (p == MAP_FAILED) {
-    throw std::runtime_error(fmt::format("guest memory: mmap({} bytes): {}", size, std::strerror(errno)));
+    throw std::runtime_error(fmt::format("guest memory: mmap({} bytes): {}", file, std::strerror(errno)));
   }
   base_ = static_cast<std::uint8_t*>(p);
-  const std::uint64_t low = size < kLowRamMax ? size : kLowRamMax;
   regions_.push_back(Region{0, low, 0, base_});
   if (size > low) regions_.push_back(Region{kHighRamBase, size - low, low, base_ + low});
+  std::uint64_t off = size;
+  for (const auto& [gpa, len] : device) {
+    regions_.push_back(Region{gpa, len, off, base_ + off});
+    off += len;
+  }
   std::vector<GuestMemory::Region> view;
   for (const auto& r : regions_) view.push_back({r.gpa, r.size, r.host});
   memory_ = GuestMemory(std::move(view));
 }
 
 GuestRam::~GuestRam() {
-  if (base_ != nullptr) munmap(base_, size_);
+  if (base_ != nullptr) munmap(base_, file_size_);
 }
 
 }  // namespace xpv::kvm

@@ -6,7 +6,10 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -142,7 +145,7 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
   pit.flags = KVM_PIT_SPEAKER_DUMMY;
   if (ioctl(vm_fd_.get(), KVM_CREATE_PIT2, &pit) < 0) fail_setup("KVM_CREATE_PIT2");
 
-  ram_ = std::make_unique<GuestRam>(cfg.memory_bytes);
+  ram_ = std::make_unique<GuestRam>(cfg.memory_bytes, cfg.device_memory);
   std::uint32_t slot = 0;
   for (const auto& r : ram_->regions()) {
     kvm_userspace_memory_region region{};
@@ -194,6 +197,104 @@ Vm::~Vm() {
   for (auto& v : vcpus_) {
     if (v->thread.joinable()) v->thread.join();
   }
+  if (resample_thread_.joinable()) {
+    const std::uint64_t one = 1;
+    (void)!::write(resample_stop_.get(), &one, sizeof one);
+    resample_thread_.join();
+  }
+}
+
+void Vm::set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn) {
+  trap_port_ = port;
+  trap_ = std::move(fn);
+}
+
+void Vm::signal_msi(unsigned vcpu, std::uint8_t vector) noexcept {
+  // MSI address: 0xfee00000 | destination APIC id << 12 (physical mode); data: fixed, edge, vector.
+  kvm_msi msi{};
+  msi.address_lo = 0xfee0'0000u | (vcpu << 12);
+  msi.data = vector;
+  if (ioctl(vm_fd_.get(), KVM_SIGNAL_MSI, &msi) < 0) {
+    static std::atomic<int> logged{0};
+    if (logged.fetch_add(1) < 5) spdlog::warn("vm: KVM_SIGNAL_MSI vector {:#x} to vCPU {}: {}", vector, vcpu, std::strerror(errno));
+  }
+}
+
+void Vm::add_resample_line(std::uint32_t gsi, std::function<void()> on_eoi) {
+  if (irqfd_.valid()) throw std::runtime_error("vm: only one resample line is supported");
+  irqfd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  resamplefd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  resample_stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!irqfd_.valid() || !resamplefd_.valid() || !resample_stop_.valid()) fail_setup("eventfd for the resample line");
+  kvm_irqfd f{};
+  f.fd = static_cast<std::uint32_t>(irqfd_.get());
+  f.gsi = gsi;
+  f.flags = KVM_IRQFD_FLAG_RESAMPLE;
+  f.resamplefd = static_cast<std::uint32_t>(resamplefd_.get());
+  if (ioctl(vm_fd_.get(), KVM_IRQFD, &f) < 0) fail_setup(fmt::format("KVM_IRQFD (resample) on GSI {}", gsi));
+  resample_gsi_ = gsi;
+  on_eoi_ = std::move(on_eoi);
+  resample_thread_ = std::thread([this] { resample_loop(); });
+}
+
+void Vm::assert_line() noexcept {
+  const std::uint64_t one = 1;
+  if (irqfd_.valid()) (void)!::write(irqfd_.get(), &one, sizeof one);
+}
+
+void Vm::resample_loop() noexcept {
+  pollfd fds[2] = {{resamplefd_.get(), POLLIN, 0}, {resample_stop_.get(), POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("vm: resample line: poll: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    std::uint64_t n;
+    if (::read(resamplefd_.get(), &n, sizeof n) == sizeof n && on_eoi_) on_eoi_();
+  }
+}
+
+namespace {
+// The VcpuContext of one trap: registers fetched lazily, rax written back on destruction.
+class TrapContext final : public VcpuContext {
+ public:
+  TrapContext(unsigned id, int fd) : id_(id), fd_(fd) {}
+  ~TrapContext() override {
+    if (dirty_ && ioctl(fd_, KVM_SET_REGS, &regs_) < 0) {
+      spdlog::error("vm: vCPU {}: KVM_SET_REGS after a trap: {}", id_, std::strerror(errno));
+    }
+  }
+  unsigned id() const noexcept override { return id_; }
+  const kvm_regs* regs() noexcept override {
+    if (!have_) have_ = ioctl(fd_, KVM_GET_REGS, &regs_) == 0;
+    return have_ ? &regs_ : nullptr;
+  }
+  void set_rax(std::uint64_t value) noexcept override {
+    if (regs() == nullptr) return;
+    regs_.rax = value;
+    dirty_ = true;
+  }
+  std::optional<std::uint64_t> translate(std::uint64_t gva) noexcept override {
+    kvm_translation t{};
+    t.linear_address = gva;
+    if (ioctl(fd_, KVM_TRANSLATE, &t) < 0 || !t.valid) return std::nullopt;
+    return t.physical_address;
+  }
+
+ private:
+  unsigned id_;
+  int fd_;
+  kvm_regs regs_{};
+  bool have_ = false;
+  bool dirty_ = false;
+};
+}  // namespace
+
+void Vm::pio_trap(Vcpu& v) noexcept {
+  TrapContext ctx(v.id, v.fd.get());
+  trap_(ctx);
 }
 
 void Vm::setup_lapic(Vcpu& v) {
@@ -352,6 +453,10 @@ void Vm::sample(Vcpu& v) noexcept {
 
 Result<void> Vm::handle_io(Vcpu& v) noexcept {
   const auto& io = v.run->io;
+  if (trap_ && io.port == trap_port_ && io.direction == KVM_EXIT_IO_OUT && io.size == 1 && io.count == 1) {
+    pio_trap(v);
+    return {};
+  }
   const std::uint64_t bytes = std::uint64_t{io.size} * io.count;
   if (io.size == 0 || io.size > 8 || io.data_offset > v.run_size || bytes > v.run_size - io.data_offset) {
     return err(fmt::format("vCPU {}: malformed KVM_EXIT_IO (port {:#x} size {} count {})", v.id, io.port, io.size, io.count));

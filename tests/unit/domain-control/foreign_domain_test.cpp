@@ -169,5 +169,71 @@ TEST_F(ForeignDomainTest, PageAllocatorHandsOutFreeRuns) {
   EXPECT_FALSE(domain_->alloc_pages(0));
 }
 
+// An HVM domain (xpv-vmm's layout): RAM, grant frames and the xenstore page at fixed gfns outside
+// RAM, all in one memfd the VMM made; a backend sees exactly those frames.
+TEST(HvmDomainLayout, ExportsTheVmsFramesAndXenstorePage) {
+  char tmpl[] = "/tmp/xpv-run-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string run_dir = tmpl;
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
+  CountingSink sink;
+  constexpr std::uint64_t kRam = 8 << 20, kGrantGpa = 0xf000'0000, kSpecialGpa = 0xfeff'0000;
+  auto mem = DomainMemory::create("hvm-test", {{0, kRam}, {kGrantGpa, 2 * kPageSize}, {kSpecialGpa, kPageSize}});
+  DomainConfig cfg;
+  cfg.domid = 11;
+  cfg.name = "hvm11";
+  cfg.kind = control::DomainKind::hvm;
+  cfg.max_grant_frames = 2;
+  cfg.run_dir = run_dir;
+  std::unique_ptr<Domain> dom;
+  {
+    std::packaged_task<void()> mk([&] {
+      dom = std::make_unique<Domain>(io, cfg, sink, std::move(mem),
+                                     HvmLayout{kGrantGpa >> kPageShift, kSpecialGpa >> kPageShift});
+    });
+    auto f = mk.get_future();
+    asio::post(io, [&] { mk(); });
+    f.get();
+  }
+  std::memcpy(dom->pages((kGrantGpa >> kPageShift) + 1, 1).data(), "frame1", 7);
+  {
+    auto d = ForeignDomain::connect(11, "test", run_dir);
+    EXPECT_EQ(d.info().kind, control::DomainKind::hvm);
+    ASSERT_EQ(d.grant_frames().size(), 2u);
+    EXPECT_STREQ(reinterpret_cast<const char*>(d.grant_frames()[1].data()), "frame1");
+    EXPECT_EQ(d.xenstore().gfn, kSpecialGpa >> kPageShift);
+    EXPECT_EQ(d.xenstore().port, dom->xenstore_port());
+    EXPECT_FALSE(dom->alloc_pages(1)) << "no page allocator in an HVM domain";
+    // Events work before the guest maps shared_info (they wait in the placeholder page).
+    auto port = dom->evtchn().alloc_unbound(0);
+    ASSERT_TRUE(port);
+    auto ch = d.bind(*port);
+    ASSERT_TRUE(dom->evtchn().send(*port));
+    EXPECT_TRUE(readable(ch->wait_fd(), 5000));
+  }
+  std::packaged_task<void()> rm([&] { dom.reset(); });
+  auto f = rm.get_future();
+  asio::post(io, [&] { rm(); });
+  f.get();
+  work.reset();
+  io.stop();
+  t.join();
+  std::filesystem::remove_all(run_dir);
+}
+
+TEST(HvmDomainLayout, RefusesFramesOutsideItsMemory) {
+  asio::io_context io;
+  CountingSink sink;
+  auto mem = DomainMemory::create("hvm-bad", {{0, 8 << 20}, {0xf000'0000, kPageSize}});
+  DomainConfig cfg;
+  cfg.domid = 12;
+  cfg.max_grant_frames = 2;  // only one frame exists
+  cfg.run_dir = "/tmp/xpv-never-created-dir";
+  EXPECT_THROW(Domain(io, cfg, sink, std::move(mem), HvmLayout{0xf0000, 0xf0000}), std::invalid_argument);
+  EXPECT_FALSE(std::filesystem::exists("/tmp/xpv-never-created-dir"));
+}
+
 }  // namespace
 }  // namespace xpv::domain

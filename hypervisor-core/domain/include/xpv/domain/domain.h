@@ -40,6 +40,16 @@ struct DomainConfig {
   std::string run_dir = "/run/xpv";  // where dom<N>.sock lives
 };
 
+// An HVM domain's layout (xpv-vmm): its memory is the VM's own (GuestRam's memfd, attached here so
+// the control socket exports exactly what KVM maps), its grant frames and xenstore page sit at
+// fixed gfns outside RAM (platform-pci BAR1, special pages), and shared_info starts in a host
+// placeholder page until the guest chooses a RAM page for it (XENMAPSPACE_shared_info →
+// EventChannels::move_shared_info).
+struct HvmLayout {
+  std::uint64_t grant_frames_gfn = 0;  // frame i at grant_frames_gfn + i
+  std::uint64_t xenstore_gfn = 0;
+};
+
 class Domain final : public ControlHandler {
  public:
   static constexpr std::uint64_t kSharedInfoGfn = 0;
@@ -49,6 +59,9 @@ class Domain final : public ControlHandler {
   // Creates the memory, grant table and event channels and starts serving the control socket.
   // Throws (setup path) with a message naming what failed; nothing is left behind then.
   Domain(boost::asio::io_context& io, DomainConfig config, UpcallSink& sink);
+  // An HVM domain over the VM's memory (see HvmLayout). No page allocator and no host-side
+  // granter: the guest kernel owns its grant entries.
+  Domain(boost::asio::io_context& io, DomainConfig config, UpcallSink& sink, DomainMemory memory, HvmLayout layout);
   ~Domain() override;
   Domain(const Domain&) = delete;
   Domain& operator=(const Domain&) = delete;
@@ -56,8 +69,10 @@ class Domain final : public ControlHandler {
   const DomainConfig& config() const noexcept { return config_; }
   const DomainMemory& mem() const noexcept { return memory_; }
   EventChannels& evtchn() noexcept { return *evtchn_; }
+  // The host-side granter of a process domain (an HVM guest grants from its own kernel: none).
   gnttab::GrantTable& grants() noexcept { return *grants_; }
-  std::span<std::uint8_t> xenstore_page() const { return memory_.view().page(kXenstoreGfn).value(); }
+  std::span<std::uint8_t> xenstore_page() const { return memory_.view().page(xenstore_gfn_).value(); }
+  std::uint64_t xenstore_gfn() const noexcept { return xenstore_gfn_; }
   // The xenstore event channel port (allocated unbound for dom0 at construction).
   std::uint32_t xenstore_port() const noexcept { return xenstore_port_; }
   const std::string& socket_path() const noexcept { return server_->path(); }
@@ -79,10 +94,14 @@ class Domain final : public ControlHandler {
 
  private:
   void watch_kicks(std::uint32_t dom0_port);
+  void finish_setup();
 
   boost::asio::io_context& io_;
   DomainConfig config_;
   DomainMemory memory_;
+  std::uint64_t xenstore_gfn_ = kXenstoreGfn;
+  std::uint64_t grant_frames_gfn_ = kFirstGrantGfn;
+  std::vector<std::uint64_t> shared_info_placeholder_;  // HVM: until the guest maps shared_info
   std::unique_ptr<EventChannels> evtchn_;
   std::unique_ptr<gnttab::GrantTable> grants_;
   std::uint32_t xenstore_port_ = 0;

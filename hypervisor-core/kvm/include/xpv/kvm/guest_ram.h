@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "xpv/guest_memory.h"
@@ -34,20 +35,24 @@ class GuestRam {
 
   // Creates and maps size bytes (a multiple of 2 MiB is not required, 4 KiB is). Throws
   // std::runtime_error with a clear line (setup code).
-  explicit GuestRam(std::uint64_t size);
+  // device: extra non-RAM regions {gpa, size} placed in the memfd after RAM (see VmConfig).
+  explicit GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& device = {});
   ~GuestRam();
   GuestRam(const GuestRam&) = delete;
   GuestRam& operator=(const GuestRam&) = delete;
 
-  std::uint64_t size() const noexcept { return size_; }
+  std::uint64_t size() const noexcept { return size_; }  // RAM bytes (device memory not counted)
   int fd() const noexcept { return fd_.get(); }
   const std::vector<Region>& regions() const noexcept { return regions_; }
   const GuestMemory& memory() const noexcept { return memory_; }
   // End of the RAM below the hole (the e820 and initrd placement need it).
   std::uint64_t low_end() const noexcept { return regions_.front().size; }
+  // Bytes of the memfd (RAM + device memory).
+  std::uint64_t file_size() const noexcept { return file_size_; }
 
  private:
   std::uint64_t size_ = 0;
+  std::uint64_t file_size_ = 0;
   UniqueFd fd_;
   std::uint8_t* base_ = nullptr;  // whole memfd mapping, size_ bytes
   std::vector<Region> regions_;

@@ -33,6 +33,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,7 +52,10 @@ const char* to_string(StopReason r) noexcept;
 
 struct VmConfig {
   unsigned vcpus = 1;
-  std::uint64_t memory_bytes = 256ull << 20;
+  std::uint64_t memory_bytes = 256ull << 20;  // RAM (below and above the 3 GiB hole)
+  // Device memory outside RAM, backed by the same memfd after RAM (a platform's grant frames,
+  // special pages): each {gpa, size} page-aligned, inside the hole, not overlapping.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> device_memory;
   std::chrono::milliseconds halt_poll{200};  // how often the monitor samples halted vCPUs
 };
 
@@ -62,6 +67,21 @@ struct ExitStats {
   std::uint64_t mmio_unclaimed = 0;
 };
 const char* exit_reason_name(std::size_t reason) noexcept;
+
+// A vCPU stopped in a port-I/O trap (see Vm::set_pio_trap): its registers and its view of guest-
+// virtual memory. Lives on the vCPU thread for the duration of one trap.
+class VcpuContext {
+ public:
+  virtual ~VcpuContext() = default;
+  virtual unsigned id() const noexcept = 0;
+  // General registers at the trapping instruction (fetched once, on first use); nullopt when KVM
+  // refuses (the trap then fails).
+  virtual const kvm_regs* regs() noexcept = 0;
+  // Written back before the vCPU resumes (the instruction is then skipped as usual).
+  virtual void set_rax(std::uint64_t value) noexcept = 0;
+  // Guest-virtual → guest-physical through the vCPU's current page tables (KVM_TRANSLATE).
+  virtual std::optional<std::uint64_t> translate(std::uint64_t gva) noexcept = 0;
+};
 
 class Vm {
  public:
@@ -96,6 +116,21 @@ class Vm {
   // Level of an interrupt line (GSI) of the in-kernel PIC/IOAPIC. Any thread.
   void set_irq(std::uint32_t gsi, bool level) noexcept;
 
+  // A port whose 1-byte OUT is handed, with the vCPU's registers, to fn on the vCPU thread instead
+  // of the bus (a hypercall convention: the Xen platform rewrites vmmcall into `out %al, $port`).
+  // Setup only (before run()); one trap port.
+  void set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn);
+
+  // An edge-triggered fixed interrupt to vCPU `vcpu`'s local APIC (KVM_SIGNAL_MSI; APIC id =
+  // vCPU index). Any thread.
+  void signal_msi(unsigned vcpu, std::uint8_t vector) noexcept;
+
+  // A level-triggered line with EOI notification (irqfd with a resample fd): assert_line(gsi)
+  // raises it; KVM lowers it when the guest EOIs and then on_eoi runs (on a VM helper thread),
+  // which may assert it again. Setup only; one such line.
+  void add_resample_line(std::uint32_t gsi, std::function<void()> on_eoi);
+  void assert_line() noexcept;
+
   // Runs until the VM stops; returns why (error → message in stop_message()).
   StopReason run() noexcept;
   // Any thread, any time: the first reason wins; wakes the monitor and kicks every vCPU.
@@ -110,6 +145,8 @@ class Vm {
   void vcpu_thread(Vcpu& v) noexcept;
   Result<void> vcpu_loop(Vcpu& v) noexcept;
   Result<void> handle_io(Vcpu& v) noexcept;
+  void pio_trap(Vcpu& v) noexcept;
+  void resample_loop() noexcept;
   void sample(Vcpu& v) noexcept;
   void kick_all() noexcept;
   Result<void> setup_cpuid();
@@ -132,6 +169,13 @@ class Vm {
   std::condition_variable stop_cv_;
   std::string stop_message_;
   std::atomic<std::uint64_t> kick_gen_{0};
+
+  int trap_port_ = -1;
+  std::function<void(VcpuContext&)> trap_;
+  std::uint32_t resample_gsi_ = 0;
+  std::function<void()> on_eoi_;
+  UniqueFd irqfd_, resamplefd_, resample_stop_;
+  std::thread resample_thread_;
 };
 
 }  // namespace xpv::kvm
