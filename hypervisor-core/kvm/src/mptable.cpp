@@ -10,12 +10,15 @@ namespace xpv::kvm {
 namespace {
 constexpr std::size_t kFloatSize = 16, kHeaderSize = 44, kCpuSize = 20, kEntrySize = 8;
 constexpr unsigned kIsaIrqs = 16;
+// I/O interrupt entry flags (MP spec 1.4 table 4-17): bits 1:0 polarity (3 = active low),
+// bits 3:2 trigger mode (3 = level).
+constexpr std::uint16_t kPciIntxFlags = 0x3 | (0x3 << 2);
 // Buses (2) + IOAPIC (1) + ISA interrupts (16) + local interrupts (2).
 constexpr std::size_t kFixedEntries = 2 + 1 + kIsaIrqs + 2;
 }  // namespace
 
-std::size_t mptable_size(unsigned vcpus) noexcept {
-  return kFloatSize + kHeaderSize + vcpus * kCpuSize + kFixedEntries * kEntrySize;
+std::size_t mptable_size(unsigned vcpus, std::size_t pci_irqs) noexcept {
+  return kFloatSize + kHeaderSize + vcpus * kCpuSize + (kFixedEntries + pci_irqs) * kEntrySize;
 }
 
 std::uint8_t mp_checksum(std::span<const std::uint8_t> s) noexcept {
@@ -27,7 +30,23 @@ std::uint8_t mp_checksum(std::span<const std::uint8_t> s) noexcept {
 Result<std::size_t> build_mptable(std::span<std::uint8_t> area, std::uint64_t area_gpa,
                                   const MpTableInput& in) noexcept {
   if (in.vcpus == 0 || in.vcpus > kMaxVcpus) return err(fmt::format("MP table: {} vCPUs (1..{})", in.vcpus, kMaxVcpus));
-  const std::size_t total = mptable_size(in.vcpus);
+  if (in.pci_irqs.size() > kMaxPciIrqs) {
+    return err(fmt::format("MP table: {} PCI interrupt entries (at most {})", in.pci_irqs.size(), kMaxPciIrqs));
+  }
+  for (std::size_t i = 0; i < in.pci_irqs.size(); ++i) {
+    const MpPciIrq& p = in.pci_irqs[i];
+    if (p.slot >= 32 || p.pin < 1 || p.pin > 4 || p.ioapic_pin < kFirstPciIoapicPin || p.ioapic_pin >= kIoapicPins) {
+      return err(fmt::format("MP table: PCI interrupt 00:{:02x} pin {} → IOAPIC pin {}: slot 0..31, pin 1..4 "
+                             "(INTA..INTD), IOAPIC pin {}..{}",
+                             p.slot, p.pin, p.ioapic_pin, kFirstPciIoapicPin, kIoapicPins - 1));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (in.pci_irqs[j].slot == p.slot && in.pci_irqs[j].pin == p.pin) {
+        return err(fmt::format("MP table: PCI interrupt 00:{:02x} pin {} is routed twice", p.slot, p.pin));
+      }
+    }
+  }
+  const std::size_t total = mptable_size(in);
   if (area.size() < total) return err(fmt::format("MP table: needs {} bytes, area has {}", total, area.size()));
   if (area_gpa + total > 0x1'0000'0000) return err("MP table: must lie below 4 GiB");
   const std::uint8_t ioapic_id = in.ioapic_id != 0 ? in.ioapic_id : static_cast<std::uint8_t>(in.vcpus);
@@ -45,7 +64,7 @@ Result<std::size_t> build_mptable(std::span<std::uint8_t> area, std::uint64_t ar
   tbl[6] = 4;
   std::memcpy(tbl.data() + 8, "XPV     ", 8);
   std::memcpy(tbl.data() + 16, "XPV-VMM     ", 12);
-  le::store<std::uint16_t>(tbl, 34, static_cast<std::uint16_t>(in.vcpus + kFixedEntries));
+  le::store<std::uint16_t>(tbl, 34, static_cast<std::uint16_t>(in.vcpus + kFixedEntries + in.pci_irqs.size()));
   le::store<std::uint32_t>(tbl, 36, kLapicAddress);
 
   std::size_t off = kHeaderSize;
@@ -80,6 +99,16 @@ Result<std::size_t> build_mptable(std::span<std::uint8_t> area, std::uint64_t ar
     tbl[off + 5] = static_cast<std::uint8_t>(irq);
     tbl[off + 6] = ioapic_id;
     tbl[off + 7] = static_cast<std::uint8_t>(irq);
+    off += kEntrySize;
+  }
+  for (const MpPciIrq& p : in.pci_irqs) {
+    tbl[off] = 3;      // I/O interrupt assignment
+    tbl[off + 1] = 0;  // INT (vectored)
+    le::store<std::uint16_t>(tbl, off + 2, kPciIntxFlags);
+    tbl[off + 4] = kMpBusPci;
+    tbl[off + 5] = static_cast<std::uint8_t>((p.slot << 2) | (p.pin - 1));
+    tbl[off + 6] = ioapic_id;
+    tbl[off + 7] = p.ioapic_pin;
     off += kEntrySize;
   }
   auto local = [&](std::uint8_t type, std::uint8_t dst_apic, std::uint8_t lint) {
