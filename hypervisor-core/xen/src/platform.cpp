@@ -74,15 +74,18 @@ std::int64_t Platform::hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem
 }
 
 std::int64_t Platform::dispatch(unsigned vcpu, const Regs& r, GuestVirt& mem) {
+  // Arguments that Xen declares as int / unsigned int are truncated to 32 bits, as Xen's own
+  // prototypes do (memory_op and hvm_op take unsigned long).
+  auto u32 = [](std::uint64_t v) -> std::uint64_t { return static_cast<std::uint32_t>(v); };
   switch (r.rax) {
-    case abi::kHcXenVersion: return xen_version(r.rdi, r.rsi, mem);
+    case abi::kHcXenVersion: return xen_version(u32(r.rdi), r.rsi, mem);
     case abi::kHcMemoryOp: return memory_op(r.rdi, r.rsi, mem);
     case abi::kHcHvmOp: return hvm_op(r.rdi, r.rsi, mem);
-    case abi::kHcVcpuOp: return vcpu_op(vcpu, r.rdi, r.rsi, r.rdx, mem);
-    case abi::kHcEventChannelOp: return event_channel_op(r.rdi, r.rsi, mem);
-    case abi::kHcGrantTableOp: return grant_table_op(r.rdi, r.rsi, r.rdx, mem);
-    case abi::kHcSchedOp: return sched_op(r.rdi, r.rsi, mem);
-    case abi::kHcConsoleIo: return console_io(r.rdi, r.rsi, r.rdx, mem);
+    case abi::kHcVcpuOp: return vcpu_op(vcpu, u32(r.rdi), u32(r.rsi), r.rdx, mem);
+    case abi::kHcEventChannelOp: return event_channel_op(u32(r.rdi), r.rsi, mem);
+    case abi::kHcGrantTableOp: return grant_table_op(u32(r.rdi), r.rsi, u32(r.rdx), mem);
+    case abi::kHcSchedOp: return sched_op(u32(r.rdi), r.rsi, mem);
+    case abi::kHcConsoleIo: return console_io(u32(r.rdi), u32(r.rsi), r.rdx, mem);
     default:
       log_unsupported("hypercall", r.rax);
       return err(XenErrno::enosys);

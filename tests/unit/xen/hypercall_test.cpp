@@ -69,6 +69,15 @@ TEST_F(Hypercalls, UnknownHypercallNumbersAreEnosysAndCounted) {
   EXPECT_EQ(platform_->calls(kHcMemoryOp), 0u);
 }
 
+TEST_F(Hypercalls, IntArgumentsAreTruncatedTo32BitsAsInXen) {
+  // vcpu_op(int cmd, unsigned int vcpuid, ...): the upper halves are ignored.
+  EXPECT_EQ(call(kHcVcpuOp, (1ul << 32) | kVcpuopStopPeriodicTimer, (7ul << 32) | 3), 0);
+  EXPECT_EQ(call(kHcSchedOp, (1ul << 32) | kSchedopYield), 0);
+  EXPECT_EQ(call(kHcXenVersion, (1ul << 40) | kXenverPagesize), 4096);
+  // memory_op(unsigned long cmd, ...): not truncated.
+  EXPECT_EQ(call(kHcMemoryOp, (1ul << 32) | kXenmemAddToPhysmap, kArg), kEnosys);
+}
+
 TEST_F(Hypercalls, ACallFromANonexistentVcpuIsRefused) {
   EXPECT_EQ(platform_->hypercall(4, Regs{kHcXenVersion, 0, 0, 0, 0, 0}, mem_), kEinval);
 }
