@@ -404,6 +404,50 @@ Expected<void, XenErrno> EventChannels::register_vcpu_info(unsigned vcpu, const 
   return register_vcpu_info(vcpu, *span);
 }
 
+Expected<void, XenErrno> EventChannels::move_shared_info(std::span<std::uint8_t> page) noexcept {
+  if (page.size() < kSharedInfoPageBytes || !aligned8(page.data())) return fail(XenErrno::einval);
+  page = page.first(kSharedInfoPageBytes);
+
+  std::unique_lock lk(table_mu_);
+  const std::uintptr_t old_lo = reinterpret_cast<std::uintptr_t>(shared_info_.data());
+  const std::uintptr_t new_lo = reinterpret_cast<std::uintptr_t>(page.data());
+  if (old_lo == new_lo) return {};
+  if (new_lo < old_lo + kSharedInfoPageBytes && old_lo < new_lo + kSharedInfoPageBytes)
+    return fail(XenErrno::einval);
+  auto in_page = [](std::uintptr_t lo, std::span<std::uint8_t> s) noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(s.data());
+    return a >= lo && a + s.size() <= lo + kSharedInfoPageBytes;
+  };
+
+  // Build the new contents in a host buffer (word by word from guest memory, atomically, as the
+  // guest may still change bits), then store it into the new page.
+  constexpr std::size_t kWords = kSharedInfoPageBytes / sizeof(std::uint64_t);
+  std::uint64_t img[kWords] = {};
+  auto copy_words = [&](std::span<std::uint8_t> from, std::size_t to_off, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes / sizeof(std::uint64_t); ++i)
+      img[to_off / sizeof(std::uint64_t) + i] =
+          u64_at(from, i * sizeof(std::uint64_t)).load(std::memory_order_acquire);
+  };
+  copy_words(shared_info_.subspan(kPendingOffset), kPendingOffset,
+             sizeof(SharedInfo::evtchn_pending));
+  copy_words(shared_info_.subspan(kMaskOffset), kMaskOffset, sizeof(SharedInfo::evtchn_mask));
+  for (const VcpuSlot& s : vcpus_)
+    if (in_page(old_lo, s.info))
+      copy_words(s.info, reinterpret_cast<std::uintptr_t>(s.info.data()) - old_lo, kVcpuInfoBytes);
+  // A vcpu_info the guest registered inside the new page stays live where it is.
+  for (const VcpuSlot& s : vcpus_)
+    if (s.registered && in_page(new_lo, s.info))
+      copy_words(s.info, reinterpret_cast<std::uintptr_t>(s.info.data()) - new_lo, kVcpuInfoBytes);
+  for (std::size_t i = 0; i < kWords; ++i)
+    u64_at(page, i * sizeof(std::uint64_t)).store(img[i], std::memory_order_release);
+
+  for (VcpuSlot& s : vcpus_)
+    if (in_page(old_lo, s.info))
+      s.info = page.subspan(reinterpret_cast<std::uintptr_t>(s.info.data()) - old_lo, kVcpuInfoBytes);
+  shared_info_ = page;
+  return {};
+}
+
 // ---- host-side delivery ------------------------------------------------------------------------
 
 Expected<void, XenErrno> EventChannels::raise_virq(std::uint32_t virq,
@@ -429,6 +473,19 @@ bool EventChannels::upcall_masked(unsigned vcpu) const noexcept {
   if (!vcpu_valid(vcpu)) return false;
   std::shared_lock lk(table_mu_);
   return u8_at(vcpus_[vcpu].info, kUpcallMaskOffset).load(std::memory_order_acquire) != 0;
+}
+
+bool EventChannels::upcall_pending(unsigned vcpu) const noexcept {
+  if (!vcpu_valid(vcpu)) return false;
+  std::shared_lock lk(table_mu_);
+  return u8_at(vcpus_[vcpu].info, kUpcallPendingOffset).load(std::memory_order_acquire) != 0;
+}
+
+bool EventChannels::port_pending(Port port) const noexcept {
+  if (!port_valid(port)) return false;
+  std::shared_lock lk(table_mu_);
+  return (std::atomic_ref<std::uint64_t>(*pending_word(port)).load(std::memory_order_acquire) &
+          port_bit(port)) != 0;
 }
 
 // ---- dom0 side ---------------------------------------------------------------------------------

@@ -158,6 +158,21 @@ class EventChannels {
   Expected<void, XenErrno> register_vcpu_info(unsigned vcpu, const GuestMemory& mem,
                                               std::uint64_t gfn, std::uint32_t offset) noexcept;
 
+  // HVM: the guest chose where shared_info lives (XENMEM_add_to_physmap, XENMAPSPACE_shared_info)
+  // after the VMM created this object over a host placeholder page. `page` (kSharedInfoPageBytes,
+  // 8-byte aligned, guest memory that must outlive this object) becomes the shared_info page:
+  // it is overwritten with the current state — the evtchn_pending and evtchn_mask bitmaps, the
+  // legacy vcpu_info slots of vCPUs that still use them (and any registered vcpu_info that lay in
+  // the old page, at the same offset), everything else zero — and every vcpu_info that pointed
+  // into the old page is re-pointed into the new one. A registered vcpu_info that lies inside the
+  // new page keeps its contents (it stays where the guest put it). No upcall is raised: nothing
+  // new became pending. The old page is no longer referenced afterwards (the caller may free it).
+  // Same page again → no-op. Errors: EINVAL for a short, misaligned, or partially overlapping
+  // page. Exclusive lock; guest updates to the *old* page racing with the move may be lost (the
+  // guest cannot see a host placeholder; a guest moving its own live page gets Xen's "undefined").
+  // Called on the vCPU thread that took the hypercall.
+  Expected<void, XenErrno> move_shared_info(std::span<std::uint8_t> page) noexcept;
+
   // ---- host-side delivery ----
   // Raises a virtual IRQ: per-vCPU virqs on `vcpu`'s binding, global ones on the vCPU-0 binding
   // (delivered to that port's notify vCPU; `vcpu` is ignored). EINVAL bad virq/vCPU; ENOENT not
@@ -195,6 +210,14 @@ class EventChannels {
 
   // ---- guest-state inspection (tests, process domains, debugging) ----
   bool upcall_masked(unsigned vcpu) const noexcept;
+  // vcpu_info.evtchn_upcall_pending of `vcpu` (false for a bad vCPU). For the HVM platform: the
+  // platform-pci INTx line stays asserted while vCPU 0's is set, and a guest that picks its
+  // upcall mode late gets one upcall if an event is already waiting. Takes the lock shared: not
+  // from an UpcallSink.
+  bool upcall_pending(unsigned vcpu) const noexcept;
+  // The port's bit in shared_info.evtchn_pending (false for a port ≥ max_ports). For
+  // SCHEDOP_poll, which waits for a (typically masked) port to become pending. Shared lock.
+  bool port_pending(Port port) const noexcept;
 
  private:
   enum class State : std::uint8_t { closed, unbound, interdomain, virq, ipi };

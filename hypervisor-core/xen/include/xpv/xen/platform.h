@@ -1,0 +1,156 @@
+// Platform — the Xen HVM platform of one domain, independent of KVM ioctls: the hypercall
+// dispatcher (the VMM calls hypercall() on a port-I/O exit at kHypercallPort, see stubs.h) and
+// the event-channel upcall delivery (Platform is the domain's domain::UpcallSink).
+//
+// ── Threads and locks ─────────────────────────────────────────────────────────────────────────
+//  hypercall()      the vCPU thread that took the exit; several vCPUs call it concurrently.
+//  upcall()         EventChannels' delivery path: any thread, with EventChannels' lock held
+//                   (shared or exclusive). It reads only Platform's atomics and calls the host's
+//                   inject_vector / set_intx; it never calls back into EventChannels.
+//  intx_eoi()       the thread that saw the guest EOI the platform-pci INTx (the VMM's EOI
+//                   notification). Takes EventChannels' lock (shared): never call it from an
+//                   UpcallSink or from PlatformHost callbacks.
+//  Platform has no lock of its own: its mutable state is a set of atomics (upcall routing,
+//  grant-frame count, runstate addresses, counters). Lock order: EventChannels → (PlatformHost's
+//  own locks). The hypercall paths call EventChannels without holding anything.
+//
+// ── Upcall routing (XEN-GUEST-ABI.md "Upcalls") ───────────────────────────────────────────────
+//
+//   upcall(v):  per-vCPU vector set for v ──yes──► inject_vector(v, that vector)
+//                 │ no
+//               CALLBACK_IRQ = vector ≥ 0x10 ──yes──► inject_vector(v, it)
+//                 │ no
+//               CALLBACK_IRQ = GSI (≠ 0) or PCI INTx ──► v == 0 ? set_intx(true) : drop
+//                 │ none
+//               drop (the event stays pending in shared_info)
+//
+//   The guest's choice is honoured whatever was offered (PlatformConfig::upcall only decides the
+//   CPUID flag and XENFEAT_hvm_callback_vector). When the guest selects a mode (either hvm_op),
+//   an event that is already waiting (the vCPU's evtchn_upcall_pending = 1) is delivered once.
+//   CALLBACK_IRQ type 2 with a vector < 0x10 (Linux writes vector 0 as a marker once it uses
+//   per-vCPU vectors) is stored and read back but never injected.
+//
+//   INTx is level-triggered: asserted on vCPU 0's upcall, and on the guest's EOI
+//   (intx_eoi) re-asserted while vCPU 0's evtchn_upcall_pending is still 1, else de-asserted
+//   (then re-checked, so an upcall racing with the EOI is not lost). Leaving INTx mode
+//   de-asserts the line.
+//
+// ── Hypercalls: what each answers (64-bit ABI: nr in rax, args rdi rsi rdx r10 r8) ────────────
+//  See hypervisor-core/README.md for the full table. Every argument struct is copied in through
+//  GuestVirt before it is looked at and copied out after; an unreadable/unwritable pointer is
+//  -EFAULT. Unknown hypercall numbers and sub-commands are -ENOSYS. hypercall() never throws.
+//  A domid argument must be DOMID_SELF or this domain's id; another domain is -EPERM (an
+//  unprivileged guest may not act on other domains; Xen's XSM answer).
+#pragma once
+
+#include <linux/kvm.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "xpv/domain/event_channels.h"
+#include "xpv/xen/abi.h"
+#include "xpv/xen/config.h"
+
+namespace xpv::xen {
+
+// The calling vCPU's guest-virtual memory for the duration of one hypercall (the VMM translates
+// through the vCPU's page tables). false → the hypercall fails with -EFAULT.
+class GuestVirt {
+ public:
+  virtual ~GuestVirt() = default;
+  virtual bool read(std::uint64_t gva, std::span<std::uint8_t> out) noexcept = 0;
+  virtual bool write(std::uint64_t gva, std::span<const std::uint8_t> in) noexcept = 0;
+};
+
+// What the platform needs from the VMM. Called on vCPU threads, or (inject_vector/set_intx) from
+// EventChannels' delivery path on any thread under its lock: implementations must not call back
+// into the platform.
+class PlatformHost {
+ public:
+  virtual ~PlatformHost() = default;
+  virtual void inject_vector(unsigned vcpu, std::uint8_t vector) noexcept = 0;  // edge, LAPIC
+  virtual void set_intx(bool asserted) noexcept = 0;  // platform-pci INTA level
+  virtual void shutdown(ShutdownReason why) noexcept = 0;
+  // A RAM page of the guest; empty span if gfn is not RAM.
+  virtual std::span<std::uint8_t> guest_page(std::uint64_t gfn) noexcept = 0;
+  virtual void console_write(std::string_view text) noexcept = 0;  // CONSOLEIO_write
+};
+
+struct Regs {
+  std::uint64_t rax, rdi, rsi, rdx, r10, r8;  // 64-bit hypercall ABI: nr, args 1..5
+};
+
+// Longest CONSOLEIO_write accepted in one call (longer → -EINVAL; Linux writes ≤ 1 KiB lines).
+inline constexpr std::uint64_t kConsoleWriteMax = 4096;
+
+class Platform final : public domain::UpcallSink {
+ public:
+  // Throws std::invalid_argument for vcpus == 0 or a reserved/zero domid (setup code).
+  Platform(PlatformConfig cfg, PlatformHost& host);
+  ~Platform() override;
+  Platform(const Platform&) = delete;
+  Platform& operator=(const Platform&) = delete;
+
+  // The domain's event channels, constructed by the VMM with *this as their UpcallSink; call
+  // once before the first hypercall (main thread). Until then event-channel hypercalls and
+  // shared_info mapping fail with -ENOSYS.
+  void attach(domain::EventChannels& evtchn);
+
+  void cpuid(unsigned vcpu, std::vector<kvm_cpuid_entry2>& entries) const;  // install_xen_cpuid
+  std::int64_t hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem) noexcept;  // → rax
+  void upcall(unsigned vcpu) noexcept override;  // EventChannels → inject per the guest's mode
+  // The guest EOI'd INTx: re-assert while vCPU 0's evtchn_upcall_pending is 1, else de-assert.
+  void intx_eoi() noexcept;
+  std::uint64_t calls(unsigned nr) const noexcept;  // per hypercall number (0 for nr ≥ 64)
+  bool shared_info_mapped() const noexcept;
+
+  // ---- inspection (stats, tests) ----
+  std::uint32_t grant_frames_mapped() const noexcept;  // highest grant frame index mapped + 1
+  std::uint64_t upcalls_dropped() const noexcept;      // upcalls before/without a usable mode
+  const PlatformConfig& config() const noexcept { return cfg_; }
+
+ private:
+  std::int64_t dispatch(unsigned vcpu, const Regs& r, GuestVirt& mem);
+  std::int64_t xen_version(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
+  std::int64_t memory_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
+  std::int64_t add_to_physmap_one(std::uint32_t space, std::uint64_t idx, std::uint64_t gpfn);
+  std::int64_t hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& mem);
+  std::int64_t set_param(std::uint32_t index, std::uint64_t value);
+  std::int64_t get_param(std::uint32_t index, std::uint64_t& value) const;
+  std::int64_t vcpu_op(unsigned caller, std::uint64_t cmd, std::uint64_t vcpu, std::uint64_t arg,
+                       GuestVirt& mem);
+  std::int64_t event_channel_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
+  std::int64_t grant_table_op(std::uint64_t cmd, std::uint64_t arg, std::uint64_t count,
+                              GuestVirt& mem);
+  std::int64_t sched_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
+  std::int64_t sched_poll(std::uint64_t arg, GuestVirt& mem);
+  std::int64_t console_io(std::uint64_t cmd, std::uint64_t count, std::uint64_t buf,
+                          GuestVirt& mem);
+
+  bool is_self(std::uint16_t domid) const noexcept;
+  // After the guest picked a mode for vCPU v: one upcall if an event already waits.
+  void deliver_if_pending(unsigned vcpu) noexcept;
+  void log_unsupported(const char* what, std::uint64_t code) noexcept;
+
+  const PlatformConfig cfg_;
+  PlatformHost& host_;
+  domain::EventChannels* evtchn_ = nullptr;
+
+  std::unique_ptr<std::atomic<std::uint8_t>[]> vcpu_vector_;  // per vCPU; 0 = none set
+  std::atomic<std::uint64_t> callback_irq_{0};                // HVM_PARAM_CALLBACK_IRQ as set
+  std::atomic<std::uint32_t> grant_frames_{0};
+  std::atomic<bool> shared_info_mapped_{false};
+  std::unique_ptr<std::atomic<std::uint64_t>[]> runstate_gva_;  // per vCPU; 0 = none
+  std::array<std::atomic<std::uint64_t>, abi::kNrHypercalls> calls_{};
+  std::atomic<std::uint64_t> upcalls_dropped_{0};
+  std::atomic<std::int64_t> log_window_{0};  // rate limit for guest-triggered log lines
+  std::atomic<std::uint32_t> log_used_{0};
+};
+
+}  // namespace xpv::xen

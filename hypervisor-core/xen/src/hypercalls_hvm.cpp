@@ -1,0 +1,94 @@
+// hvm_op: HVM_PARAM_* get/set and the per-vCPU upcall vector. vCPU thread of the caller.
+#include "guest_copy.h"
+#include "xpv/xen/platform.h"
+
+namespace xpv::xen {
+
+using namespace detail;
+
+namespace {
+constexpr std::uint8_t kMinVector = 0x10;
+}
+
+std::int64_t Platform::hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& mem) {
+  switch (op) {
+    case abi::kHvmopSetParam:
+    case abi::kHvmopGetParam: {
+      abi::HvmParam p{};
+      if (!copy_in(mem, arg, p)) return err(XenErrno::efault);
+      if (!is_self(p.domid)) return err(XenErrno::eperm);
+      if (p.index >= abi::kNrParams) return err(XenErrno::einval);
+      if (op == abi::kHvmopSetParam) return set_param(p.index, p.value);
+      if (const auto rc = get_param(p.index, p.value); rc != 0) return rc;
+      return copy_out(mem, arg, p) ? 0 : err(XenErrno::efault);
+    }
+    case abi::kHvmopSetEvtchnUpcallVector: {
+      abi::HvmEvtchnUpcallVector u{};
+      if (!copy_in(mem, arg, u)) return err(XenErrno::efault);
+      if (u.vector < kMinVector) return err(XenErrno::einval);
+      if (u.vcpu >= cfg_.vcpus) return err(XenErrno::enoent);
+      vcpu_vector_[u.vcpu].store(u.vector, std::memory_order_release);
+      deliver_if_pending(u.vcpu);
+      return 0;
+    }
+    case abi::kHvmopPagetableDying:  // Linux's shadow-paging hint: meaningless with EPT/NPT
+      return err(XenErrno::enosys);
+    default:
+      log_unsupported("hvm_op", op);
+      return err(XenErrno::enosys);
+  }
+}
+
+std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
+  switch (index) {
+    case abi::kParamCallbackIrq: {
+      const std::uint64_t type = value >> abi::kCallbackTypeShift;
+      if (type != abi::kCallbackTypeGsi && type != abi::kCallbackTypePciIntx &&
+          type != abi::kCallbackTypeVector)
+        return err(XenErrno::einval);
+      const std::uint64_t old = callback_irq_.exchange(value, std::memory_order_acq_rel);
+      const auto is_intx = [](std::uint64_t v) {
+        const std::uint64_t t = v >> abi::kCallbackTypeShift;
+        return t == abi::kCallbackTypePciIntx || (t == abi::kCallbackTypeGsi && v != 0);
+      };
+      if (is_intx(old) && !is_intx(value)) host_.set_intx(false);
+      if (type == abi::kCallbackTypeVector) {
+        for (unsigned v = 0; v < cfg_.vcpus; ++v) deliver_if_pending(v);
+      } else {
+        deliver_if_pending(0);
+      }
+      return 0;
+    }
+    // The toolstack's values: the guest reads them, it does not choose them.
+    case abi::kParamStorePfn:
+    case abi::kParamStoreEvtchn:
+    case abi::kParamConsolePfn:
+    case abi::kParamConsoleEvtchn:
+      return err(XenErrno::eperm);
+    default:
+      return err(XenErrno::eperm);  // as Xen for parameters a guest may not set
+  }
+}
+
+std::int64_t Platform::get_param(std::uint32_t index, std::uint64_t& value) const {
+  switch (index) {
+    case abi::kParamCallbackIrq: value = callback_irq_.load(std::memory_order_acquire); return 0;
+    case abi::kParamStorePfn: value = cfg_.store_gfn; return 0;
+    case abi::kParamStoreEvtchn: value = cfg_.store_port; return 0;
+    case abi::kParamConsolePfn: value = cfg_.console_gfn; return 0;
+    case abi::kParamConsoleEvtchn: value = cfg_.console_port; return 0;
+    // Readable by a guest in Xen, never set here.
+    case abi::kParamVm86Tss:
+    case abi::kParamVm86TssSized:
+    case abi::kParamAcpiIoportsLocation:
+    case abi::kParamVmGenerationIdAddr:
+    case abi::kParamAltp2m:
+    case abi::kParamX87FipWidth:
+      value = 0;
+      return 0;
+    default:
+      return err(XenErrno::eperm);  // as Xen for parameters a guest may not read
+  }
+}
+
+}  // namespace xpv::xen

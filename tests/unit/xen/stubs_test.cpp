@@ -1,0 +1,196 @@
+// Hypercall-stub finder/rewriter on synthetic images, the hypercall page bytes, and the real
+// Debian kernel when one is cached on this machine.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <vector>
+
+#include "xpv/kvm/bzimage.h"
+#include "xpv/kvm/decompress.h"
+#include "xpv/xen/config.h"
+#include "xpv/xen/stubs.h"
+
+namespace xpv::xen {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+// Puts amd (vmmcall; jmp rel32) at `at` and intel (vmcall; jmp rel32) at `at + 16`.
+void put_pair(Bytes& img, std::size_t at, bool ret_tail = false, bool intel_first = false) {
+  const std::uint8_t amd[8] = {0x0f, 0x01, 0xd9, 0xe9, 0xa8, 0xe0, 0x3b, 0x00};
+  const std::uint8_t intel[8] = {0x0f, 0x01, 0xc1, 0xe9, 0x98, 0xe0, 0x3b, 0x00};
+  const std::size_t a = intel_first ? at + 16 : at, i = intel_first ? at : at + 16;
+  std::copy(std::begin(amd), std::end(amd), img.begin() + static_cast<std::ptrdiff_t>(a));
+  std::copy(std::begin(intel), std::end(intel), img.begin() + static_cast<std::ptrdiff_t>(i));
+  if (ret_tail) img[a + 3] = img[i + 3] = 0xc3;
+}
+
+Bytes noise(std::size_t n) {
+  Bytes b(n);
+  std::uint32_t x = 12345;
+  for (auto& v : b) {
+    x = x * 1103515245 + 12345;
+    v = static_cast<std::uint8_t>(x >> 16);
+  }
+  return b;
+}
+
+TEST(XenStubs, FindsTheOnePair) {
+  Bytes img = noise(64 * 1024);
+  put_pair(img, 0x4c80);
+  auto s = find_hypercall_stubs(img);
+  ASSERT_TRUE(s) << s.error();
+  EXPECT_EQ(s->amd, 0x4c80u);
+  EXPECT_EQ(s->intel, 0x4c90u);
+}
+
+TEST(XenStubs, AcceptsIntelFirstAndRetTails) {
+  Bytes img(4096, 0xcc);
+  put_pair(img, 0x100, /*ret_tail=*/true, /*intel_first=*/true);
+  auto s = find_hypercall_stubs(img);
+  ASSERT_TRUE(s) << s.error();
+  EXPECT_EQ(s->intel, 0x100u);
+  EXPECT_EQ(s->amd, 0x110u);
+}
+
+TEST(XenStubs, NoPairIsAClearError) {
+  Bytes img(4096, 0x90);
+  // Lone stubs and pairs at the wrong distance do not count.
+  const std::uint8_t amd[4] = {0x0f, 0x01, 0xd9, 0xe9};
+  const std::uint8_t intel[4] = {0x0f, 0x01, 0xc1, 0xe9};
+  std::copy(std::begin(amd), std::end(amd), img.begin() + 0x200);
+  std::copy(std::begin(intel), std::end(intel), img.begin() + 0x218);  // 24 apart
+  std::copy(std::begin(intel), std::end(intel), img.begin() + 0x400);
+  img[0x410] = 0x0f; img[0x411] = 0x01; img[0x412] = 0xd9; img[0x413] = 0x90;  // no jmp/ret tail
+  auto s = find_hypercall_stubs(img);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().find("no Xen hypercall stub pair"), std::string::npos) << s.error();
+  EXPECT_FALSE(find_hypercall_stubs({}));
+}
+
+TEST(XenStubs, TwoPairsAreRefusedWithBothOffsets) {
+  Bytes img(8192, 0);
+  put_pair(img, 0x100);
+  put_pair(img, 0x1000);
+  auto s = find_hypercall_stubs(img);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().find("2 candidate"), std::string::npos) << s.error();
+  EXPECT_NE(s.error().find("0x100/0x110"), std::string::npos) << s.error();
+  EXPECT_NE(s.error().find("0x1000/0x1010"), std::string::npos) << s.error();
+}
+
+TEST(XenStubs, PairTruncatedAtTheEndIsNotFoundAndNothingIsReadPastIt) {
+  Bytes img(0x200, 0);
+  put_pair(img, 0x1e0);  // intel's jmp rel32 ends exactly at 0x1f8
+  ASSERT_TRUE(find_hypercall_stubs(img));
+  for (std::size_t cut : {0x1f7u, 0x1f4u, 0x1f3u, 0x1f2u, 0x1f0u, 0x1e8u, 0x1e2u}) {
+    // Copy so that ASan catches any read past the shorter buffer.
+    Bytes shorter(img.begin(), img.begin() + static_cast<std::ptrdiff_t>(cut));
+    auto s = find_hypercall_stubs(shorter);
+    EXPECT_FALSE(s) << "cut at " << cut;
+  }
+  Bytes ret(0x200, 0);  // vmmcall; ret at 0x1ec, vmcall; ret at 0x1fc: ret is the last byte
+  const Bytes amd = {0x0f, 0x01, 0xd9, 0xc3}, intel = {0x0f, 0x01, 0xc1, 0xc3};
+  std::copy(amd.begin(), amd.end(), ret.begin() + 0x1ec);
+  std::copy(intel.begin(), intel.end(), ret.begin() + 0x1fc);
+  auto exact = find_hypercall_stubs(ret);
+  ASSERT_TRUE(exact);
+  EXPECT_EQ(exact->intel, 0x1fcu);
+  Bytes ret_cut(ret.begin(), ret.begin() + 0x1ff);
+  EXPECT_FALSE(find_hypercall_stubs(ret_cut));
+}
+
+TEST(XenStubs, PatchWritesOutAlPortNopAndNothingElse) {
+  Bytes img = noise(4096);
+  put_pair(img, 0x300);
+  const Bytes before = img;
+  auto s = find_hypercall_stubs(img);
+  ASSERT_TRUE(s);
+  patch_hypercall_stubs(img, *s, kHypercallPort);
+  for (std::size_t i = 0; i < img.size(); ++i) {
+    if (i >= 0x300 && i < 0x303) continue;
+    if (i >= 0x310 && i < 0x313) continue;
+    ASSERT_EQ(img[i], before[i]) << i;
+  }
+  EXPECT_EQ((Bytes{img[0x300], img[0x301], img[0x302]}), (Bytes{0xe6, 0xe8, 0x90}));
+  EXPECT_EQ((Bytes{img[0x310], img[0x311], img[0x312]}), (Bytes{0xe6, 0xe8, 0x90}));
+  EXPECT_EQ(img[0x303], 0xe9);  // the jmp to the return thunk stays
+  // Idempotent; the patched image no longer has stubs.
+  patch_hypercall_stubs(img, *s, kHypercallPort);
+  EXPECT_EQ(img[0x301], 0xe8);
+  EXPECT_FALSE(find_hypercall_stubs(img));
+}
+
+TEST(XenStubs, PatchRejectsSitesThatAreNotStubs) {
+  Bytes img(4096, 0);
+  put_pair(img, 0x300);
+  EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x301, 0x310}, 0xe8), std::invalid_argument);
+  EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x310, 0x300}, 0xe8), std::invalid_argument);
+  EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x300, 4094}, 0xe8), std::invalid_argument);
+  EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x300, ~std::size_t{0}}, 0xe8),
+               std::invalid_argument);
+  patch_hypercall_stubs(img, StubSites{0x300, 0x310}, 0xe8);
+  EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x300, 0x310}, 0xe7), std::invalid_argument);
+}
+
+TEST(XenStubs, HypercallPageEntriesAreMovOutRet) {
+  const auto page = build_hypercall_page(0xe8);
+  for (std::uint32_t i = 0; i < 128; ++i) {
+    const std::uint8_t* e = page.data() + i * 32;
+    const Bytes want = {0xb8, static_cast<std::uint8_t>(i), 0, 0, 0, 0xe6, 0xe8, 0xc3};
+    ASSERT_EQ(Bytes(e, e + 8), want) << i;
+    for (int j = 8; j < 32; ++j) ASSERT_EQ(e[j], 0xcc) << i << "+" << j;
+  }
+  EXPECT_EQ(build_hypercall_page(0x42)[32 * 7 + 6], 0x42);
+}
+
+// ---- the real kernel ----
+
+std::filesystem::path find_kernel() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path("/tmp/kpkg/boot"), ec))
+    if (e.path().filename().string().rfind("vmlinuz-", 0) == 0) return e.path();
+  if (const char* home = std::getenv("HOME")) {
+    for (const auto& e : fs::directory_iterator(fs::path(home) / ".cache/xpv/kernel", ec))
+      if (fs::exists(e.path() / "vmlinuz", ec)) return e.path() / "vmlinuz";
+  }
+  return {};
+}
+
+TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
+  const auto path = find_kernel();
+  if (path.empty())
+    GTEST_SKIP() << "no Debian kernel cached (/tmp/kpkg/boot/vmlinuz-* or "
+                    "~/.cache/xpv/kernel/*/vmlinuz); run `xpv testbed` once to fetch it";
+  std::ifstream f(path, std::ios::binary);
+  ASSERT_TRUE(f) << path;
+  const Bytes file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto bz = kvm::parse_bzimage(file);
+  ASSERT_TRUE(bz) << bz.error().message;
+  auto vmlinux = kvm::decompress(bz->payload, std::uint64_t{1} << 30);
+  ASSERT_TRUE(vmlinux) << vmlinux.error().message;
+
+  auto s = find_hypercall_stubs(*vmlinux);
+  ASSERT_TRUE(s) << path << ": " << s.error();
+  EXPECT_EQ(s->intel, s->amd + kStubDistance);
+  std::printf("%s: vmlinux %zu bytes, xen_hypercall_amd at file offset %#zx, intel at %#zx\n",
+              path.c_str(), vmlinux->size(), s->amd, s->intel);
+  RecordProperty("amd_offset", std::to_string(s->amd));
+  RecordProperty("intel_offset", std::to_string(s->intel));
+  if (path.string().find("6.1.0-57") != std::string::npos) {
+    EXPECT_EQ(s->amd, 0xc43c80u);  // measured on Debian 12's 6.1.0-57-amd64
+    EXPECT_EQ(s->intel, 0xc43c90u);
+  }
+  patch_hypercall_stubs(*vmlinux, *s, kHypercallPort);
+  EXPECT_EQ((*vmlinux)[s->amd], 0xe6);
+  EXPECT_EQ((*vmlinux)[s->intel + 1], kHypercallPort);
+  EXPECT_FALSE(find_hypercall_stubs(*vmlinux));
+}
+
+}  // namespace
+}  // namespace xpv::xen
