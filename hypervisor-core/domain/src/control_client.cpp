@@ -92,6 +92,8 @@ void ControlClient::unbind(std::uint32_t port) {
   if (!m.payload.empty()) throw ControlError(EPROTO, "control socket: malformed unbind answer");
 }
 
+void ControlClient::unpause() { (void)call(MsgType::unpause, {}); }
+
 XenstoreInfo ControlClient::xenstore() {
   Message m = call(MsgType::get_xenstore, {});
   auto r = decode_fixed<XenstoreResponse>(m.payload);

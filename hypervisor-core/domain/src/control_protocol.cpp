@@ -20,7 +20,7 @@ const char* to_string(ProtoError e) noexcept {
 namespace {
 bool known_request(std::uint16_t t) noexcept {
   return t >= static_cast<std::uint16_t>(MsgType::hello) &&
-         t <= static_cast<std::uint16_t>(MsgType::get_xenstore);
+         t <= static_cast<std::uint16_t>(MsgType::unpause);
 }
 }  // namespace
 

@@ -195,6 +195,11 @@ bool ControlServer::serve_one(Connection& c) {
       XenstoreResponse r{x->gfn, x->port, 0};
       return reply(fd, rsp, seq, bytes_of(r));
     }
+    case MsgType::unpause: {
+      if (!m->payload.empty()) return false;
+      if (auto r = handler_.unpause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
+      return reply(fd, rsp, seq, {});
+    }
   }
   return false;
 }

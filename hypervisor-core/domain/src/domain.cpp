@@ -132,6 +132,7 @@ void Domain::watch_kicks(std::uint32_t dom0_port) {
     asio::posix::stream_descriptor* sd;
     void operator()(boost::system::error_code ec) const {
       if (ec) return;  // closed by unbind
+      spdlog::trace("dom{}: dom0 kicked port {}", self->config_.domid, port);
       (void)self->evtchn_->service_dom0_kick(port);
       sd->async_wait(asio::posix::stream_descriptor::wait_read, *this);
     }
@@ -147,6 +148,11 @@ Expected<void, int> Domain::unbind(std::uint32_t port) {
   }
   auto r = evtchn_->dom0_close(port);
   if (!r) return fail(static_cast<int>(r.error()));
+  return {};
+}
+
+Expected<void, int> Domain::unpause() {
+  if (!unpause_ || !unpause_()) return fail(EALREADY);
   return {};
 }
 

@@ -51,7 +51,13 @@ Console::~Console() {
   if (socket_mode_) ::unlink(path_.c_str());
 }
 
+void Console::set_log(const std::string& path) {
+  log_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640));
+  if (!log_.valid()) throw std::runtime_error(fmt::format("--console-log {}: {}", path, std::strerror(errno)));
+}
+
 void Console::write(std::span<const std::uint8_t> bytes) noexcept {
+  if (log_.valid()) write_all(log_.get(), bytes.data(), bytes.size());
   if (!socket_mode_) {
     write_all(STDOUT_FILENO, bytes.data(), bytes.size());
     return;

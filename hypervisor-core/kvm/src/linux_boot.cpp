@@ -73,6 +73,7 @@ Result<LinuxBootEntry> setup_linux_boot(const GuestMemory& mem, const LinuxBootI
     auto k = load_elf(elf, mem, kKernelWindowLo, in.low_end);
     if (!k) return err("kernel: " + k.error().message);
     e.rip = k->entry;
+    e.kernel_start = k->lowest;
     e.kernel_end = k->highest;
 
     if (in.cmdline.size() + 1 > cmdline_max) {
@@ -107,13 +108,13 @@ Result<LinuxBootEntry> setup_linux_boot(const GuestMemory& mem, const LinuxBootI
     bp.e820 = build_e820(in.low_end, in.high_size);
     if (auto r = build_boot_params(*zp, bp); !r) return err(r.error().message);
 
-    const std::size_t mp_size = mptable_size(in.vcpus);
-    auto mp = mem.translate(kMpTableGpa, mp_size);
-    if (!mp) return err("boot: MP table area is not in guest RAM");
     MpTableInput mpi;
     mpi.vcpus = in.vcpus;
     mpi.cpu_signature = in.cpu_signature;
     mpi.cpu_features = in.cpu_features;
+    mpi.pci_irqs = in.pci_irqs;
+    auto mp = mem.translate(kMpTableGpa, mptable_size(mpi));
+    if (!mp) return err("boot: MP table area is not in guest RAM");
     if (auto r = build_mptable(*mp, kMpTableGpa, mpi); !r) return err(r.error().message);
 
     if (auto r = write_long_mode_tables(mem); !r) return err(r.error().message);

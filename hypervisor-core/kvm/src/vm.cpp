@@ -314,6 +314,10 @@ void Vm::setup_lapic(Vcpu& v) {
 }
 
 Result<void> Vm::setup_cpuid() {
+  // KVM emulates the TSC-deadline timer but KVM_GET_SUPPORTED_CPUID does not report it: the VMM
+  // decides (as QEMU does). Without it Linux calibrates the LAPIC timer against the PIT, which
+  // fails under nested virtualisation and leaves only the PIT.
+  const bool tsc_deadline = ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_TSC_DEADLINE_TIMER) > 0;
   for (auto& v : vcpus_) {
     std::vector<kvm_cpuid_entry2> entries;
     for (auto e : supported_cpuid_) {
@@ -325,6 +329,7 @@ Result<void> Vm::setup_cpuid() {
       switch (e.function) {
         case 1:
           e.ecx |= 1u << 31;  // hypervisor present
+          if (tsc_deadline) e.ecx |= 1u << 24;  // TSC-deadline LAPIC timer (KVM emulates it)
           e.ebx = (e.ebx & 0x0000'ffffu) | (static_cast<std::uint32_t>(vcpus_.size()) << 16) | (v->id << 24);
           e.edx |= 1u << 28;  // HTT: ebx[23:16] is meaningful
           break;
@@ -597,6 +602,11 @@ StopReason Vm::run() noexcept {
     }
   }
   return stop_reason_.load();
+}
+
+std::uint32_t Vm::tsc_khz() const noexcept {
+  const int khz = ioctl(vcpus_.front()->fd.get(), KVM_GET_TSC_KHZ, 0);
+  return khz > 0 ? static_cast<std::uint32_t>(khz) : 0;
 }
 
 ExitStats Vm::stats() const noexcept {

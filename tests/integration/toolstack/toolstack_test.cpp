@@ -255,15 +255,27 @@ TEST_F(CreateErrors, MissingImage) {
   expect_nothing_left(h, before);
 }
 
-TEST_F(CreateErrors, HvmIsNotBuiltYet) {
+TEST_F(CreateErrors, HvmWithoutAKernelIsRefused) {
   TestHost h(kBin, kFake, {"xpv-front"});
-  const auto kernel = h.write("vmlinuz", "x");
-  const auto cfg = h.write("h.cfg", "name = \"g\"\ntype = \"hvm\"\nkernel = \"" + kernel + "\"\n");
+  const auto cfg = h.write("h.cfg", "name = \"g\"\ntype = \"hvm\"\n");
   auto r = h.run({"create", cfg});
   EXPECT_EQ(r.rc, 1);
-  EXPECT_EQ(r.err, fmt::format("xpv create: {}: type \"hvm\" is not built yet (xpv-vmm cannot run domains yet); "
-                               "use type = \"process\"\n",
-                               cfg));
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: an hvm domain needs 'kernel' (xpv boots Linux directly)\n", cfg));
+}
+
+// The real xpv-vmm with a file that is no kernel: it exits before it is ready (the image is
+// checked, or /dev/kvm refused, before the control socket listens) and create undoes everything.
+TEST_F(CreateErrors, HvmWhoseVmmFailsLeavesNothing) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  std::filesystem::create_symlink(std::string(kBin) + "/xpv-vmm", h.bin_dir + "/xpv-vmm");
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto kernel = h.write("vmlinuz", "not a kernel");
+  const auto cfg = h.write("h.cfg", "name = \"g\"\ntype = \"hvm\"\nmemory = 64\nkernel = \"" + kernel + "\"\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, MatchesRegex("xpv create: xpv-vmm exited \\(exit status 1\\) before it was ready: xpv-vmm: .*\n"));
+  expect_nothing_left(h, before);
 }
 
 TEST_F(CreateErrors, DomainProcessFailsBeforeReady) {

@@ -141,6 +141,21 @@ TEST_F(ForeignDomainTest, XenstoreRingIsExported) {
   EXPECT_TRUE(d.memory().page(x.gfn));
 }
 
+TEST_F(ForeignDomainTest, UnpauseStartsAPausedDomainOnce) {
+  auto c = ControlClient::connect(control::socket_path(9, run_dir_), "xpv");
+  try {
+    c.unpause();
+    FAIL() << "a process domain runs from the start";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), EALREADY);
+  }
+  int started = 0;
+  on_io([&] { domain_->set_unpause_handler([&] { return started++ == 0; }); });
+  EXPECT_NO_THROW(c.unpause());
+  EXPECT_EQ(started, 1);
+  EXPECT_THROW(c.unpause(), ControlError) << "the second unpause finds it running";
+}
+
 TEST_F(ForeignDomainTest, DeathOfTheDomainIsVisible) {
   auto d = ForeignDomain::connect(9, "test", run_dir_);
   EXPECT_FALSE(readable(d.death_fd(), 0));

@@ -30,14 +30,26 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr const char* kFront = "xpv-front";
+constexpr const char* kVmm = "xpv-vmm";
 constexpr auto kReadyTimeout = 30s;
 
-std::string front_log(const Paths& p, const std::string& name) { return p.log_file(fmt::format("{}-{}", kFront, name)); }
+std::string front_log(const Paths& p, const std::string& name, const char* program = kFront) {
+  return p.log_file(fmt::format("{}-{}", program, name));
+}
+
+const char* upcall_arg(config::Upcall u) {
+  switch (u) {
+    case config::Upcall::vector: return "vector";
+    case config::Upcall::callback: return "callback";
+    case config::Upcall::intx: return "intx";
+  }
+  return "vector";
+}
 
 // Waits for the line "ready" that the domain process prints once its control socket listens.
 // The process writes stdout to its log file (never to a pipe we would close: a later log line
 // would kill it with SIGPIPE), so the file is scanned from where it was when we started it.
-void wait_ready(pid_t pid, const std::string& log, std::uint64_t offset) {
+void wait_ready(pid_t pid, const std::string& log, std::uint64_t offset, const char* program) {
   const auto deadline = std::chrono::steady_clock::now() + kReadyTimeout;
   for (;;) {
     const std::string text = read_from(log, offset, 1 << 16);
@@ -52,11 +64,11 @@ void wait_ready(pid_t pid, const std::string& log, std::uint64_t offset) {
     }
     int status = 0;
     if (child_exited(pid, &status)) {
-      throw ToolstackError(fmt::format("{} exited ({}) before it was ready: {} (log: {})", kFront,
+      throw ToolstackError(fmt::format("{} exited ({}) before it was ready: {} (log: {})", program,
                                        describe_status(status), last_line(log), log));
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      throw ToolstackError(fmt::format("{} was not ready within {} s (log: {})", kFront,
+      throw ToolstackError(fmt::format("{} was not ready within {} s (log: {})", program,
                                        std::chrono::duration_cast<std::chrono::seconds>(kReadyTimeout).count(), log));
     }
     std::this_thread::sleep_for(20ms);
@@ -139,19 +151,17 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     throw ToolstackError(e.what());
   }
   for (const auto& w : cfg.warnings) ctx.err << "warning: " << w << "\n";
-  if (cfg.type == config::DomainType::hvm) {
-    throw ToolstackError(fmt::format("{}: type \"hvm\" is not built yet (xpv-vmm cannot run domains yet); use "
-                                     "type = \"process\"",
-                                     config_path));
-  }
+  const bool hvm = cfg.type == config::DomainType::hvm;
+  const char* program = hvm ? kVmm : kFront;
+  if (hvm && cfg.kernel.empty()) throw ToolstackError(fmt::format("{}: type \"hvm\" needs kernel = \"...\"", config_path));
   for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
     if (!cfg.vifs[i].vifname.empty()) {
       throw ToolstackError(fmt::format("{}: vif {}: vifname is not supported (the host side is always vif<domid>.<devid>)",
                                        config_path, i));
     }
   }
-  if (::access(p.binary(kFront).c_str(), X_OK) != 0) {
-    throw ToolstackError(fmt::format("{} is not built (no {})", kFront, p.binary(kFront)));
+  if (::access(p.binary(program).c_str(), X_OK) != 0) {
+    throw ToolstackError(fmt::format("{} is not built (no {})", program, p.binary(program)));
   }
   Xenstore xs(p.xenstore_socket);
   if (!cfg.disks.empty()) check_daemon(p, DeviceKind::vbd);
@@ -186,12 +196,12 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   DomainRecord rec;
   rec.domid = n;
   rec.name = cfg.name;
-  rec.type = "process";
+  rec.type = hvm ? "hvm" : "process";
   rec.memory_mib = cfg.memory_mib;
   rec.vcpus = cfg.vcpus;
   rec.config = fs::absolute(config_path).lexically_normal().string();
   rec.uuid = generate_uuid(system_random_byte);
-  rec.program = kFront;
+  rec.program = program;
 
   DomainSummary self;
   self.domid = n;
@@ -200,16 +210,28 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     const std::string dir = p.domain_dir(n);
     make_dirs(dir, 0700);
     // 1. The domain process; "ready" once dom<N>.sock listens.
-    const std::string log = front_log(p, cfg.name);
+    const std::string log = front_log(p, cfg.name, program);
     const std::uint64_t offset = file_size(log);
-    rec.pid = spawn({{p.binary(kFront), "--domid", std::to_string(n), "--name", cfg.name, "--memory",
-                      std::to_string(cfg.memory_mib), "--run-dir", p.run_dir},
-                     {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket},
-                     log,
-                     true});
+    std::vector<std::string> argv{p.binary(program), "--domid", std::to_string(n), "--name", cfg.name, "--memory",
+                                  std::to_string(cfg.memory_mib), "--run-dir", p.run_dir};
+    if (hvm) {
+      // Created paused (as xl does): unpaused once its nodes and devices are in xenstore.
+      std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
+      if (!cfg.extra.empty()) cmdline += " " + cfg.extra;
+      const std::vector<std::string> more{"--xen",    "--paused",       "--kernel",  cfg.kernel,
+                                          "--vcpus",  std::to_string(cfg.vcpus), "--upcall", upcall_arg(cfg.upcall),
+                                          "--cmdline", cmdline,         "--console", "socket:" + p.console_socket(n),
+                                          "--console-log", p.log_file("console-" + cfg.name)};
+      argv.insert(argv.end(), more.begin(), more.end());
+      if (!cfg.ramdisk.empty()) {
+        argv.push_back("--initrd");
+        argv.push_back(cfg.ramdisk);
+      }
+    }
+    rec.pid = spawn({argv, {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket}, log, true});
     write_record(dir, rec);
     self.record = rec;
-    wait_ready(rec.pid, log, offset);
+    wait_ready(rec.pid, log, offset, program);
 
     // 2. The domain's nodes, one transaction.
     xs.transaction([&](TxId tx) { xs.write_nodes(domain_nodes({n, cfg.name, cfg.memory_mib, rec.uuid}), tx); });
@@ -239,11 +261,21 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       add_device(xs, n, d, vif_nodes(n, i, v, mac));
       devices.push_back(d);
     }
-    if (wait) {
+    if (hvm) {
+      try {
+        domain::ControlClient::connect(p.control_socket(n), "xpv").unpause();
+      } catch (const std::exception& e) {
+        throw ToolstackError(fmt::format("cannot unpause dom{} ({}): {}", n, p.control_socket(n), e.what()));
+      }
+    }
+    // An HVM guest's frontends connect once its kernel has booted: as xl, do not wait for them.
+    if (wait && !hvm) {
       wait_connected(xs, n, devices, ctx.device_timeout, [&] { return process_is(rec.pid, kFront); },
                      fmt::format("see {} and {}", log, p.log_dir));
     }
-    ctx.out << fmt::format("Created domain {} (id {}, process, {} MiB, pid {})\n", cfg.name, n, cfg.memory_mib, rec.pid);
+    ctx.out << fmt::format("Created domain {} (id {}, {}, {} MiB, pid {})\n", cfg.name, n, rec.type, cfg.memory_mib,
+                           rec.pid);
+    if (hvm) ctx.out << fmt::format("  console: xpv console {} (log: {})\n", cfg.name, log);
     for (const auto& disk : cfg.disks) {
       ctx.out << fmt::format("  {}: {}\n", disk.vdev.name, p.vbd_disk(n, disk.vdev.devid));
     }

@@ -92,6 +92,9 @@ void RingConnection::wait_kick() {
                         if (ec || closed_) return;
                         std::uint64_t v;
                         [[maybe_unused]] auto n = ::read(kick_in_.native_handle(), &v, sizeof v);
+                        spdlog::trace("xenstored: dom{}: kicked; req {}..{}, rsp {}..{}", domid_,
+                                      load_acquire(intf_->req_cons), load_acquire(intf_->req_prod),
+                                      load_acquire(intf_->rsp_cons), load_acquire(intf_->rsp_prod));
                         service();
                         if (!closed_) wait_kick();
                       });

@@ -9,6 +9,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,6 +60,9 @@ class ControlHandler {
   virtual Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) = 0;
   virtual Expected<void, int> unbind(std::uint32_t port) = 0;
   virtual Expected<XenstoreInfo, int> xenstore() = 0;
+  // Starts a domain that was created paused; EALREADY when it runs already (a process domain
+  // always runs).
+  virtual Expected<void, int> unpause() { return fail(EALREADY); }
 };
 
 class ControlServer {
@@ -109,6 +113,7 @@ class ControlClient {
   Dom0Binding bind_interdomain(std::uint32_t remote_port);
   void unbind(std::uint32_t port);
   XenstoreInfo xenstore();
+  void unpause();
   // Readable (EOF) once the domain process is gone: a service may watch it.
   int fd() const noexcept { return sock_.get(); }
 

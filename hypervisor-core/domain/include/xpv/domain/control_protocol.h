@@ -50,6 +50,7 @@ enum class MsgType : std::uint16_t {
   bind_interdomain = 4,
   unbind = 5,
   get_xenstore = 6,
+  unpause = 7,  // no payload, empty answer: a domain created paused starts running (xl unpause)
 };
 
 enum class DomainKind : std::uint32_t { hvm = 0, process = 1 };

@@ -16,6 +16,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,10 @@ class Domain final : public ControlHandler {
   Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) override;
   Expected<void, int> unbind(std::uint32_t port) override;
   Expected<XenstoreInfo, int> xenstore() override;
+  Expected<void, int> unpause() override;
+  // A domain created paused (xpv-vmm --paused): fn starts it; it returns false when the domain
+  // runs already. Control thread.
+  void set_unpause_handler(std::function<bool()> fn) { unpause_ = std::move(fn); }
 
  private:
   void watch_kicks(std::uint32_t dom0_port);
@@ -109,6 +114,7 @@ class Domain final : public ControlHandler {
   std::map<std::uint32_t, std::unique_ptr<boost::asio::posix::stream_descriptor>> kick_watch_;
   std::mutex pages_lock_;
   std::vector<bool> page_used_;  // by gfn
+  std::function<bool()> unpause_;
   std::unique_ptr<ControlServer> server_;  // last: torn down first
 };
 

@@ -29,6 +29,8 @@ class Console {
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;
 
+  // Also append every output byte to a file (xenconsoled's guest log). Setup only.
+  void set_log(const std::string& path);
   void write(std::span<const std::uint8_t> bytes) noexcept;
   void start_input(Input sink);
   void stop() noexcept;
@@ -39,6 +41,7 @@ class Console {
   bool socket_mode_ = false;
   std::string path_;
   UniqueFd listen_fd_;
+  UniqueFd log_;
   std::mutex mu_;          // client_ and backlog_
   UniqueFd client_;
   std::string backlog_;

@@ -22,6 +22,8 @@
 #include "xpv/guest_memory.h"
 #include "xpv/kvm/error.h"
 
+#include "xpv/kvm/mptable.h"
+
 namespace xpv::kvm {
 
 inline constexpr std::uint64_t kGdtGpa = 0x500;
@@ -42,6 +44,7 @@ struct LinuxBootInput {
   std::uint64_t high_size = 0;   // RAM above 4 GiB
   std::uint32_t cpu_signature = 0x600;  // for the MP table
   std::uint32_t cpu_features = 0x201;
+  std::vector<MpPciIrq> pci_irqs;  // PCI INTx routing for the MP table
 };
 
 // What the boot vCPU starts with (64-bit mode, paging on, CS = kBootCs).
@@ -52,6 +55,7 @@ struct LinuxBootEntry {
   std::uint64_t cr3 = kPml4Gpa;
   std::uint64_t gdt_base = kGdtGpa;
   std::uint16_t gdt_limit = 4 * 8 - 1;
+  std::uint64_t kernel_start = 0;  // the loaded vmlinux: [kernel_start, kernel_end)
   std::uint64_t kernel_end = 0;
   std::uint64_t initrd_gpa = 0;
   bool from_bzimage = false;

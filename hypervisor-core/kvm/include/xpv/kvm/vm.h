@@ -139,6 +139,8 @@ class Vm {
   std::string stop_message() const;
 
   ExitStats stats() const noexcept;
+  // The guest's TSC frequency (KVM_GET_TSC_KHZ); 0 when KVM does not say.
+  std::uint32_t tsc_khz() const noexcept;
 
  private:
   struct Vcpu;

@@ -1,0 +1,263 @@
+#include "xen_domain.h"
+
+#include <boost/asio/post.hpp>
+#include <fmt/core.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "xpv/xen/stubs.h"
+
+namespace xpv::vmm {
+
+namespace asio = boost::asio;
+
+namespace {
+
+std::uint64_t grant_bytes(const XenDomainConfig& c) { return std::uint64_t{c.max_grant_frames} << kPageShift; }
+
+// One hypercall's view of guest-virtual memory: page by page through the vCPU's page tables.
+class TrapMemory final : public xen::GuestVirt {
+ public:
+  TrapMemory(kvm::VcpuContext& ctx, const GuestMemory& mem) : ctx_(ctx), mem_(mem) {}
+  bool read(std::uint64_t gva, std::span<std::uint8_t> out) noexcept override {
+    return walk(gva, out.size(), [&](std::span<std::uint8_t> page, std::size_t done) {
+      std::memcpy(out.data() + done, page.data(), page.size());
+    });
+  }
+  bool write(std::uint64_t gva, std::span<const std::uint8_t> in) noexcept override {
+    return walk(gva, in.size(), [&](std::span<std::uint8_t> page, std::size_t done) {
+      std::memcpy(page.data(), in.data() + done, page.size());
+    });
+  }
+
+ private:
+  template <class F>
+  bool walk(std::uint64_t gva, std::size_t len, F f) noexcept {
+    std::size_t done = 0;
+    while (done < len) {
+      const std::uint64_t va = gva + done;
+      if (va < gva) return false;  // wrapped
+      const std::size_t chunk = std::min<std::uint64_t>(len - done, kPageSize - (va & (kPageSize - 1)));
+      auto gpa = ctx_.translate(va);
+      if (!gpa) return false;
+      auto span = mem_.translate(*gpa, chunk);
+      if (!span) return false;
+      f(*span, done);
+      done += chunk;
+    }
+    return true;
+  }
+  kvm::VcpuContext& ctx_;
+  const GuestMemory& mem_;
+};
+
+}  // namespace
+
+// What the platform needs from the VMM: interrupts into the VM, RAM pages, shutdown, console.
+class XenDomain::Host final : public xen::PlatformHost {
+ public:
+  explicit Host(kvm::Vm& vm) : vm_(vm) {}
+  void inject_vector(unsigned vcpu, std::uint8_t vector) noexcept override { vm_.signal_msi(vcpu, vector); }
+  void set_intx(bool asserted) noexcept override {
+    // The line is an irqfd with a resample fd: KVM lowers it at the guest's EOI by itself.
+    if (asserted) vm_.assert_line();
+  }
+  void shutdown(xen::ShutdownReason why) noexcept override {
+    switch (why) {
+      case xen::ShutdownReason::poweroff: vm_.request_stop(kvm::StopReason::poweroff, "SCHEDOP_shutdown poweroff"); break;
+      case xen::ShutdownReason::reboot: vm_.request_stop(kvm::StopReason::reboot, "SCHEDOP_shutdown reboot"); break;
+      case xen::ShutdownReason::crash: vm_.request_stop(kvm::StopReason::error, "the guest crashed (SCHEDOP_shutdown crash)"); break;
+      case xen::ShutdownReason::watchdog: vm_.request_stop(kvm::StopReason::error, "the guest's watchdog fired"); break;
+      case xen::ShutdownReason::suspend: vm_.request_stop(kvm::StopReason::error, "the guest asked to suspend (not supported)"); break;
+    }
+  }
+  std::span<std::uint8_t> guest_page(std::uint64_t gfn) noexcept override {
+    // RAM only: shared_info and vcpu_info must not land on device memory or the hole.
+    const auto& ram = vm_.ram();
+    const std::uint64_t gpa = gfn << kPageShift;
+    const bool low = gpa < ram.low_end();
+    const bool high = gpa >= kvm::kHighRamBase && gpa - kvm::kHighRamBase < ram.size() - ram.low_end();
+    if (gfn > (UINT64_MAX >> kPageShift) || (!low && !high)) return {};
+    auto p = vm_.memory().page(gfn);
+    return p ? *p : std::span<std::uint8_t>{};
+  }
+  void console_write(std::string_view text) noexcept override {
+    try {
+      spdlog::info("guest console_io: {}", text);
+    } catch (...) {
+    }
+  }
+
+ private:
+  kvm::Vm& vm_;
+};
+
+// Domain is built before Platform (the platform needs the xenstore port the domain allocates),
+// but the event channels need their sink at construction: this forwards once the platform exists.
+struct XenDomain::Forward final : domain::UpcallSink {
+  void upcall(unsigned vcpu) noexcept override {
+    if (auto* p = target.load(std::memory_order_acquire)) p->upcall(vcpu);
+  }
+  std::atomic<xen::Platform*> target{nullptr};
+};
+
+void add_xen_device_memory(kvm::VmConfig& cfg, const XenDomainConfig& xcfg) {
+  if (xcfg.max_grant_frames == 0 || grant_bytes(xcfg) > (16u << 20)) {
+    throw std::runtime_error(fmt::format("max grant frames {}: must be 1..4096 (platform-pci BAR1 is 16 MiB)",
+                                         xcfg.max_grant_frames));
+  }
+  cfg.device_memory.push_back({kPlatformMmio, grant_bytes(xcfg)});
+  cfg.device_memory.push_back({kSpecialPages, kPageSize});
+}
+
+XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
+    : vm_(vm), cfg_(cfg), work_(asio::make_work_guard(io_)) {
+  host_ = std::make_unique<Host>(vm);
+  forward_ = std::make_unique<Forward>();
+
+  // The VM's memfd, attached a second time so the control socket exports exactly what KVM maps.
+  std::vector<domain::MemoryRegion> regions;
+  for (const auto& r : vm.ram().regions()) regions.push_back({r.gpa, r.size, r.fd_offset});
+  domain::DomainConfig dcfg;
+  dcfg.domid = cfg.domid;
+  dcfg.name = cfg.name;
+  dcfg.kind = domain::control::DomainKind::hvm;
+  dcfg.vcpus = vm.vcpus();
+  dcfg.memory_bytes = vm.ram().size();
+  dcfg.max_grant_frames = cfg.max_grant_frames;
+  dcfg.run_dir = cfg.run_dir;
+  domain_ = std::make_unique<domain::Domain>(
+      io_, dcfg, *forward_, domain::DomainMemory::attach(UniqueFd(::dup(vm.ram().fd())), std::move(regions)),
+      domain::HvmLayout{kPlatformMmio >> kPageShift, kSpecialPages >> kPageShift});
+
+  xen::PlatformConfig pcfg;
+  pcfg.domid = cfg.domid;
+  pcfg.vcpus = vm.vcpus();
+  pcfg.upcall = cfg.upcall;
+  pcfg.max_grant_frames = cfg.max_grant_frames;
+  pcfg.grant_frames_gfn = kPlatformMmio >> kPageShift;
+  pcfg.store_gfn = domain_->xenstore_gfn();
+  pcfg.store_port = domain_->xenstore_port();
+  platform_ = std::make_unique<xen::Platform>(pcfg, *host_);
+  platform_->attach(domain_->evtchn());
+  forward_->target.store(platform_.get(), std::memory_order_release);
+
+  vm.set_cpuid_hook([this](unsigned vcpu, std::vector<kvm_cpuid_entry2>& entries) { platform_->cpuid(vcpu, entries); });
+  vm.set_pio_trap(xen::kHypercallPort, [this](kvm::VcpuContext& ctx) {
+    const kvm_regs* r = ctx.regs();
+    if (r == nullptr) return;
+    xen::Regs regs{r->rax, r->rdi, r->rsi, r->rdx, r->r10, r->r8};
+    TrapMemory mem(ctx, vm_.memory());
+    const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
+    ctx.set_rax(static_cast<std::uint64_t>(rc));
+    reassert(ctx.id());
+    if (cfg_.trace_hypercalls != 0 && traced_.fetch_add(1, std::memory_order_relaxed) < cfg_.trace_hypercalls) {
+      spdlog::info("hypercall vcpu{} nr={} ({:#x}, {:#x}, {:#x}, {:#x}, {:#x}) = {}", ctx.id(), regs.rax, regs.rdi,
+                   regs.rsi, regs.rdx, regs.r10, regs.r8, rc);
+    }
+  });
+  // The VM's resample thread outlives this object: it reaches the platform through live_.
+  live_ = std::make_shared<std::atomic<xen::Platform*>>(platform_.get());
+  vm.add_resample_line(kPlatformGsi, [live = live_] {
+    if (auto* p = live->load(std::memory_order_acquire)) p->intx_eoi();
+  });
+
+  platform_pci::PlatformDeviceConfig dev;
+  dev.io_base = kPlatformIo;
+  dev.mmio_base = static_cast<std::uint32_t>(kPlatformMmio);
+  dev.gsi = kPlatformGsi;
+  dev.on_bar_moved = [](unsigned bar, std::uint32_t base) {
+    // The grant frames stay where KVM maps them: a guest that moves BAR1 loses its grant table.
+    spdlog::warn("xen-platform: the guest moved BAR{} to {:#x}; xpv keeps BAR0 at {:#x} and the grant frames at {:#x}",
+                 bar, base, kPlatformIo, kPlatformMmio);
+  };
+  device_ = std::make_unique<platform_pci::XenPlatformDevice>(dev);
+  unplug_ = std::make_unique<platform_pci::UnplugPorts>();
+  bar0_ = std::make_unique<platform_pci::PlatformIoBar>(*unplug_);
+  bar1_ = std::make_unique<platform_pci::PlatformMmioBar>();
+  auto check = [](kvm::Result<void> r) {
+    if (!r) throw std::runtime_error(r.error().message);
+  };
+  check(pci.plug(kPlatformSlot, device_.get()));
+  check(vm.pio().add(kPlatformIo, platform_pci::PlatformIoBar::kLength, bar0_.get(), "xen-platform BAR0"));
+  check(vm.pio().add(platform_pci::UnplugPorts::kBase, platform_pci::UnplugPorts::kLength, unplug_.get(),
+                     "xen unplug ports"));
+  // BAR1 beyond the grant frames (which are RAM-backed, no exits) is plain MMIO.
+  check(vm.mmio().add(kPlatformMmio + grant_bytes(cfg), platform_pci::PlatformMmioBar::kLength - grant_bytes(cfg),
+                      bar1_.get(), "xen-platform BAR1"));
+  domain_->set_unpause_handler([this] {
+    std::lock_guard lk(unpause_mu_);
+    if (unpaused_) return false;
+    unpaused_ = true;
+    unpause_cv_.notify_all();
+    return true;
+  });
+  io_thread_ = std::thread([this] { io_.run(); });
+  reassert_thread_ = std::thread([this] { reassert_loop(); });
+}
+
+// Xen (and KVM's in-kernel Xen support) treat a vCPU's evtchn_upcall_pending as a level: while it
+// is 1 the callback is injected again at every VM entry. xpv injects an edge (an MSI) on its 0→1
+// transition, which is lost when the guest cannot take it — the LAPIC is still software-disabled
+// when Linux registers its vcpu_info (which sets upcall_pending, as Xen does) and chooses its
+// vector. Without a re-assertion that vCPU would never get another upcall. So the pending flag is
+// re-checked after every hypercall of that vCPU and every kReassertPeriod for all of them; a
+// spurious callback costs the guest one scan of an empty selector.
+void XenDomain::reassert(unsigned vcpu) noexcept {
+  if (platform_->shared_info_mapped() && domain_->evtchn().upcall_pending(vcpu)) platform_->upcall(vcpu);
+}
+
+void XenDomain::reassert_loop() {
+  constexpr auto kReassertPeriod = std::chrono::milliseconds(20);
+  std::unique_lock lk(tick_mu_);
+  while (!tick_cv_.wait_for(lk, kReassertPeriod, [this] { return stopping_; })) {
+    for (unsigned v = 0; v < vm_.vcpus(); ++v) reassert(v);
+  }
+}
+
+void XenDomain::wait_unpaused() {
+  std::unique_lock lk(unpause_mu_);
+  unpause_cv_.wait(lk, [this] { return unpaused_; });
+}
+
+XenDomain::~XenDomain() {
+  {
+    std::lock_guard lk(tick_mu_);
+    stopping_ = true;
+  }
+  tick_cv_.notify_all();
+  if (reassert_thread_.joinable()) reassert_thread_.join();
+  forward_->target.store(nullptr, std::memory_order_release);
+  if (live_) live_->store(nullptr, std::memory_order_release);
+  asio::post(io_, [this] {
+    domain_.reset();
+    io_.stop();
+  });
+  work_.reset();
+  if (io_thread_.joinable()) io_thread_.join();
+}
+
+void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end) {
+  auto image = vm_.memory().translate(begin, end - begin);
+  if (!image) throw std::runtime_error(fmt::format("kernel image [{:#x}, {:#x}) is not in guest RAM", begin, end));
+  auto sites = xen::find_hypercall_stubs(*image);
+  if (!sites) {
+    throw std::runtime_error(fmt::format("this kernel cannot run on xpv's Xen platform without KVM_CAP_XEN_HVM: {}",
+                                         sites.error()));
+  }
+  xen::patch_hypercall_stubs(*image, *sites, xen::kHypercallPort);
+  spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}", begin + sites->amd, begin + sites->intel,
+               xen::kHypercallPort);
+}
+
+std::uint64_t XenDomain::hypercalls() const noexcept {
+  std::uint64_t n = 0;
+  for (unsigned i = 0; i < 64; ++i) n += platform_->calls(i);
+  return n;
+}
+
+}  // namespace xpv::vmm

@@ -1,0 +1,104 @@
+// XenDomain — the Xen HVM platform assembled around one Vm (xpv-vmm --xen): the domain (memory
+// exported through the control socket, event channels, xenstore page, fixed grant frames), the
+// hypercall dispatcher behind the rewritten hypercall stubs, the Xen platform PCI device and the
+// unplug ports. DESIGN.md §4, XEN-GUEST-ABI.md.
+//
+// Guest-physical layout added to the VM (outside RAM, in the 3-4 GiB hole):
+//   kPlatformMmio (BAR1 of 00:03.0, 16 MiB)   grant frames 0..G-1 at its start (G = max frames)
+//   kSpecialPages                             xenstore ring page
+// I/O: BAR0 at kPlatformIo (0x100 bytes), unplug ports 0x10..0x13, hypercall trap port
+// xen::kHypercallPort. INTx of the platform device: GSI kPlatformGsi (MP table entry).
+//
+// Threads: construct on the main thread before Vm::run(); hypercalls run on vCPU threads; the
+// control socket and the dom0 kick watchers run on this object's own io thread.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "xpv/domain/domain.h"
+#include "xpv/kvm/pci_host.h"
+#include "xpv/kvm/vm.h"
+#include "xpv/platform_pci/bars.h"
+#include "xpv/platform_pci/platform_device.h"
+#include "xpv/platform_pci/unplug_ports.h"
+#include "xpv/xen/platform.h"
+
+namespace xpv::vmm {
+
+inline constexpr std::uint64_t kPlatformMmio = 0xf000'0000;
+inline constexpr std::uint16_t kPlatformIo = 0xc000;
+inline constexpr std::uint32_t kPlatformGsi = 16;
+inline constexpr unsigned kPlatformSlot = 3;
+inline constexpr std::uint64_t kSpecialPages = 0xfeff'0000;
+
+struct XenDomainConfig {
+  std::uint16_t domid = 1;
+  std::string name;
+  std::string run_dir = "/run/xpv";
+  xen::UpcallMode upcall = xen::UpcallMode::vcpu_vector;
+  std::uint32_t max_grant_frames = 64;
+  std::uint64_t trace_hypercalls = 0;  // log the first N hypercalls (number, arguments, result)
+};
+
+// VmConfig::device_memory entries the layout needs (call before constructing the Vm).
+void add_xen_device_memory(kvm::VmConfig& cfg, const XenDomainConfig& xcfg);
+
+class XenDomain {
+ public:
+  // Needs a Vm made with add_xen_device_memory; registers its devices, CPUID hook and trap port.
+  XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg);
+  ~XenDomain();
+  XenDomain(const XenDomain&) = delete;
+  XenDomain& operator=(const XenDomain&) = delete;
+
+  // Rewrites the guest kernel's hypercall stubs found in guest memory [begin, end) (the loaded
+  // kernel image). Throws with a clear message when they cannot be located.
+  void patch_kernel(std::uint64_t begin, std::uint64_t end);
+
+  // Blocks until a dom0 client sends unpause on the control socket (xpv-vmm --paused: the
+  // toolstack writes the domain's devices first, as xl does). Main thread.
+  void wait_unpaused();
+
+  xen::Platform& platform() noexcept { return *platform_; }
+  domain::Domain& domain() noexcept { return *domain_; }
+  std::uint64_t hypercalls() const noexcept;
+
+ private:
+  class Host;
+  struct Forward;
+  kvm::Vm& vm_;
+  XenDomainConfig cfg_;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::unique_ptr<Host> host_;
+  std::unique_ptr<Forward> forward_;
+  std::unique_ptr<domain::Domain> domain_;
+  std::unique_ptr<xen::Platform> platform_;
+  std::unique_ptr<platform_pci::XenPlatformDevice> device_;
+  std::unique_ptr<platform_pci::UnplugPorts> unplug_;
+  std::unique_ptr<platform_pci::PlatformIoBar> bar0_;
+  std::unique_ptr<platform_pci::PlatformMmioBar> bar1_;
+  std::shared_ptr<std::atomic<xen::Platform*>> live_;
+  std::mutex unpause_mu_;
+  std::condition_variable unpause_cv_;
+  bool unpaused_ = false;
+  std::atomic<std::uint64_t> traced_{0};
+  std::thread io_thread_;
+  // Level semantics for evtchn_upcall_pending (see reassert_loop in the .cpp).
+  std::mutex tick_mu_;
+  std::condition_variable tick_cv_;
+  bool stopping_ = false;
+  std::thread reassert_thread_;
+  void reassert_loop();
+  void reassert(unsigned vcpu) noexcept;
+};
+
+}  // namespace xpv::vmm
