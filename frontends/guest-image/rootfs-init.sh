@@ -169,7 +169,7 @@ case "$RUN" in
     n=1
     while [ "$n" -le "$REPEAT" ]; do
       say "XPV-PHASE fio-$FIO-$n begin"
-      SIZE="$SIZE" fio --output-format=json --output=/tmp/fio.json "$job" 2> /tmp/fio.err
+      SIZE="$SIZE" fio --eta=never --output-format=json --output=/tmp/fio.json "$job" 2> /tmp/fio.err
       rc=$?
       say "XPV-PHASE fio-$FIO-$n end"
       [ "$rc" -eq 0 ] || fatal "fio failed (exit $rc): $(tail -n 1 /tmp/fio.err)"
