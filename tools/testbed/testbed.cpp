@@ -2,6 +2,8 @@
 // process's main thread.
 #include "testbed/testbed.h"
 
+#include "xpv/testbed/process.h"
+
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <fmt/core.h>
@@ -20,8 +22,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -31,84 +31,10 @@ namespace fs = std::filesystem;
 namespace xpv::testbed {
 namespace {
 
-// The modules L1 needs (ENVIRONMENT.md): virtio transport + 9p for the shares, kvm + kvm-amd.
-// Their dependencies are added from modules.dep.
-const char* const kWantedModules[] = {
-    "virtio", "virtio_ring", "virtio_pci", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
-    "9pnet", "9pnet_virtio", "netfs", "fscache", "9p", "irqbypass", "ccp", "kvm", "kvm_amd"};
-
 std::atomic<int> g_signal{0};
 void on_signal(int sig) { g_signal.store(sig); }
 
 [[noreturn]] void die(const std::string& msg) { throw std::runtime_error(msg); }
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
-  }
-  return out + "'";
-}
-
-struct Captured {
-  int status = -1;  // exit status, or -1 when it could not run / was signalled
-  std::string out;  // stdout (stderr goes to `err`)
-  std::string err;
-};
-
-// Runs argv to completion, capturing stdout and stderr (small outputs only: apt-cache, apt-get).
-Captured capture(const std::vector<std::string>& argv, const std::string& cwd = {}) {
-  Captured c;
-  char out_tmpl[] = "/tmp/xpv-testbed-out.XXXXXX";
-  char err_tmpl[] = "/tmp/xpv-testbed-err.XXXXXX";
-  int out_fd = mkstemp(out_tmpl);
-  int err_fd = mkstemp(err_tmpl);
-  if (out_fd < 0 || err_fd < 0) die(fmt::format("cannot create a temp file: {}", strerror(errno)));
-  unlink(out_tmpl);
-  unlink(err_tmpl);
-  pid_t pid = fork();
-  if (pid < 0) die(fmt::format("fork: {}", strerror(errno)));
-  if (pid == 0) {
-    int null_fd = open("/dev/null", O_RDONLY);
-    dup2(null_fd, 0);
-    dup2(out_fd, 1);
-    dup2(err_fd, 2);
-    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  c.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  auto slurp = [](int fd) {
-    std::string s;
-    lseek(fd, 0, SEEK_SET);
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<size_t>(n));
-    close(fd);
-    return s;
-  };
-  c.out = slurp(out_fd);
-  c.err = slurp(err_fd);
-  return c;
-}
-
-std::string last_lines(const std::string& text, size_t n) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
-  std::string out;
-  for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
-    out += "  | " + lines[i] + "\n";
-  }
-  return out;
-}
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -125,164 +51,14 @@ void write_file(const fs::path& p, const std::string& content, bool exec = false
   if (exec) fs::permissions(p, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
 }
 
-fs::path cache_root() {
-  if (const char* c = std::getenv("XPV_CACHE"); c != nullptr && *c != '\0') return c;
-  const char* home = std::getenv("HOME");
-  return fs::path(home != nullptr && *home != '\0' ? home : "/root") / ".cache" / "xpv";
-}
-
-// "linux-image-6.1.0-57-amd64" from `apt-cache depends linux-image-amd64`, or the env override.
-std::string resolve_package() {
-  if (const char* p = std::getenv("XPV_TESTBED_KERNEL_PKG"); p != nullptr && *p != '\0') return p;
-  auto c = capture({"apt-cache", "depends", "linux-image-amd64"});
-  if (c.status == 0) {
-    std::istringstream in(c.out);
-    for (std::string line; std::getline(in, line);) {
-      auto pos = line.find("Depends: linux-image-");
-      if (pos == std::string::npos) continue;
-      std::string pkg = line.substr(pos + 9);
-      while (!pkg.empty() && (pkg.back() == ' ' || pkg.back() == '\r')) pkg.pop_back();
-      if (pkg.find('<') == std::string::npos) return pkg;
-    }
-  }
-  return {};
-}
-
-// modules.dep: "kernel/a/b.ko: kernel/c.ko kernel/d.ko" → name → (path, deps).
-struct ModInfo {
-  std::string path;
-  std::vector<std::string> deps;  // paths
-};
-
-std::string mod_name(const std::string& path) {
-  std::string base = fs::path(path).filename().string();
-  if (auto dot = base.find(".ko"); dot != std::string::npos) base.resize(dot);
-  for (auto& ch : base) if (ch == '-') ch = '_';
-  return base;
-}
-
-Kernel load_cached(const fs::path& dir) {
-  Kernel k;
-  k.dir = dir.string();
-  k.version = dir.filename().string();
-  k.vmlinuz = (dir / "vmlinuz").string();
-  std::ifstream order(dir / "modules.order");
-  for (std::string m; std::getline(order, m);) {
-    if (!m.empty()) k.modules.push_back((dir / "modules" / m).string());
-  }
-  return k;
-}
-
-}  // namespace
-
-Kernel ensure_kernel() {
-  const fs::path root = cache_root() / "kernel";
-  const std::string pkg = resolve_package();
-  if (pkg.empty()) {
-    // Offline fallback: exactly one cached kernel is unambiguous.
-    std::vector<fs::path> cached;
-    if (fs::is_directory(root)) {
-      for (const auto& e : fs::directory_iterator(root)) {
-        if (fs::exists(e.path() / "complete")) cached.push_back(e.path());
-      }
-    }
-    if (cached.size() == 1) return load_cached(cached.front());
-    die("cannot resolve the Debian kernel package: `apt-cache depends linux-image-amd64` gave no "
-        "linux-image-* dependency (run `apt-get update`, or set XPV_TESTBED_KERNEL_PKG)");
-  }
-  const std::string prefix = "linux-image-";
-  const std::string version = pkg.substr(prefix.size());
-  const fs::path dir = root / version;
-  if (fs::exists(dir / "complete")) return load_cached(dir);
-
-  fmt::print(stderr, "xpv testbed: fetching {} with apt-get download (once; cached in {})\n", pkg,
-             dir.string());
-  fs::create_directories(root);
-  const fs::path work = root / (version + ".partial");
-  fs::remove_all(work);
-  fs::create_directories(work);
-  auto dl = capture({"apt-get", "download", "-q", pkg}, work.string());
-  fs::path deb;
-  for (const auto& e : fs::directory_iterator(work)) {
-    if (e.path().extension() == ".deb") deb = e.path();
-  }
-  if (dl.status != 0 || deb.empty()) {
-    fs::remove_all(work);
-    die(fmt::format("`apt-get download {}` failed (exit {}):\n{}", pkg, dl.status,
-                    last_lines(dl.err + dl.out, 8)));
-  }
-  const fs::path x = work / "x";
-  fs::create_directories(x);
-  auto ex = capture({"sh", "-c",
-                     fmt::format("dpkg-deb --fsys-tarfile {} | tar -x -C {} ./boot ./lib/modules",
-                                 shell_quote(deb.string()), shell_quote(x.string()))});
-  const fs::path vmlinuz = x / "boot" / ("vmlinuz-" + version);
-  if (ex.status != 0 || !fs::exists(vmlinuz)) {
-    fs::remove_all(work);
-    die(fmt::format("cannot extract {} (exit {}):\n{}", deb.string(), ex.status,
-                    last_lines(ex.err, 8)));
-  }
-  auto dep = capture({"depmod", "-b", x.string(), version});
-  const fs::path depfile = x / "lib" / "modules" / version / "modules.dep";
-  if (dep.status != 0 || !fs::exists(depfile)) {
-    fs::remove_all(work);
-    die(fmt::format("`depmod -b` failed for {} (is kmod installed?):\n{}", version,
-                    last_lines(dep.err, 8)));
-  }
-  std::map<std::string, ModInfo> mods;
-  {
-    std::ifstream in(depfile);
-    for (std::string line; std::getline(in, line);) {
-      auto colon = line.find(':');
-      if (colon == std::string::npos) continue;
-      ModInfo mi;
-      mi.path = line.substr(0, colon);
-      std::istringstream rest(line.substr(colon + 1));
-      for (std::string d; rest >> d;) mi.deps.push_back(d);
-      mods[mod_name(mi.path)] = mi;
-    }
-  }
-  // Dependencies first (depth-first, post-order), each module once.
-  std::vector<std::string> order;
-  std::set<std::string> seen;
-  std::function<void(const std::string&, int)> visit = [&](const std::string& name, int depth) {
-    if (depth > 64) die("module dependency loop at " + name);
-    if (seen.count(name) != 0) return;
-    auto it = mods.find(name);
-    if (it == mods.end()) die(fmt::format("module {} is not in {} (built in? renamed?)", name, pkg));
-    seen.insert(name);
-    for (const auto& d : it->second.deps) visit(mod_name(d), depth + 1);
-    order.push_back(it->second.path);
-  };
-  for (const char* m : kWantedModules) visit(m, 0);
-
-  const fs::path stage = root / (version + ".stage");
-  fs::remove_all(stage);
-  fs::create_directories(stage / "modules");
-  fs::copy_file(vmlinuz, stage / "vmlinuz");
-  std::string order_txt;
-  for (const auto& rel : order) {
-    const std::string base = fs::path(rel).filename().string();
-    fs::copy_file(x / "lib" / "modules" / version / rel, stage / "modules" / base);
-    order_txt += base + "\n";
-  }
-  write_file(stage / "modules.order", order_txt);
-  write_file(stage / "package", pkg + "\n");
-  write_file(stage / "complete", "");
-  fs::remove_all(work);
-  fs::remove_all(dir);
-  fs::rename(stage, dir);
-  return load_cached(dir);
-}
-
-namespace {
-
 // The L1 initramfs: busybox, /init, the modules. Cached next to the kernel, keyed by the init
-// script's hash so an edit rebuilds it.
+// script's and the module list's hash so an edit of either rebuilds it.
 fs::path ensure_initramfs(const Kernel& k) {
   const std::string busybox = "/bin/busybox";
   if (!fs::exists(busybox)) die("/bin/busybox is missing: install busybox-static (scripts/setup)");
-  const size_t h = std::hash<std::string>{}(std::string(kL1Init));
+  std::string key = kL1Init;
+  for (const auto& m : k.modules) key += "\n" + m;
+  const size_t h = std::hash<std::string>{}(key);
   const fs::path out = fs::path(k.dir) / fmt::format("l1-initramfs-{:016x}.cpio", h);
   if (fs::exists(out)) return out;
   const fs::path stage = fs::path(k.dir) / "l1-stage";

@@ -5,7 +5,7 @@
 // kvm + kvm-amd, and xpv-vmm runs against that genuine KVM (shared/docs/ENVIRONMENT.md).
 //
 //   host: xpv testbed ── fork/exec ──► nice qemu-system-x86_64 -accel tcg (L1)
-//     ~/.cache/xpv/kernel/<kver>/       vmlinuz + the modules L1 needs (apt-get download, once)
+//     ~/.cache/xpv/kernel/<kver>/       vmlinuz + the module tree (kernel.h; apt-get download, once)
 //     run dir (temp, 9p "xpvctl")       cmd.sh / env in, ready / rc / error out
 //     share dir (9p "share", rw)        mounted at the same path inside L1
 //   L1: busybox init (l1_init.cpp) → insmod virtio/9p/kvm → mount host root (9p, ro) → chroot
@@ -17,6 +17,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "xpv/testbed/kernel.h"  // Kernel, ensure_kernel: the Debian kernel cache
 
 namespace CLI {
 class App;
@@ -31,18 +33,6 @@ struct Options {
   bool print_kernel = false;      // fetch/cache the kernel, print its vmlinuz path, exit
   std::vector<std::string> cmd;   // command to run inside L1 (after `--`)
 };
-
-// Paths of the cached Debian kernel (fetched on first use).
-struct Kernel {
-  std::string version;            // e.g. 6.1.0-57-amd64
-  std::string dir;                // cache dir for this version
-  std::string vmlinuz;            // bzImage
-  std::vector<std::string> modules;  // .ko files in load order (dependencies first)
-};
-
-// Resolves the kernel package (linux-image-amd64's dependency, or $XPV_TESTBED_KERNEL_PKG),
-// downloads it with `apt-get download` and extracts what L1 needs into the cache, once.
-Kernel ensure_kernel();
 
 // Runs opts.cmd inside L1; returns its exit status (125 when the testbed itself failed, 124 on
 // timeout).

@@ -12,6 +12,7 @@
 
 #include "bench/bench.h"
 #include "testbed/testbed.h"
+#include "xpv/image/command.h"
 #include "xpv/toolstack/commands.h"
 #include "xpv/toolstack/error.h"
 
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", quick, "one tenth of the default iterations");
 
   auto testbed = xpv::testbed::add_command(app);
+  auto image = xpv::image::add_command(app);
 
   try {
     app.parse(argc, argv);
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
   try {
     if (*bench) return run_bench(suite, json_path, quick);
     if (testbed->selected()) return testbed->run();
+    if (image->selected()) return image->run();
     ts::Context ctx{ts::Paths::resolve(cli_paths, ts::self_executable()), std::cout, std::cerr};
     if (*up) ts::cmd_up(ctx);
     else if (*down) ts::cmd_down(ctx, force);

@@ -1,0 +1,192 @@
+#!/bin/sh
+# xpv guest image — /sbin/init on the root disk (frontends/guest-image/rootfs-init.sh). Started
+# by the initramfs with switch_root. README.md in this folder documents the cmdline protocol
+# (xpv.run, xpv.ip, xpv.wait, xpv.size, ...) and every marker line; the host parses them.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+export HOME=/root
+grep -q '^proc /proc ' /proc/mounts 2>/dev/null || mount -t proc proc /proc
+grep -q '^sysfs /sys ' /proc/mounts || mount -t sysfs sysfs /sys
+grep -q ' /dev devtmpfs ' /proc/mounts || mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts 2>/dev/null
+mount -t tmpfs tmpfs /dev/shm 2>/dev/null
+mount -t tmpfs tmpfs /run 2>/dev/null
+
+CONS=
+for c in /dev/ttyS0 /dev/hvc0; do
+  [ -c "$c" ] && (: > "$c") 2>/dev/null && CONS="$CONS $c"
+done
+[ -n "$CONS" ] || CONS=/dev/console
+say() { for c in $CONS; do echo "$*" > "$c" 2>/dev/null; done; }
+# Copies stdin to every console, line by line.
+say_lines() { while IFS= read -r l; do say "$l"; done; }
+
+RUN=selftest
+IP=
+WAIT=20
+SIZE=256
+REPEAT=1
+CLIENTS=0
+FIO=randread-4k
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in
+    xpv.run=*) RUN="${arg#xpv.run=}" ;;
+    xpv.ip=*) IP="${arg#xpv.ip=}" ;;
+    xpv.wait=*) WAIT="${arg#xpv.wait=}" ;;
+    xpv.size=*) SIZE="${arg#xpv.size=}" ;;
+    xpv.repeat=*) REPEAT="${arg#xpv.repeat=}" ;;
+    xpv.clients=*) CLIENTS="${arg#xpv.clients=}" ;;
+    xpv.fio=*) FIO="${arg#xpv.fio=}" ;;
+  esac
+done
+
+finish() {
+  say "XPV-DONE $RUN rc=$1"
+  sync
+  mount -o remount,ro / 2>/dev/null
+  sync
+  poweroff -f
+  echo o > /proc/sysrq-trigger 2>/dev/null
+  sleep 10
+  exit "$1"
+}
+fatal() { say "XPV-FATAL $*"; finish 1; }
+
+for v in WAIT SIZE REPEAT CLIENTS; do
+  eval "val=\$$v"
+  case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
+done
+case "$FIO" in ''|*[!A-Za-z0-9_-]*) fatal "xpv.fio=$FIO: not a job name" ;; esac
+
+hostname xpv-guest
+ip link set lo up 2>/dev/null
+if [ -n "$IP" ]; then
+  # netfront and virtio-net probe asynchronously: wait (bounded, 10 s) for eth0.
+  i=0
+  while [ ! -e /sys/class/net/eth0 ] && [ "$i" -lt 100 ]; do usleep 100000; i=$((i + 1)); done
+  if [ ! -e /sys/class/net/eth0 ]; then
+    say "XPV-NET-FAIL eth0: no such interface after 10 s (interfaces: $(ls /sys/class/net | tr '\n' ' '))"
+  elif err=$(ip addr add "$IP" dev eth0 2>&1 && ip link set eth0 up 2>&1); then
+    say "XPV-NET eth0 $IP mac=$(cat /sys/class/net/eth0/address) driver=$(basename "$(readlink /sys/class/net/eth0/device/driver)")"
+  else
+    say "XPV-NET-FAIL eth0: $err"
+  fi
+else
+  say "XPV-NET none"
+fi
+
+ROOTDEV=$(awk '$2 == "/" { print $1 }' /proc/mounts | tail -n 1)
+say "XPV-READY run=$RUN kernel=$(uname -r) root=$ROOTDEV cpus=$(nproc) mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)"
+
+# Waits until something listens on TCP port $1 (bounded: 10 s). Returns 1 if nothing did.
+wait_listen() {
+  i=0
+  while [ "$i" -lt 100 ]; do
+    netstat -ltn 2>/dev/null | grep -q ":$1 " && return 0
+    usleep 100000
+    i=$((i + 1))
+  done
+  return 1
+}
+
+# Waits for pid $1 until the epoch second $2; kills it then. Returns the pid's exit status
+# (or 124 if it was killed).
+wait_until() {
+  while kill -0 "$1" 2>/dev/null; do
+    if [ "$(date +%s)" -ge "$2" ]; then
+      kill "$1" 2>/dev/null
+      wait "$1" 2>/dev/null
+      return 124
+    fi
+    usleep 200000
+  done
+  wait "$1"
+}
+
+case "$RUN" in
+  selftest)
+    say "XPV-MOUNTS-BEGIN"
+    say_lines < /proc/mounts
+    say "XPV-MOUNTS-END"
+    say "XPV-DMESG-BEGIN"
+    dmesg | grep -i -E 'xen|blkfront|netfront|virtio' | say_lines
+    say "XPV-DMESG-END"
+    mkdir -p /root
+    echo "xpv-selftest-ok" | dd of=/root/selftest.txt conv=fsync 2>/dev/null ||
+      fatal "cannot write /root/selftest.txt"
+    sync
+    say "XPV-SELFTEST-FILE /root/selftest.txt $(wc -c < /root/selftest.txt)"
+    say "XPV-WAIT $WAIT"
+    sleep "$WAIT"
+    finish 0
+    ;;
+  iperf3)
+    deadline=$(( $(date +%s) + WAIT ))
+    if [ "$CLIENTS" -eq 0 ]; then
+      iperf3 -s > /tmp/iperf3.log 2>&1 &
+      pid=$!
+      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
+      say "XPV-IPERF3-LISTENING 5201"
+      wait_until "$pid" "$deadline"
+      say "XPV-IPERF3-STOPPED"
+      finish 0
+    fi
+    n=1
+    while [ "$n" -le "$CLIENTS" ]; do
+      iperf3 -s -1 > /tmp/iperf3.log 2>&1 &
+      pid=$!
+      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
+      say "XPV-IPERF3-LISTENING 5201 client=$n"
+      wait_until "$pid" "$deadline"
+      rc=$?
+      [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
+      say "XPV-IPERF3-SERVED $n rc=$rc"
+      n=$((n + 1))
+    done
+    finish 0
+    ;;
+  bonnie)
+    ram=$((SIZE / 2))
+    mkdir -p /tmp/b
+    n=1
+    while [ "$n" -le "$REPEAT" ]; do
+      say "XPV-PHASE bonnie-$n begin"
+      bonnie++ -u root -d /tmp/b -s "$SIZE" -r "$ram" -n 0 -q > /tmp/bonnie.csv 2> /tmp/bonnie.err
+      rc=$?
+      say "XPV-PHASE bonnie-$n end"
+      [ "$rc" -eq 0 ] || fatal "bonnie++ failed (exit $rc): $(tail -n 1 /tmp/bonnie.err)"
+      say "XPV-BONNIE-BEGIN"
+      say_lines < /tmp/bonnie.csv
+      say "XPV-BONNIE-END"
+      n=$((n + 1))
+    done
+    rm -rf /tmp/b
+    finish 0
+    ;;
+  fio)
+    job="/etc/xpv/fio/$FIO.fio"
+    [ -f "$job" ] || fatal "no fio job $FIO (have: $(ls /etc/xpv/fio | sed 's/\.fio$//' | tr '\n' ' '))"
+    n=1
+    while [ "$n" -le "$REPEAT" ]; do
+      say "XPV-PHASE fio-$FIO-$n begin"
+      SIZE="$SIZE" fio --eta=never --output-format=json --output=/tmp/fio.json "$job" 2> /tmp/fio.err
+      rc=$?
+      say "XPV-PHASE fio-$FIO-$n end"
+      [ "$rc" -eq 0 ] || fatal "fio failed (exit $rc): $(tail -n 1 /tmp/fio.err)"
+      say "XPV-FIO-BEGIN"
+      say_lines < /tmp/fio.json
+      say "XPV-FIO-END"
+      n=$((n + 1))
+    done
+    rm -f /tmp/fio.dat
+    finish 0
+    ;;
+  shell)
+    say "XPV-SHELL (exit the shell to power off)"
+    setsid cttyhack sh
+    finish 0
+    ;;
+  *)
+    fatal "unknown xpv.run=$RUN (selftest, iperf3, bonnie, fio, shell)"
+    ;;
+esac

@@ -1,0 +1,305 @@
+// `xpv image` end to end: build into a temp cache, inspect the cpio (cpio -t), the ext4
+// (debugfs, no mount) and the manifest; a second build is a cache hit; a recipe change rebuilds;
+// missing tools, bad sizes and a failed build are clear errors that leave nothing behind.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+// A temp dir removed with everything in it when the test ends (also on failure).
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/xpv-image-test.XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+Result sh(const std::string& cmd, const fs::path& scratch) {
+  const fs::path o = scratch / ".out", e = scratch / ".err";
+  const int st = std::system(("( " + cmd + " ) > " + quote(o) + " 2> " + quote(e)).c_str());
+  Result r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(o);
+  r.err = slurp(e);
+  fs::remove(o);
+  fs::remove(e);
+  return r;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// `xpv image ARGS` with the temp cache and recipes.
+Result xpv_image(const TempDir& t, const std::string& args, const std::string& env = {}) {
+  return sh("XPV_IMAGE_CACHE=" + quote((t.path() / "cache").string()) + " XPV_IMAGE_RECIPES=" +
+                quote((t.path() / "recipes").string()) + " " + env + " " + XPV_BIN + " image " + args,
+            t.path());
+}
+
+void copy_recipes(const TempDir& t) {
+  fs::copy(XPV_RECIPES_SRC, t.path() / "recipes", fs::copy_options::recursive);
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+bool has_line(const std::string& text, const std::string& line) {
+  for (const auto& l : lines(text)) {
+    if (l == line) return true;
+  }
+  return false;
+}
+
+// Names in a debugfs `ls -p DIR` listing (/ino/mode/uid/gid/name/size/).
+std::vector<std::string> ext4_ls(const fs::path& img, const std::string& dir, const fs::path& scratch) {
+  const auto r = sh("debugfs -R " + quote("ls -p " + dir) + " " + quote(img.string()), scratch);
+  std::vector<std::string> names;
+  for (const auto& l : lines(r.out)) {
+    std::vector<std::string> f;
+    std::istringstream in(l);
+    for (std::string x; std::getline(in, x, '/');) f.push_back(x);
+    if (f.size() >= 6) names.push_back(f[5]);
+  }
+  return names;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  for (const auto& x : v) {
+    if (x == s) return true;
+  }
+  return false;
+}
+
+TEST(Image, BuildInspectCacheHitAndRecipeChange) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  copy_recipes(t);
+  const auto b1 = xpv_image(t, "build --size 512");
+  ASSERT_EQ(b1.rc, 0) << b1.err;
+  const fs::path dir = trim(b1.out);
+  EXPECT_EQ(dir.parent_path(), t.path() / "cache");
+  EXPECT_TRUE(std::regex_match(dir.filename().string(), std::regex("[0-9a-f]{16}"))) << dir;
+  for (const char* f : {"vmlinuz", "initrd.cpio", "root.ext4", "manifest.json", "inputs.txt"}) {
+    EXPECT_TRUE(fs::is_regular_file(dir / f)) << f;
+  }
+  EXPECT_EQ(fs::file_size(dir / "root.ext4"), 512ull << 20);
+  struct stat st {};
+  ASSERT_EQ(stat((dir / "root.ext4").c_str(), &st), 0);
+  EXPECT_LT(static_cast<unsigned long long>(st.st_blocks) * 512, 512ull << 20);  // sparse
+
+  // Manifest.
+  const auto m = nlohmann::json::parse(slurp(dir / "manifest.json"));
+  EXPECT_EQ(m["key"], dir.filename().string());
+  const std::string kver = m["kernel"]["version"];
+  EXPECT_EQ(m["kernel"]["package"], "linux-image-" + kver);
+  EXPECT_EQ(m["kernel"]["deb_sha256"].get<std::string>().size(), 64u);
+  for (const char* pkg : {"busybox-static", "iperf3", "bonnie++", "fio"}) {
+    const auto v = sh(std::string("dpkg-query -W -f='${Version}' ") + pkg, t.path());
+    EXPECT_EQ(m["packages"][pkg], v.out) << pkg;
+  }
+  for (const char* f : {"vmlinuz", "initrd.cpio", "root.ext4"}) {
+    EXPECT_EQ(m["outputs"][f]["size"].get<std::uintmax_t>(), fs::file_size(dir / f)) << f;
+    EXPECT_EQ(m["outputs"][f]["sha256"].get<std::string>().size(), 64u) << f;
+  }
+  EXPECT_EQ(m["root_size_mib"], 512);
+  EXPECT_EQ(m["programs"].size(), 4u);
+
+  // The initramfs.
+  const auto cp = sh("cpio -t --quiet < " + quote((dir / "initrd.cpio").string()), t.path());
+  ASSERT_EQ(cp.rc, 0) << cp.err;
+  const std::string mods = "lib/modules/" + kver + "/kernel/";
+  for (const std::string& f : std::vector<std::string>{"init", "bin/busybox", "dev/console", "etc/xpv/modules", "etc/xpv/kernel-version",
+        mods + "drivers/block/xen-blkfront.ko", mods + "drivers/net/xen-netfront.ko",
+        mods + "drivers/block/virtio_blk.ko", mods + "drivers/net/virtio_net.ko",
+        mods + "drivers/virtio/virtio_pci.ko", mods + "drivers/virtio/virtio.ko",
+        mods + "drivers/virtio/virtio_ring.ko", mods + "fs/ext4/ext4.ko", mods + "fs/jbd2/jbd2.ko",
+        mods + "fs/mbcache.ko", mods + "lib/crc16.ko", mods + "crypto/crc32c_generic.ko"}) {
+    EXPECT_TRUE(has_line(cp.out, f)) << f << "\n" << cp.out;
+  }
+  const auto init = sh("cpio -i --quiet --to-stdout init < " + quote((dir / "initrd.cpio").string()), t.path());
+  EXPECT_EQ(init.out, slurp(t.path() / "recipes" / "initrd-init.sh"));
+  const auto order =
+      lines(sh("cpio -i --quiet --to-stdout etc/xpv/modules < " + quote((dir / "initrd.cpio").string()), t.path()).out);
+  auto pos = [&](const std::string& name) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i].rfind(name + " ", 0) == 0) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  for (const char* n : {"xen_blkfront", "xen_netfront", "virtio", "virtio_blk", "virtio_net", "jbd2", "ext4"}) {
+    EXPECT_GE(pos(n), 0) << n;
+  }
+  EXPECT_LT(pos("virtio"), pos("virtio_blk"));
+  EXPECT_LT(pos("virtio_ring"), pos("virtio_net"));
+  EXPECT_LT(pos("jbd2"), pos("ext4"));
+  EXPECT_LT(pos("crc16"), pos("ext4"));
+
+  // The root disk, read without mounting.
+  const fs::path root = dir / "root.ext4";
+  const auto sbin = sh("debugfs -R 'ls -l /sbin' " + quote(root.string()), t.path());
+  EXPECT_NE(sbin.out.find(" init"), std::string::npos) << sbin.out;
+  EXPECT_EQ(sh("debugfs -R 'cat /sbin/init' " + quote(root.string()), t.path()).out,
+            slurp(t.path() / "recipes" / "rootfs-init.sh"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/usr/bin", t.path()), "iperf3"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/usr/bin", t.path()), "fio"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/usr/sbin", t.path()), "bonnie++"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/bin", t.path()), "busybox"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/bin", t.path()), "sh"));
+  EXPECT_TRUE(contains(ext4_ls(root, "/lib64", t.path()), "ld-linux-x86-64.so.2"));
+  const auto libs = ext4_ls(root, "/lib/x86_64-linux-gnu", t.path());
+  for (const char* l : {"libc.so.6", "libiperf.so.0", "libstdc++.so.6", "libaio.so.1", "libm.so.6"}) {
+    EXPECT_TRUE(contains(libs, l)) << l;
+  }
+  EXPECT_TRUE(contains(ext4_ls(root, "/etc/xpv/fio", t.path()), "randread-4k.fio"));
+  EXPECT_NE(sh("debugfs -R 'cat /etc/passwd' " + quote(root.string()), t.path()).out.find("root:x:0:0:"),
+            std::string::npos);
+  const auto stat_init = sh("debugfs -R 'stat /sbin/init' " + quote(root.string()), t.path());
+  EXPECT_NE(stat_init.out.find("Mode:  0755"), std::string::npos) << stat_init.out;
+
+  // As root: copy the tree out (still no mount) and run each program in a chroot, which proves
+  // that every shared library it needs is on the disk.
+  if (geteuid() == 0) {
+    const fs::path x = t.path() / "x";
+    fs::create_directories(x);
+    const auto rd = sh("debugfs -R " + quote("rdump / " + x.string()) + " " + quote(root.string()), t.path());
+    ASSERT_EQ(rd.rc, 0) << rd.err;
+    EXPECT_EQ(sh("chroot " + quote(x.string()) + " /usr/bin/iperf3 --version", t.path()).rc, 0);
+    EXPECT_EQ(sh("chroot " + quote(x.string()) + " /usr/bin/fio --version", t.path()).rc, 0);
+    const auto bonnie = sh("chroot " + quote(x.string()) + " /usr/sbin/bonnie++ -h", t.path());
+    EXPECT_NE(bonnie.err.find("usage"), std::string::npos) << bonnie.err;
+    EXPECT_EQ(sh("chroot " + quote(x.string()) + " /bin/sh -n /sbin/init", t.path()).rc, 0);
+  }
+
+  // Second build: a cache hit, nothing rewritten.
+  const auto mtime = fs::last_write_time(dir / "manifest.json");
+  const auto b2 = xpv_image(t, "build --size 512");
+  ASSERT_EQ(b2.rc, 0) << b2.err;
+  EXPECT_EQ(trim(b2.out), dir.string());
+  EXPECT_NE(b2.err.find("xpv image: cached"), std::string::npos) << b2.err;
+  EXPECT_EQ(fs::last_write_time(dir / "manifest.json"), mtime);
+
+  // show: the same image, built.
+  const auto show = xpv_image(t, "show --size 512");
+  ASSERT_EQ(show.rc, 0) << show.err;
+  const auto sj = nlohmann::json::parse(show.out);
+  EXPECT_EQ(sj["dir"], dir.string());
+  EXPECT_EQ(sj["built"], true);
+  EXPECT_EQ(sj["manifest"]["key"], dir.filename().string());
+
+  // A recipe change → a new key, a new image with the new script; the old one stays.
+  std::ofstream(t.path() / "recipes" / "rootfs-init.sh", std::ios::app) << "# changed by the test\n";
+  const auto b3 = xpv_image(t, "build --size 512");
+  ASSERT_EQ(b3.rc, 0) << b3.err;
+  const fs::path dir3 = trim(b3.out);
+  EXPECT_NE(dir3, dir);
+  EXPECT_NE(b3.err.find("xpv image: building"), std::string::npos) << b3.err;
+  EXPECT_TRUE(fs::exists(dir / "manifest.json"));
+  EXPECT_EQ(sh("debugfs -R 'cat /sbin/init' " + quote((dir3 / "root.ext4").string()), t.path()).out,
+            slurp(t.path() / "recipes" / "rootfs-init.sh"));
+  // No temp dirs left behind.
+  for (const auto& e : fs::directory_iterator(t.path() / "cache")) {
+    EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
+  }
+}
+
+TEST(Image, MissingToolIsNamed) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  copy_recipes(t);
+  // A PATH with every host program except fio.
+  const fs::path bin = t.path() / "bin";
+  fs::create_directories(bin);
+  for (const char* d : {"/usr/local/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      const auto name = e.path().filename();
+      if (name == "fio" || fs::exists(fs::symlink_status(bin / name))) continue;
+      fs::create_symlink(e.path(), bin / name, ec);
+    }
+  }
+  const auto r = xpv_image(t, "build", "PATH=" + quote(bin.string()));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("fio not found in PATH (package fio not installed? run scripts/setup)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(t.path() / "cache") && !fs::is_empty(t.path() / "cache"));
+}
+
+TEST(Image, BadInputsAreClearErrors) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  copy_recipes(t);
+  const auto small = xpv_image(t, "build --size 10");
+  EXPECT_EQ(small.rc, 1);
+  EXPECT_NE(small.err.find("--size 10 MiB: must be between 64 and 1048576"), std::string::npos) << small.err;
+
+  fs::remove(t.path() / "recipes" / "initrd-init.sh");
+  const auto norecipe = xpv_image(t, "build");
+  EXPECT_EQ(norecipe.rc, 1);
+  EXPECT_NE(norecipe.err.find("recipe initrd-init.sh is missing in"), std::string::npos) << norecipe.err;
+
+  const auto usage = xpv_image(t, "build --size lots");
+  EXPECT_NE(usage.rc, 0);
+}
+
+TEST(Image, FailedBuildLeavesNothing) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  copy_recipes(t);
+  // 64 MiB cannot hold the programs and libraries (~150 MB): mke2fs -d fails mid-build.
+  const auto r = xpv_image(t, "build --size 64");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("mke2fs -d failed for a 64 MiB root disk"), std::string::npos) << r.err;
+  ASSERT_TRUE(fs::is_directory(t.path() / "cache"));
+  EXPECT_TRUE(fs::is_empty(t.path() / "cache")) << "a half-built image was left behind";
+}
+
+}  // namespace
