@@ -227,7 +227,7 @@ void Backend::reconcile(const Key& key) {
     d->resume_checked = true;
     if (!d->conn && *be_state == XenbusState::connected &&
         (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
-      if (probe(*d)) connect(*d, /*resume=*/true);
+      if (probe(*d, /*publish=*/false)) connect(*d, /*resume=*/true);
       return;
     }
   }
@@ -269,7 +269,7 @@ void Backend::reconcile(const Key& key) {
   }
 }
 
-bool Backend::probe(Device& d) {
+bool Backend::probe(Device& d, bool publish) {
   VifBackendNodes n;
   if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty()) {
     fatal(d, XenbusState::closed, EOPNOTSUPP,
@@ -305,7 +305,7 @@ bool Backend::probe(Device& d) {
     n.rate_usec = r->second;
   }
   // Only what is implemented (no control ring, no multicast control, no XDP headroom).
-  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+  auto r = !publish ? xenbus::client::Result<void>{} : xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
     auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };
     for (auto res : {w("feature-sg", "1"), w("feature-gso-tcpv4", "1"), w("feature-gso-tcpv6", "1"),
                      w("feature-ipv6-csum-offload", "1"), w("feature-rx-copy", "1"), w("feature-rx-flip", "0"),

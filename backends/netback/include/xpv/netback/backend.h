@@ -112,7 +112,9 @@ class Backend {
   void reconcile(const Key& key);
   Device* adopt(const Key& key);
   void forget(const Key& key, bool removed);
-  bool probe(Device& d);
+  // Checks the toolstack's nodes; publishes the features unless `publish` is false (a resumed
+  // vif has them already: a restart writes nothing).
+  bool probe(Device& d, bool publish = true);
   void connect(Device& d, bool resume);
   void disconnect(Device& d);
   void fatal(Device& d, xenbus::XenbusState state, int err, const std::string& what);

@@ -49,7 +49,7 @@ struct LinkSettings {
   std::optional<unsigned> mtu;
   std::optional<std::array<std::uint8_t, 6>> mac;
   bool up = true;
-  std::optional<Ipv4Address> ipv4;  // the interface's (primary) IPv4 address and netmask
+  std::optional<Ipv4Address> ipv4 = std::nullopt;  // the interface's (primary) IPv4 address and netmask
 };
 
 class Tap {
