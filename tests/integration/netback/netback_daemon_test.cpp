@@ -347,6 +347,7 @@ TEST_F(NetbackDaemon, DetachAndReattachWhileIdle) {
   EXPECT_FALSE(node("/local/domain/1/device/vif/0").has_value());
   EXPECT_TRUE(eventually([&] { return in(domns(1), "ip link show eth0") != 0; })) << "eth0 left the namespace";
   EXPECT_TRUE(eventually([&] { return in(hostns_, "ip link show vif1.0") != 0; })) << "vif1.0 is gone";
+  EXPECT_EQ(log("xpv-front-web1.log").find("leaked"), std::string::npos) << "every grant was ended";
 
   r = xpv({"network-attach", "web1", fmt::format("mac=00:16:3e:00:20:01, ip={}.2/24", net_)});
   ASSERT_EQ(r.rc, 0) << r.out << r.err << log("xpv-netback.log");
