@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir", cli_paths.log_dir, "daemon and domain logs (default /var/log/xpv; env XPV_LOG_DIR)");
   app.add_option("--xenstore", cli_paths.xenstore_socket,
                  "xpv-xenstored's socket (default /run/xenstored/socket; env XENSTORED_PATH)");
+  app.add_option("--netns-dir", cli_paths.netns_dir, "where domains' network namespaces are made (default /run/netns; env XPV_NETNS_DIR)");
   app.add_option("--bin-dir", cli_paths.bin_dir, "where xpv-xenstored, xpv-front, … are (default: next to xpv)");
 
   auto* up = app.add_subcommand("up", "start xpv-xenstored and the backends (supervised)");

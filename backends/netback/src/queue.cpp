@@ -61,6 +61,11 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   rx_buf_.resize(kMaxRxBytes);
   rx_reqs_.reserve(kMaxRxBytes / kPage + 2);
   rx_ops_.reserve(kMaxRxBytes / kPage + 1);
+  if (cfg_.resume) {
+    // What the dead backend consumed and did not answer (bad indexes disable the queue in pass()).
+    tx_resume_ = tx_.unconsumed_requests().value_or(0);
+    rx_resume_ = rx_.unconsumed_requests().value_or(0);
+  }
 }
 
 NetbackQueue::~NetbackQueue() = default;
@@ -428,7 +433,68 @@ bool NetbackQueue::poll_once() noexcept {
   return pass();
 }
 
+void NetbackQueue::resume_drain() noexcept {
+  // RX: every buffer goes back unused, with its own id (the one field a torn slot keeps).
+  for (; rx_resume_ > 0 && !disabled(); --rx_resume_) {
+    auto r = rx_.pop_request();
+    if (!r) {
+      if (r.error() != RingError::empty) disable(to_string(r.error()));
+      rx_resume_ = 0;
+      break;
+    }
+    NetifRxResponse rsp{};
+    rsp.id = r->id;
+    rsp.status = kNetifRspError;
+    if (auto p = rx_.produce_response(rsp); !p) {
+      disable(to_string(p.error()));
+      break;
+    }
+    rx_resp_pending_ = true;
+    counters_.resume_rx_returned.fetch_add(1, std::memory_order_relaxed);
+  }
+  // TX: each packet is walked by its flags (intact in a torn slot) and answered, never sent.
+  while (tx_resume_ > 0 && !disabled()) {
+    const RingIdx before = tx_.req_cons();
+    auto first = tx_.pop_request();
+    if (!first) {
+      if (first.error() != RingError::empty) disable(to_string(first.error()));
+      tx_resume_ = 0;
+      break;
+    }
+    tx_slots_.clear();
+    tx_slots_.push_back({first->id, false, 0, 0, 0});
+    std::uint16_t flags = first->flags;
+    bool extra = (flags & kNettxfExtraInfo) != 0;
+    for (unsigned i = 0; extra || (flags & kNettxfMoreData); ++i) {
+      if (i >= tx_.size()) {
+        disable("a packet larger than the tx ring");
+        return;
+      }
+      auto r = tx_.pop_request();
+      if (!r) {
+        disable(r.error() == RingError::empty ? "a packet's slots are not all on the tx ring"
+                                              : to_string(r.error()));
+        return;
+      }
+      if (extra) {
+        tx_slots_.push_back({0, true, 0, 0, 0});
+        extra = (netif_extra_from_tx(*r).flags & kXenNetifExtraFlagMore) != 0;
+        continue;
+      }
+      flags = r->flags;
+      tx_slots_.push_back({r->id, false, 0, 0, 0});
+    }
+    tx_respond(kNetifRspOkay);
+    counters_.resume_tx_dropped.fetch_add(1, std::memory_order_relaxed);
+    const RingIdx used = tx_.req_cons() - before;
+    tx_resume_ = used >= tx_resume_ ? 0 : tx_resume_ - used;
+  }
+  if (!disabled()) push_and_notify();
+}
+
 bool NetbackQueue::pass() noexcept {
+  if (disabled()) return false;
+  if (tx_resume_ > 0 || rx_resume_ > 0) resume_drain();
   if (disabled()) return false;
   busy_ = false;
   for (int t = 0; t < kTurnsPerPoll && !disabled(); ++t) {

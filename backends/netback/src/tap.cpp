@@ -4,6 +4,8 @@
 #include <linux/if.h>
 #include <linux/if_tun.h>
 #include <net/if_arp.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -111,6 +113,19 @@ void Tap::set_link(const LinkSettings& s) const {
       ifr.ifr_hwaddr.sa_family = ARPHRD_ETHER;
       std::memcpy(ifr.ifr_hwaddr.sa_data, s.mac->data(), 6);
       if (::ioctl(sock.get(), SIOCSIFHWADDR, &ifr) != 0) throw_errno("tap " + name_ + ": set MAC");
+    }
+    if (s.ipv4) {
+      auto set = [&](unsigned long req, std::uint32_t v, const char* what) {
+        ifreq ifr = named(name_);
+        sockaddr_in sin{};
+        sin.sin_family = AF_INET;
+        sin.sin_addr.s_addr = htonl(v);
+        std::memcpy(&ifr.ifr_addr, &sin, sizeof sin);
+        if (::ioctl(sock.get(), req, &ifr) != 0) throw_errno("tap " + name_ + ": " + what);
+      };
+      const std::uint32_t mask = s.ipv4->prefix == 0 ? 0 : ~0u << (32 - s.ipv4->prefix);
+      set(SIOCSIFADDR, s.ipv4->addr, "set IPv4 address");
+      set(SIOCSIFNETMASK, mask, "set netmask");
     }
     ifreq ifr = named(name_);
     if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) != 0) throw_errno("tap " + name_ + ": get flags");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -78,14 +79,21 @@ Netfront::~Netfront() {
     events_.clear_handler(rx_port_);
     (void)dom_.evtchn().close(rx_port_);
   }
+  // A backend that is closing at the same moment (the toolstack's detach tells both ends at once)
+  // may still have the rings mapped for a few milliseconds: give it a bounded while (1 s) before
+  // calling a grant leaked, as Linux defers the end of a grant still in use.
   auto& grants = dom_.grants();
-  auto end = [&](gnttab::GrantRef r) {
-    if (!grants.end_access(r)) spdlog::warn("netfront: grant {} still mapped by the backend; leaked", r);
-  };
-  for (auto r : tx_refs_) end(r);
-  for (auto r : rx_refs_) end(r);
-  end(tx_ring_ref_);
-  end(rx_ring_ref_);
+  std::vector<gnttab::GrantRef> left;
+  for (auto r : tx_refs_) left.push_back(r);
+  for (auto r : rx_refs_) left.push_back(r);
+  left.push_back(tx_ring_ref_);
+  left.push_back(rx_ring_ref_);
+  for (int round = 0; !left.empty(); ++round) {
+    std::erase_if(left, [&](gnttab::GrantRef r) { return static_cast<bool>(grants.end_access(r)); });
+    if (left.empty() || round == 100) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto r : left) spdlog::warn("netfront: grant {} still mapped by the backend; leaked", r);
   dom_.free_pages(tx_pages_gfn_, tx_refs_.size());
   dom_.free_pages(rx_pages_gfn_, rx_refs_.size());
   dom_.free_pages(tx_ring_gfn_, 1);

@@ -2,12 +2,15 @@
 //
 //   xpv-front --domid N --name NAME --memory MiB [--run-dir D] [--foreground] [--log-level L]
 //             [--xenstore-timeout S] [--max-indirect-segments K] [--max-ring-page-order O]
+//             [--netns PATH] [--net-queues N]
 //
 // Creates domain N (memfd memory, grant table, event channels, control socket <run-dir>/dom<N>.sock),
 // prints `ready` on stdout once the socket listens, then waits (bounded by --xenstore-timeout)
 // until xpv-xenstored serves its xenstore ring — the toolstack introduces the domain after
 // `ready` — and runs the blkfront xenbus driver (VbdDriver) over it: every vbd under
-// /local/domain/N/device/vbd becomes <run-dir>/dom<N>/vbd/<devid>/disk.
+// /local/domain/N/device/vbd becomes <run-dir>/dom<N>/vbd/<devid>/disk — and the netfront xenbus
+// driver (VifDriver): every vif under /local/domain/N/device/vif becomes the TAP eth<devid> in
+// the domain's network namespace (--netns, default /run/netns/xpv-dom<N>, made by the toolstack).
 // SIGTERM/SIGINT: every device is closed with the backend (bounded), unmounted, exit 0.
 // Without --foreground it logs to syslog and lets go of stdout after `ready`; it never forks
 // (its pid is the domain's, for the toolstack).
@@ -36,6 +39,7 @@
 #include "xpv/domain/domain.h"
 #include "xpv/frontends/guest_events.h"
 #include "xpv/frontends/vbd_driver.h"
+#include "xpv/frontends/vif_driver.h"
 #include "xpv/xenbus/client/ring_client.h"
 
 namespace {
@@ -71,6 +75,8 @@ int main(int argc, char** argv) {
   unsigned xs_timeout_s = 30;
   std::uint32_t max_indirect = 256;
   std::uint32_t max_order = 0;
+  std::string netns;
+  unsigned net_queues = 1;
   app.add_option("--domid", domid, "domain id (1..32751)")->required();
   app.add_option("--name", name, "domain name")->required();
   app.add_option("--memory", memory_mib, "memory in MiB (1..65536)")->required();
@@ -85,6 +91,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-ring-page-order", max_order, "largest ring page order used (0..4)")
       ->capture_default_str();
+  app.add_option("--netns", netns, "the domain's network namespace file (default /run/netns/xpv-dom<N>)");
+  app.add_option("--net-queues", net_queues, "netif queues asked for per vif (1..16)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -102,6 +110,8 @@ int main(int argc, char** argv) {
   if (xs_timeout_s < 1 || xs_timeout_s > 3600) return bad("--xenstore-timeout: expected 1..3600 seconds");
   if (max_indirect > 4096) return bad("--max-indirect-segments: expected 0..4096");
   if (max_order > 4) return bad("--max-ring-page-order: expected 0..4");
+  if (net_queues < 1 || net_queues > 16) return bad("--net-queues: expected 1..16");
+  if (netns.empty()) netns = "/run/netns/xpv-dom" + std::to_string(domid);
   auto level = xpv::daemon::parse_log_level(log_level);
   if (!level) return bad("--log-level '" + log_level + "': expected trace, debug, info, warn, error or off");
   if (!foreground) {
@@ -133,7 +143,9 @@ int main(int argc, char** argv) {
   };
   std::unique_ptr<xpv::xenbus::client::RingClient> xs;
   std::unique_ptr<xpv::frontends::VbdDriver> driver;
+  std::unique_ptr<xpv::frontends::VifDriver> vifs;
   Stop stop{[&] {
+    vifs.reset();
     driver.reset();
     if (events) events->stop();
     if (events_thread.joinable()) events_thread.join();
@@ -197,6 +209,11 @@ int main(int argc, char** argv) {
   dcfg.max_indirect_segments = max_indirect;
   dcfg.max_ring_page_order = max_order;
   driver = std::make_unique<xpv::frontends::VbdDriver>(*domain, *events, *xs, dcfg);
+  xpv::frontends::VifDriverConfig vcfg;
+  vcfg.domid = cfg.domid;
+  vcfg.netns = netns;
+  vcfg.max_queues = net_queues;
+  vifs = std::make_unique<xpv::frontends::VifDriver>(*domain, *events, *xs, vcfg);
 
   (void)xs->wait_connected(0ms);  // the probe waits on the ring until xenstored serves it
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(xs_timeout_s);
@@ -216,8 +233,13 @@ int main(int argc, char** argv) {
         return error("dom" + std::to_string(domid) + ": cannot watch its device/vbd: " +
                      std::string(xpv::xenbus::wire::error_name(r.error())));
       }
+      auto v = vifs->start();
+      if (!v) {
+        return error("dom" + std::to_string(domid) + ": cannot watch its device/vif: " +
+                     std::string(xpv::xenbus::wire::error_name(v.error())));
+      }
       started = true;
-      spdlog::info("dom{}: xenstore connected; watching device/vbd", domid);
+      spdlog::info("dom{}: xenstore connected; watching device/vbd and device/vif (netns {})", domid, netns);
     }
     if (!started && std::chrono::steady_clock::now() >= deadline) {
       return error("dom" + std::to_string(domid) + ": xenstored did not serve the xenstore ring within " +
@@ -227,6 +249,11 @@ int main(int argc, char** argv) {
   }
   spdlog::info("dom{}: signal {}: closing devices", domid, sig);
   xs->set_timeout(2s);
-  if (started && !driver->shutdown(30s)) spdlog::warn("dom{}: device shutdown did not finish in time", domid);
+  if (started) {
+    // Both drivers close their devices at once (each bounded).
+    auto nets = std::async(std::launch::async, [&] { return vifs->shutdown(30s); });
+    if (!driver->shutdown(30s)) spdlog::warn("dom{}: vbd shutdown did not finish in time", domid);
+    if (!nets.get()) spdlog::warn("dom{}: vif shutdown did not finish in time", domid);
+  }
   return 0;
 }

@@ -166,7 +166,7 @@ class TestHost {
 
   RunResult run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) const {
     std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
-                                     "--xenstore", xs_socket, "--bin-dir", bin_dir};
+                                     "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_command(argv, env);
   }

@@ -319,8 +319,10 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   const auto rec_pid = pid_in(h.run_dir + "/dom1/pid");
   ASSERT_TRUE(rec_pid);
   EXPECT_EQ(r.out, fmt::format("Created domain web1 (id 1, process, 32 MiB, pid {})\n  xvda: {}/dom1/vbd/51712/disk\n"
-                               "  vif 0: host side vif1.0\n",
-                               *rec_pid, h.run_dir));
+                               "  vif 0: host side vif1.0 10.9.0.1/24, domain 10.9.0.2/24 in network namespace "
+                               "{}/netns/xpv-dom1\n",
+                               *rec_pid, h.run_dir, h.dir));
+  EXPECT_TRUE(fs::exists(h.dir + "/netns/xpv-dom1")) << "the domain's network namespace";
   EXPECT_TRUE(toolstack::process_is(*rec_pid, "xpv-front"));
   {
     xenbus::client::SyncClient c(h.xs_socket);
@@ -372,15 +374,18 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
 
   // network-attach / detach and their errors.
   r = h.run({"network-attach", "web1", "mac=00:16:3e:00:00:01", "--no-wait"});
-  EXPECT_EQ(r.err, "xpv network-attach: MAC 00:16:3e:00:00:01 is already used by web1 (id 1) vif 0\n");
+  EXPECT_EQ(r.err, "xpv network-attach: vif: MAC 00:16:3e:00:00:01 is already used by web1 (id 1) vif 0\n");
   r = h.run({"network-attach", "web1", "ip=10.9.0.2/24", "--no-wait"});
-  EXPECT_EQ(r.err, "xpv network-attach: address 10.9.0.2 is already used by web1 (id 1) vif 0\n");
+  EXPECT_EQ(r.err, "xpv network-attach: vif: address 10.9.0.2/24 clashes with web1 (id 1) vif 0 (10.9.0.2/24): each vif "
+                   "needs a subnet of its own\n");
   r = h.run({"network-attach", "web1", "mac=01:16:3e:00:00:02"});
   EXPECT_EQ(r.err, "xpv network-attach: vif spec 'mac=01:16:3e:00:00:02': '01:16:3e:00:00:02' is not a unicast MAC "
                    "address (aa:bb:cc:dd:ee:ff)\n");
   r = h.run({"network-attach", "web1", "mac=00:16:3e:00:00:02, ip=10.9.1.2/24", "--no-wait"});
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.out, "vif 1: mac 00:16:3e:00:00:02, host side vif1.1\n");
+  EXPECT_EQ(r.out, fmt::format("vif 1: mac 00:16:3e:00:00:02, host side vif1.1 10.9.1.1/24, domain eth1 10.9.1.2/24 in "
+                               "{}/netns/xpv-dom1\n",
+                               h.dir));
   r = h.run({"network-detach", "web1", "1"});
   EXPECT_EQ(r.out, "vif 1 detached from web1 (id 1)\n");
   r = h.run({"network-detach", "web1", "7"});
@@ -396,6 +401,7 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   EXPECT_TRUE(eventually([&] { return !toolstack::process_alive(*rec_pid); }));
   EXPECT_EQ(tree(h.xs_socket), before);
   EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+  EXPECT_FALSE(fs::exists(h.dir + "/netns/xpv-dom1")) << "the namespace goes with the domain";
   r = h.run({"destroy", "web1"});
   EXPECT_EQ(r.err, "xpv destroy: no domain named 'web1'\n");
 }

@@ -426,3 +426,90 @@ TEST_F(NetbackQueueTest, RunStopsOnRequestAndMovesTraffic) {
 
 }  // namespace
 }  // namespace xpv::netback
+
+namespace xpv::netback {
+namespace {
+
+// A restarted backend (NetbackConfig::resume) finds rings a dead one served: requests consumed
+// and unanswered, one of each ring's slots torn by a response written but never published.
+TEST_F(NetbackQueueTest, AResumedQueueAnswersWhatTheDeadOneLeftWithoutUsingIt) {
+  // tx: a 3-slot GSO packet (first, extra, fragment) and a 1-slot packet; rx: 3 buffers.
+  const auto big = tcp_frame(5000);
+  auto s = slots_for(big, 16, 1);
+  s[0].flags |= kNettxfExtraInfo | kNettxfCsumBlank;
+  fe_.tx(s[0]);
+  NetifExtraInfo gso{};
+  gso.type = kXenNetifExtraTypeGso;
+  gso.u.gso.size = 1448;
+  gso.u.gso.type = kXenNetifGsoTypeTcpv4;
+  fe_.tx(netif_extra_to_tx(gso));
+  fe_.tx(s[1]);
+  fe_.tx(slots_for(tcp_frame(100), 20, 7)[0]);
+  fe_.tx_push();
+  for (std::uint16_t i = 0; i < 3; ++i) fe_.post_rx(i, fe_.grant(30 + i, false));
+  fe_.rx_push();
+  // The dead backend answered slot 0 of each ring into the slot, then died before rsp_prod.
+  auto tx_page = fe_.tx_ring_page();
+  NetifTxResponse t{1, kNetifRspOkay};
+  std::memcpy(tx_page.data() + kRingEntriesOffset, &t, sizeof t);  // slot 0
+  auto rx_page = fe_.page(2);
+  NetifRxResponse rr{0, 0, 0, 100};
+  std::memcpy(rx_page.data() + kRingEntriesOffset, &rr, sizeof rr);
+  std::memset(fe_.page(30).data(), 0xAA, 16);
+
+  NetbackConfig cfg;
+  cfg.resume = true;
+  ASSERT_NO_FATAL_FAILURE(start(cfg));
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_FALSE(host_read()) << "nothing the dead backend consumed is sent again";
+  auto tr = fe_.tx_responses();
+  ASSERT_EQ(tr.size(), 4u);
+  EXPECT_EQ(tr[0].id, 1);
+  EXPECT_EQ(tr[0].status, kNetifRspOkay);
+  EXPECT_EQ(tr[1].status, kNetifRspNull);
+  EXPECT_EQ(tr[2].id, 2);
+  EXPECT_EQ(tr[3].id, 7);
+  EXPECT_EQ(tr[3].status, kNetifRspOkay);
+  auto rx = fe_.rx_responses();
+  ASSERT_EQ(rx.size(), 3u);
+  for (std::uint16_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rx[i].id, i);
+    EXPECT_EQ(rx[i].status, kNetifRspError);
+    EXPECT_EQ(rx[i].flags, 0);
+  }
+  EXPECT_EQ(fe_.page(30)[0], 0xAA) << "a returned buffer is not written";
+  EXPECT_EQ(queue_->counters().resume_tx_dropped.load(), 2u);
+  EXPECT_EQ(queue_->counters().resume_rx_returned.load(), 3u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 0u);
+
+  // Then it is an ordinary queue: a new packet goes out, a host frame comes in.
+  const auto next = tcp_frame(300);
+  fe_.tx(slots_for(next, 40, 9)[0]);
+  fe_.tx_push();
+  fe_.post_rx(3, fe_.grant(50, false));
+  fe_.rx_push();
+  host_write({}, tcp_frame(200));
+  ASSERT_TRUE(queue_->poll_once());
+  auto got = host_read();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->second, next);
+  auto rx2 = fe_.rx_responses();
+  ASSERT_EQ(rx2.size(), 1u);
+  EXPECT_EQ(rx2[0].id, 3);
+  EXPECT_EQ(rx2[0].status, 200);
+  EXPECT_FALSE(queue_->disabled());
+}
+
+TEST_F(NetbackQueueTest, AResumedQueueWithNothingLeftIsAnOrdinaryQueue) {
+  NetbackConfig cfg;
+  cfg.resume = true;
+  ASSERT_NO_FATAL_FAILURE(start(cfg));
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_TRUE(fe_.tx_responses().empty());
+  EXPECT_TRUE(fe_.rx_responses().empty());
+  EXPECT_EQ(fe_.notifications(), 0u) << "no notification without new responses";
+  EXPECT_EQ(queue_->counters().resume_tx_dropped.load(), 0u);
+}
+
+}  // namespace
+}  // namespace xpv::netback

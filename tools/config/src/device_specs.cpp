@@ -211,6 +211,10 @@ VifSpec parse_vif_spec(std::string_view spec) {
       if (!v.rate) throw bad(fmt::format("'{}' is not a rate like 10Mb/s or 100MB/s@20ms", value));
     } else if (key == "bridge") {
       v.bridge = std::string(value);
+    } else if (key == "mtu") {
+      auto m = to_number<unsigned>(value);
+      if (!m || *m < 68 || *m > 65535) throw bad(fmt::format("mtu '{}' is not 68..65535", value));
+      v.mtu = *m;
     } else if (key == "vifname") {
       if (value.empty() || value.size() > 15) throw bad("vifname must be 1..15 characters");
       v.vifname = std::string(value);

@@ -16,7 +16,9 @@
 #include "xpv/toolstack/host_cleanup.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/vif_checks.h"
 #include "xpv/toolstack/xenstore.h"
+#include "xpv/netback/netns.h"
 
 namespace xpv::toolstack {
 namespace {
@@ -109,6 +111,9 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
   if (!vif.vifname.empty()) {
     throw ToolstackError("vifname is not supported (the host side is always vif<domid>.<devid>)");
   }
+  if (!vif.bridge.empty()) {
+    throw ToolstackError("bridge is not supported (the host side is a routed TAP that takes an address of the vif's ip subnet)");
+  }
   Xenstore xs(ctx.paths.xenstore_socket);
   make_dirs(ctx.paths.run_dir, 0700);
   RunLock lock(ctx.paths.lock_file());
@@ -117,29 +122,22 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
   if (found.pid == 0) throw ToolstackError(fmt::format("domain {} is not running (state {})", domain_label(found), found.state));
   const DomainSummary d = found;
 
-  // MAC and address clashes, over every vif on the host.
+  // The namespace its NIC goes into (made by `xpv create`).
+  const std::string ns = d.record && !d.record->netns.empty() ? d.record->netns : ctx.paths.netns(d.domid);
+  if (d.type == "process" && !netback::netns_exists(ns)) {
+    throw ToolstackError(fmt::format("the network namespace {} of {} is missing (`xpv create` makes it, destroy removes "
+                                     "it); recreate the domain",
+                                     ns, domain_label(d)));
+  }
+  // MAC and address clashes, over every vif on the host and the host's own interfaces.
   std::set<std::string> macs;
   std::set<std::uint32_t> own_devids;
-  for (const auto& other : doms) {
-    const std::string dir = backend_dir(DeviceKind::vif, other.domid);
-    for (const auto& dev : xs.list(dir)) {
-      if (other.domid == d.domid) {
-        if (auto id = parse_devid(dev)) own_devids.insert(*id);
-      }
-      const auto mac = xs.read(dir + "/" + dev + "/mac");
-      if (mac) macs.insert(*mac);
-      if (vif.mac && mac == vif.mac->str()) {
-        throw ToolstackError(fmt::format("MAC {} is already used by {} vif {}", *mac, domain_label(other), dev));
-      }
-      if (vif.ip) {
-        const auto ip = xs.read(dir + "/" + dev + "/ip");
-        if (ip && ip->substr(0, ip->find('/')) == vif.ip->str().substr(0, vif.ip->str().find('/'))) {
-          throw ToolstackError(fmt::format("address {} is already used by {} vif {}", ip->substr(0, ip->find('/')),
-                                           domain_label(other), dev));
-        }
-      }
-    }
+  const auto vifs = existing_vifs(xs, doms);
+  for (const auto& v : vifs) macs.insert(v.mac);
+  for (const auto& dev : xs.list(backend_dir(DeviceKind::vif, d.domid))) {
+    if (auto id = parse_devid(dev)) own_devids.insert(*id);
   }
+  check_new_vif("vif", vif, vifs, host_addresses());
   require_backend(ctx.paths, DeviceKind::vif);
   for (const auto& dev : xs.list(frontend_dir(DeviceKind::vif, d.domid))) {
     if (auto id = parse_devid(dev)) own_devids.insert(*id);
@@ -147,7 +145,14 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
   const std::uint32_t devid = pick_vif_devid(own_devids);
   const config::Mac mac = vif.mac ? *vif.mac : generate_mac(macs, system_random_byte);
   attach(ctx, xs, d, {DeviceKind::vif, devid}, vif_nodes(d.domid, devid, vif, mac), wait);
-  ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{}\n", devid, mac.str(), d.domid, devid);
+  if (auto a = vif_addresses_of(vif)) {
+    ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{} {}/{}, domain eth{} {}/{} in {}\n", devid, mac.str(), d.domid,
+                           devid, netback::ipv4_string(a->host), a->prefix, devid, netback::ipv4_string(a->domain),
+                           a->prefix, ns);
+  } else {
+    ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{}, domain eth{} in {}\n", devid, mac.str(), d.domid, devid,
+                           devid, ns);
+  }
 }
 
 void cmd_network_detach(Context& ctx, const std::string& which, const std::string& devid) {

@@ -69,7 +69,10 @@ void wait_connected(Xenstore& xs, DomId domid, const std::vector<DeviceRef>& dev
       const DeviceStates s = read_states(xs, domid, d);
       if (device_connected(s)) break;
       if (device_refused(s)) {
-        throw ToolstackError(fmt::format("{} was refused ({}); {}", device_label(d), describe(s), hint));
+        // The backend says why in its `error` node (xenbus_dev_fatal's way).
+        const auto why = xs.read(backend_path(d.kind, domid, d.devid) + "/error");
+        throw ToolstackError(fmt::format("{} was refused ({}){}; {}", device_label(d), describe(s),
+                                         why ? ": " + *why : std::string(), hint));
       }
       if (!frontend_alive()) {
         throw ToolstackError(fmt::format("the domain process died while {} was connecting; {}", device_label(d), hint));

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <ostream>
 #include <set>
@@ -20,7 +21,9 @@
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/record.h"
 #include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/vif_checks.h"
 #include "xpv/toolstack/xenstore.h"
+#include "xpv/netback/netns.h"
 
 namespace xpv::toolstack {
 
@@ -79,6 +82,12 @@ std::set<std::uint16_t> used_domids(const Paths& p, const std::vector<DomainSumm
   std::set<std::uint16_t> used;
   for (const auto& d : doms) used.insert(d.domid);
   std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p.netns_dir, ec)) {
+    // A namespace xpv-dom<N> left by anything: not free either.
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with("xpv-dom")) continue;
+    if (auto id = parse_domid(n.substr(7))) used.insert(*id);
+  }
   for (const auto& e : fs::directory_iterator(p.run_dir, ec)) {
     // dom<N>/ or dom<N>.sock left by anything: not free.
     std::string n = e.path().filename().string();
@@ -140,6 +149,11 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   remove_domain_dir(dir);
   std::error_code ec;
   fs::remove(p.control_socket(d.domid), ec);
+  // Its network namespace (the interfaces in it go with it), after the process that used it.
+  const std::string ns = d.record && !d.record->netns.empty() ? d.record->netns : p.netns(d.domid);
+  if ((d.record && !d.record->netns.empty()) || netback::netns_exists(ns)) {
+    if (!netback::remove_netns(ns)) ctx.err << fmt::format("warning: cannot remove the network namespace {}\n", ns);
+  }
 }
 
 void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
@@ -157,6 +171,11 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
     if (!cfg.vifs[i].vifname.empty()) {
       throw ToolstackError(fmt::format("{}: vif {}: vifname is not supported (the host side is always vif<domid>.<devid>)",
+                                       config_path, i));
+    }
+    if (!cfg.vifs[i].bridge.empty()) {
+      throw ToolstackError(fmt::format("{}: vif {}: bridge is not supported (the host side is a routed TAP that takes an "
+                                       "address of the vif's ip subnet)",
                                        config_path, i));
     }
   }
@@ -189,6 +208,16 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       throw ToolstackError(fmt::format("{}: MAC {} is used by another domain", config_path, v.mac->str()));
     }
   }
+  if (!cfg.vifs.empty()) {
+    // Addresses: against every vif on the host, the host's interfaces, and each other.
+    auto vifs = existing_vifs(xs, doms);
+    const auto host = host_addresses();
+    for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
+      check_new_vif(fmt::format("{}: vif {}", config_path, i), cfg.vifs[i], vifs, host);
+      vifs.push_back({fmt::format("vif {} of this configuration", i), cfg.vifs[i].mac ? cfg.vifs[i].mac->str() : "",
+                      vif_addresses_of(cfg.vifs[i])});
+    }
+  }
   const auto domid = pick_domid(used_domids(p, doms));
   if (!domid) throw ToolstackError("no free domain id");
   const DomId n = *domid;
@@ -209,6 +238,18 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   try {
     const std::string dir = p.domain_dir(n);
     make_dirs(dir, 0700);
+    // 0. The network namespace a process domain owns (its vifs' NICs go there); an HVM guest has
+    //    its own kernel's network stack.
+    if (!hvm) {
+      rec.netns = p.netns(n);
+      try {
+        netback::create_netns(rec.netns);
+      } catch (const std::exception& e) {
+        rec.netns.clear();
+        throw ToolstackError(fmt::format("cannot create the network namespace {}: {}", p.netns(n), e.what()));
+      }
+    }
+    self.record = rec;
     // 1. The domain process; "ready" once dom<N>.sock listens.
     const std::string log = front_log(p, cfg.name, program);
     const std::uint64_t offset = file_size(log);
@@ -227,6 +268,11 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
         argv.push_back("--initrd");
         argv.push_back(cfg.ramdisk);
       }
+    } else {
+      // One netif queue per vcpu, as Linux's netfront has it (bounded by the backend).
+      const std::vector<std::string> more{"--netns", rec.netns, "--net-queues",
+                                          std::to_string(std::clamp(cfg.vcpus, 1u, 16u))};
+      argv.insert(argv.end(), more.begin(), more.end());
     }
     rec.pid = spawn({argv, {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket}, log, true});
     write_record(dir, rec);
@@ -280,7 +326,14 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       ctx.out << fmt::format("  {}: {}\n", disk.vdev.name, p.vbd_disk(n, disk.vdev.devid));
     }
     for (std::uint32_t i = 0; i < cfg.vifs.size(); ++i) {
-      ctx.out << fmt::format("  vif {}: host side vif{}.{}\n", i, n, i);
+      if (auto a = vif_addresses_of(cfg.vifs[i])) {
+        ctx.out << fmt::format("  vif {}: host side vif{}.{} {}/{}, domain {}/{} in network namespace {}\n", i, n, i,
+                               netback::ipv4_string(a->host), a->prefix, netback::ipv4_string(a->domain), a->prefix,
+                               rec.netns);
+      } else {
+        ctx.out << fmt::format("  vif {}: host side vif{}.{}, domain eth{} in network namespace {}\n", i, n, i, i,
+                               rec.netns);
+      }
     }
   } catch (...) {
     // Undo everything: the same path as destroy, on whatever exists of the domain.

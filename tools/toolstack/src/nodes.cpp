@@ -112,6 +112,7 @@ NodeList vif_nodes(DomId domid, std::uint32_t devid, const config::VifSpec& vif,
     n.push_back({be + "/rate", fmt::format("{},{}", vif.rate->bytes_per_interval, vif.rate->interval_us), bp});
   }
   if (vif.ip) n.push_back({be + "/ip", vif.ip->str(), bp});
+  if (vif.mtu) n.push_back({be + "/mtu", std::to_string(*vif.mtu), bp});
   n.insert(n.end(), {
                         {fe, "", fp},
                         {fe + "/backend", be, fp},

@@ -26,6 +26,7 @@ Paths Paths::resolve(const PathOptions& from_cli, const std::string& self_exe) {
   const std::string exe_dir =
       self_exe.empty() ? std::string(".") : std::filesystem::path(self_exe).parent_path().string();
   p.bin_dir = pick(from_cli.bin_dir, "XPV_BIN_DIR", exe_dir);
+  p.netns_dir = pick(from_cli.netns_dir, "XPV_NETNS_DIR", defaults.netns_dir);
   return p;
 }
 
@@ -41,6 +42,8 @@ std::string Paths::lock_file() const { return run_dir + "/xpv.lock"; }
 std::string Paths::vbd_disk(std::uint16_t domid, std::uint32_t devid) const {
   return fmt::format("{}/vbd/{}/disk", domain_dir(domid), devid);
 }
+
+std::string Paths::netns(std::uint16_t domid) const { return fmt::format("{}/xpv-dom{}", netns_dir, domid); }
 
 std::string self_executable() {
   std::error_code ec;

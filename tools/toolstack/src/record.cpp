@@ -14,6 +14,7 @@ std::string record_to_json(const DomainRecord& r) {
   nlohmann::json j = {{"domid", r.domid},   {"name", r.name},     {"type", r.type},
                       {"memory_mib", r.memory_mib}, {"vcpus", r.vcpus}, {"config", r.config},
                       {"pid", r.pid},       {"uuid", r.uuid},     {"program", r.program}};
+  if (!r.netns.empty()) j["netns"] = r.netns;
   return j.dump(2) + "\n";
 }
 
@@ -30,6 +31,7 @@ std::optional<DomainRecord> record_from_json(const std::string& text) {
     r.pid = j.at("pid").get<pid_t>();
     r.uuid = j.at("uuid").get<std::string>();
     r.program = j.at("program").get<std::string>();
+    r.netns = j.value("netns", std::string());
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

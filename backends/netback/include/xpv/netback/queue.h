@@ -26,6 +26,18 @@
 // Notifications: only after pushing new responses, and only when the ring's event index asks
 // (late-EOI frontends count an event without new responses as spurious).
 //
+// Resume (NetbackConfig::resume; a restarted xpv-netback reattaching at the shared rsp_prod): the
+// requests in [rsp_prod, req_prod) at attach time were consumed by the dead backend, maybe used
+// (a tx packet sent, an rx buffer filled), not answered. Worse, a response is copied into its
+// request's slot before rsp_prod is published, so a kill between the two leaves a torn slot: a tx
+// response (4 bytes) overwrote the request's gref (bytes 0..3; offset, flags, id, size intact), an
+// rx response (8 bytes) the whole rx request except the id, which it repeats. So no gref from that
+// range is ever used: each tx packet there is walked by its flags and answered OKAY without being
+// sent (a lost packet: the dead backend may have sent it already; TCP retransmits), each rx buffer
+// is given back with NETIF_RSP_ERROR (the frontend drops it and posts it again). Counted in
+// resume_tx_dropped / resume_rx_returned. A grant flag the dead process left set on a tx buffer
+// is cleared by the next normal use of that grant (GrantMapper's pin protocol).
+//
 // Threading: everything runs on the queue's thread (run() or poll_once()); stop() from any thread.
 #pragma once
 
@@ -54,6 +66,9 @@ struct NetbackConfig {
   FairConfig fair;
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
   std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
+  // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
+  // left unanswered is answered without being used (see "Resume" above).
+  bool resume = false;
 };
 
 // Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
@@ -66,6 +81,8 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
+  std::atomic<std::uint64_t> resume_tx_dropped{0};   // resume: tx packets answered, not sent
+  std::atomic<std::uint64_t> resume_rx_returned{0};  // resume: rx buffers returned unused
 };
 
 class NetbackQueue {
@@ -103,6 +120,7 @@ class NetbackQueue {
   };
 
   bool pass() noexcept;  // one pass of the loop (run() and poll_once())
+  void resume_drain() noexcept;  // answers what a dead backend left unanswered (see Resume)
   std::uint64_t now_us() const noexcept;
   bool tx_has_work() noexcept;
   bool rx_has_work() noexcept;
@@ -154,6 +172,7 @@ class NetbackQueue {
   std::vector<ring::NetifRxRequest> rx_reqs_;
   std::vector<gnttab::CopyOp> rx_ops_;
   bool busy_ = false;             // poll_once left work behind: do not sleep
+  ring::RingIdx tx_resume_ = 0, rx_resume_ = 0;  // slots left to answer unused (resume)
 };
 
 }  // namespace xpv::netback

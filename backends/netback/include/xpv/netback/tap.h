@@ -40,10 +40,16 @@ struct TapConfig {
   TapOffload offload;
 };
 
+struct Ipv4Address {
+  std::uint32_t addr = 0;  // host byte order
+  unsigned prefix = 24;
+};
+
 struct LinkSettings {
   std::optional<unsigned> mtu;
   std::optional<std::array<std::uint8_t, 6>> mac;
   bool up = true;
+  std::optional<Ipv4Address> ipv4 = std::nullopt;  // the interface's (primary) IPv4 address and netmask
 };
 
 class Tap {
@@ -61,7 +67,7 @@ class Tap {
 
   // TUNSETOFFLOAD again (after a renegotiation).
   void set_offload(const TapOffload& o);
-  // MTU, MAC and IFF_UP, in the TAP's namespace.
+  // MTU, MAC, IPv4 address and IFF_UP, in the TAP's namespace.
   void set_link(const LinkSettings& s) const;
   // The interface index in its namespace.
   int ifindex() const;

@@ -6,7 +6,7 @@
 // swallows the rest of the string (paths may contain commas), as in xl.
 //   'format=raw, vdev=xvda, access=rw, target=/srv/a.img'     '/srv/a.img,raw,xvda,rw'
 // Vif (xl-network-configuration(5)): comma-separated key=value: mac, ip, bridge, vifname, rate,
-// model, type, backend, script. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate and
+// model, type, backend, script, mtu. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate, mtu and
 // vifname; model/type/script are accepted only with the values that mean a PV NIC.
 #pragma once
 
@@ -58,6 +58,7 @@ struct VifSpec {
   std::optional<Rate> rate;
   std::string bridge;
   std::string vifname;
+  std::optional<unsigned> mtu;  // 68..65535; the `mtu` node of both ends (default 1500)
 };
 
 // Throws ConfigError naming the spec and the bad item.

@@ -5,6 +5,7 @@
 //   log_dir          /var/log/xpv             XPV_LOG_DIR       --log-dir
 //   xenstore_socket  /run/xenstored/socket    XENSTORED_PATH    --xenstore
 //   bin_dir          directory of `xpv`       XPV_BIN_DIR       --bin-dir   (xpv-xenstored, …)
+//   netns_dir        /run/netns               XPV_NETNS_DIR     --netns-dir (domains' namespaces)
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@ namespace xpv::toolstack {
 
 // What the command line gave; empty = not given.
 struct PathOptions {
-  std::string run_dir, log_dir, xenstore_socket, bin_dir;
+  std::string run_dir, log_dir, xenstore_socket, bin_dir, netns_dir;
 };
 
 struct Paths {
@@ -22,6 +23,7 @@ struct Paths {
   std::string log_dir = "/var/log/xpv";
   std::string xenstore_socket = "/run/xenstored/socket";
   std::string bin_dir;
+  std::string netns_dir = "/run/netns";  // where `ip netns` keeps its namespaces
 
   // Each field from the command line, else the environment, else the default. `self_exe` is the
   // running executable (its directory is the default bin_dir).
@@ -36,6 +38,8 @@ struct Paths {
   std::string lock_file() const;                           // RUN/xpv.lock
   // Where a process domain's PV disk appears (the FUSE file of xpv-front).
   std::string vbd_disk(std::uint16_t domid, std::uint32_t devid) const;
+  // The network namespace a process domain owns: NETNS/xpv-dom<N> (`ip netns exec xpv-dom<N> …`).
+  std::string netns(std::uint16_t domid) const;
 };
 
 // Path of the running executable (/proc/self/exe), empty if unknown.

@@ -22,6 +22,7 @@ struct DomainRecord {
   pid_t pid = 0;
   std::string uuid;
   std::string program;  // basename of the domain process ("xpv-front"): guards against pid reuse
+  std::string netns;    // the network namespace file the toolstack made for it ("" = none)
   bool operator==(const DomainRecord&) const = default;
 };
 

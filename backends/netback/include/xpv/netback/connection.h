@@ -1,0 +1,87 @@
+// VifConnection — the data plane of one connected vif: the host-side TAP `vif<N>.<devid>` (one
+// fd per queue, IFF_VNET_HDR, offloads as the frontend negotiated), and for each queue the tx
+// and rx rings mapped from the frontend's grants, the event channel(s) bound, a NetbackQueue
+// and the thread that runs it (DESIGN.md §3: one data-plane thread per queue).
+//
+//   frontend queue q: tx-ring-ref, rx-ring-ref, event-channel[-tx/-rx]
+//        │ GrantMapper (one per queue, owned by its thread from start on)
+//        ▼
+//   NetbackQueue q ◄──► TAP vif<N>.<devid> fd q ◄──► host stack (address from the vif's `ip`)
+//
+// The host TAP is configured before any queue starts: MTU (the vif's `mtu`), the host address
+// of the vif's subnet (vif_address.h), link up. It vanishes with its fds, so a connection that
+// goes (or a daemon that dies) leaves no interface behind.
+//
+// Threading: built and destroyed on the control thread; on_exit(queue index) is called on the
+// queue's thread when its run() returned.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xpv/domain/foreign_domain.h"
+#include "xpv/gnttab/mapper.h"
+#include "xpv/netback/queue.h"
+#include "xpv/netback/tap.h"
+#include "xpv/netback/vif_address.h"
+
+namespace xpv::netback {
+
+// What a frontend published for one queue (its directory, or queue-N/ under it).
+struct VifQueueRings {
+  gnttab::GrantRef tx_ref = 0, rx_ref = 0;
+  std::uint32_t tx_evtchn = 0;
+  std::optional<std::uint32_t> rx_evtchn;  // split event channels (event-channel-tx/-rx)
+};
+
+struct VifSettings {
+  std::string tap_name;          // vif<N>.<devid>
+  unsigned mtu = 1500;
+  std::optional<VifAddresses> addresses;  // none: the host TAP gets no address
+  TapOffload offload;            // what the frontend accepts on its rx ring
+  NetbackConfig queue;           // sg, rx_gso, rate, resume
+};
+
+class VifConnection {
+ public:
+  // Creates the TAP, maps every queue's rings, binds its channels and starts its thread.
+  // Throws std::runtime_error (a message for the xenstore error node); nothing is left mapped,
+  // bound or created then.
+  VifConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
+                const std::vector<VifQueueRings>& queues, const VifSettings& settings,
+                std::function<void(unsigned)> on_exit);
+  // stop(), join, unmap, unbind; the TAP goes.
+  ~VifConnection();
+  VifConnection(const VifConnection&) = delete;
+  VifConnection& operator=(const VifConnection&) = delete;
+
+  void stop() noexcept;
+  bool disabled() const noexcept;  // a queue was disabled (protocol violation)
+  std::size_t queues() const noexcept { return queues_.size(); }
+  const NetbackQueue& queue(std::size_t i) const noexcept { return *queues_[i]->queue; }
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  struct Queue {
+    std::unique_ptr<gnttab::GrantMapper> mapper;
+    std::vector<gnttab::GrantHandle> ring_handles;
+    std::vector<std::uint32_t> dom0_ports;  // bound, to unbind
+    std::unique_ptr<NetbackQueue> queue;
+    std::thread thread;
+  };
+  void add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg);
+  void teardown() noexcept;
+
+  std::string name_;
+  std::shared_ptr<domain::ForeignDomain> dom_;
+  std::function<void(unsigned)> on_exit_;
+  Tap tap_;
+  std::vector<std::unique_ptr<Queue>> queues_;
+};
+
+}  // namespace xpv::netback

@@ -1,0 +1,450 @@
+#include "xpv/netback/backend.h"
+
+#include <fmt/format.h>
+#include <linux/if.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <charconv>
+#include <stdexcept>
+
+namespace xpv::netback {
+
+namespace asio = boost::asio;
+using xenbus::XenbusState;
+
+namespace {
+
+// A decimal number from xenstore (a guest may write anything): digits only, <= max.
+std::optional<std::uint64_t> parse_uint(const std::string& s, std::uint64_t max) {
+  std::uint64_t v = 0;
+  if (s.empty() || s.size() > 20) return std::nullopt;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v > max) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> parse_rate_node(const std::string& s) noexcept {
+  const auto comma = s.find(',');
+  if (comma == std::string::npos) return std::nullopt;
+  auto bytes = parse_uint(s.substr(0, comma), UINT64_MAX);
+  auto usec = parse_uint(s.substr(comma + 1), UINT32_MAX);
+  if (!bytes || !usec) return std::nullopt;
+  if (*bytes != 0 && *usec == 0) return std::nullopt;  // a rate needs a window
+  return std::pair{*bytes, *usec};
+}
+
+Backend::Backend(asio::io_context& io, BackendOptions options) : io_(io), options_(std::move(options)) {
+  if (options_.max_queues == 0) options_.max_queues = 1;
+  try {
+    xs_ = std::make_unique<xenbus::client::SyncClient>(options_.xenstore_path);
+  } catch (const std::exception&) {
+    throw std::runtime_error("cannot connect to xpv-xenstored at " + options_.xenstore_path);
+  }
+  auto w = xs_->watch(kBase, "vif", [this](const std::string& path, const std::string&) {
+    // xenstore client thread: hand the event to the control thread.
+    asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
+  });
+  if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
+  spdlog::info("netback: watching {} (max {} queues)", kBase, options_.max_queues);
+}
+
+Backend::~Backend() { shutdown(); }
+
+void Backend::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& [key, d] : devices_) {
+    if (d.conn) d.conn->stop();
+  }
+  for (auto& [key, d] : devices_) d.conn.reset();
+  devices_.clear();
+  xs_.reset();  // joins the client's thread: no more watch events
+}
+
+std::optional<std::string> Backend::read(const std::string& path) {
+  auto r = xs_->read(path);
+  if (!r) {
+    if (r.error() == xenbus::wire::Error::eio) throw XenstoreLost{};
+    return std::nullopt;
+  }
+  return *r;
+}
+
+template <class F>
+void Backend::guarded(F&& f) {
+  if (shut_down_ || xs_lost_) return;
+  try {
+    f();
+  } catch (const XenstoreLost&) {
+    xs_lost_ = true;
+    spdlog::error("netback: lost xpv-xenstored at {}; control plane stopped, {} vif(s) keep being served",
+                  options_.xenstore_path, devices_.size());
+  } catch (const std::exception& e) {
+    // A control-plane bug must not take the data plane of every domain down with it.
+    spdlog::error("netback: control plane: {}", e.what());
+  }
+}
+
+bool Backend::write_state(Device& d, XenbusState s) {
+  // In a transaction that first checks the node is there: a state written after the toolstack
+  // removed the directory would bring a lone `state` back.
+  const std::string v = std::to_string(static_cast<int>(s));
+  bool wrote = false;
+  auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    wrote = false;
+    auto cur = xs_->read(d.be_path + "/state", tx);
+    if (!cur) return fail(cur.error());
+    if (*cur == v) return {};
+    wrote = true;
+    return xs_->write(d.be_path + "/state", v, tx);
+  });
+  if (!r) {
+    if (r.error() != xenbus::wire::Error::enoent) {
+      spdlog::error("{}: cannot write state {}: {}", d.name, xenbus::to_string(s), xenbus::wire::error_name(r.error()));
+    }
+    return false;
+  }
+  if (wrote) spdlog::info("{}: backend state {}", d.name, xenbus::to_string(s));
+  return true;
+}
+
+void Backend::on_event(const std::string& path) {
+  if (shut_down_) return;
+  const std::string base = kBase;
+  if (path.size() <= base.size() || path.compare(0, base.size(), base) != 0 || path[base.size()] != '/') {
+    scan();
+    return;
+  }
+  std::string rest = path.substr(base.size() + 1);
+  const auto s1 = rest.find('/');
+  if (s1 == std::string::npos) {
+    scan();
+    return;
+  }
+  const auto s2 = rest.find('/', s1 + 1);
+  auto domid = parse_uint(rest.substr(0, s1), 32751);
+  auto devid = parse_uint(rest.substr(s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1), UINT32_MAX);
+  if (!domid || !devid || *domid == 0) return;
+  reconcile({static_cast<std::uint16_t>(*domid), static_cast<std::uint32_t>(*devid)});
+}
+
+void Backend::scan() {
+  std::vector<Key> seen;
+  if (auto doms = xs_->directory(kBase)) {
+    for (const auto& dom : *doms) {
+      auto domid = parse_uint(dom, 32751);
+      if (!domid || *domid == 0) continue;
+      auto devs = xs_->directory(fmt::format("{}/{}", kBase, dom));
+      if (!devs) continue;
+      for (const auto& dev : *devs) {
+        if (auto devid = parse_uint(dev, UINT32_MAX)) {
+          seen.emplace_back(static_cast<std::uint16_t>(*domid), static_cast<std::uint32_t>(*devid));
+        }
+      }
+    }
+  }
+  for (const auto& [key, d] : devices_) seen.push_back(key);
+  for (const Key& k : seen) reconcile(k);
+}
+
+Backend::Device* Backend::adopt(const Key& key) {
+  const std::string be = fmt::format("{}/{}/{}", kBase, key.first, key.second);
+  auto fe = read(be + "/frontend");
+  auto feid = read(be + "/frontend-id");
+  if (!fe || !feid) return nullptr;  // the toolstack has not finished writing it
+  const std::string name = fmt::format("vif{}.{}", key.first, key.second);
+  if (parse_uint(*feid, 32751) != key.first || fe->rfind(fmt::format("/local/domain/{}/", key.first), 0) != 0) {
+    spdlog::error("{}: frontend {} (frontend-id {}) does not belong to domain {}; ignored", name, *fe, *feid,
+                  key.first);
+    return nullptr;
+  }
+  Device d;
+  d.key = key;
+  d.name = name;
+  d.be_path = be;
+  d.fe_path = *fe;
+  d.fe_token = fmt::format("fe:{}:{}", key.first, key.second);
+  auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
+    asio::post(io_, [this, key] { guarded([&] { reconcile(key); }); });
+  });
+  if (!w) {
+    spdlog::error("{}: cannot watch {}/state", name, d.fe_path);
+    return nullptr;
+  }
+  spdlog::info("{}: new vif, frontend {}", name, d.fe_path);
+  return &devices_.emplace(key, std::move(d)).first->second;
+}
+
+void Backend::forget(const Key& key, bool removed) {
+  auto it = devices_.find(key);
+  if (it == devices_.end()) return;
+  Device& d = it->second;
+  disconnect(d);
+  (void)xs_->unwatch(d.fe_path + "/state", d.fe_token);
+  spdlog::info("{}: {}", d.name, removed ? "backend directory removed; vif forgotten" : "forgotten");
+  devices_.erase(it);
+}
+
+void Backend::reconcile(const Key& key) {
+  if (shut_down_) return;
+  const std::string be = fmt::format("{}/{}/{}", kBase, key.first, key.second);
+  auto st = read(be + "/state");
+  auto it = devices_.find(key);
+  if (!st) {
+    if (it != devices_.end()) forget(key, /*removed=*/true);
+    return;
+  }
+  Device* d = it != devices_.end() ? &it->second : adopt(key);
+  if (d == nullptr) return;
+
+  auto be_state = xenbus::parse_state(*st);
+  if (!be_state) return;  // only we and the toolstack write it; wait for a sane value
+  auto fe_node = read(d->fe_path + "/state");
+  XenbusState fe_state = XenbusState::unknown;
+  if (fe_node) {
+    auto p = xenbus::parse_state(*fe_node);
+    if (!p) return;  // garbage from the guest: no change (never a reason to tear down)
+    fe_state = *p;
+  }
+  const bool online = read(be + "/online") == "1";
+
+  // The toolstack asks a vif to go by writing our state Closing (libxl's detach): let go of the
+  // frontend's pages now, before it ends its grants on seeing Closing.
+  if (d->conn && (*be_state == XenbusState::closing || *be_state == XenbusState::closed)) disconnect(*d);
+
+  if (d->fatal) {
+    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && online) return;
+    d->fatal = false;
+  }
+
+  // Restart: the vif was Connected when a previous xpv-netback died. Reattach to the published
+  // rings without touching `state`: the frontend sees nothing but a few lost packets.
+  if (!d->resume_checked) {
+    d->resume_checked = true;
+    if (!d->conn && *be_state == XenbusState::connected &&
+        (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
+      if (probe(*d, /*publish=*/false)) connect(*d, /*resume=*/true);
+      return;
+    }
+  }
+
+  if (!d->nodes && *be_state != XenbusState::closing && *be_state != XenbusState::closed) {
+    if (!probe(*d)) return;
+  }
+  if (*be_state == XenbusState::initialising) {
+    if (!write_state(*d, XenbusState::init_wait)) return;
+    be_state = XenbusState::init_wait;
+  }
+
+  const xenbus::BackendStep step = xenbus::backend_step(*be_state, fe_state, online);
+  switch (step.action) {
+    case xenbus::BackendAction::connect:
+      if (!d->nodes && !probe(*d)) return;
+      if (!d->conn) connect(*d, /*resume=*/false);
+      return;
+    case xenbus::BackendAction::disconnect:
+      disconnect(*d);
+      write_state(*d, step.next);
+      return;
+    case xenbus::BackendAction::disconnect_remove:
+      disconnect(*d);
+      d->nodes.reset();
+      write_state(*d, step.next);
+      return;
+    case xenbus::BackendAction::none:
+      if (step.next != *be_state) {
+        if (step.next == XenbusState::init_wait) {
+          // The frontend starts over after a close: offer the vif again (nodes read afresh).
+          d->nodes.reset();
+          if (!probe(*d)) return;
+          (void)xs_->rm(d->be_path + "/error");
+        }
+        write_state(*d, step.next);
+      }
+      return;
+  }
+}
+
+bool Backend::probe(Device& d, bool publish) {
+  VifBackendNodes n;
+  if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty()) {
+    fatal(d, XenbusState::closed, EOPNOTSUPP,
+          "bridge '" + *bridge + "': bridge mode is not implemented (the host side is a routed TAP with an address)");
+    return false;
+  }
+  if (d.name.size() >= IFNAMSIZ) {
+    fatal(d, XenbusState::closed, ENAMETOOLONG, "host interface name " + d.name + " is longer than 15 characters");
+    return false;
+  }
+  if (auto ip = read(d.be_path + "/ip"); ip && !ip->empty()) {
+    n.addresses = vif_addresses(*ip);
+    if (!n.addresses) {
+      fatal(d, XenbusState::closed, EINVAL, "ip '" + *ip + "': expected a host address a.b.c.d[/1..30]");
+      return false;
+    }
+  }
+  if (auto mtu = read(d.be_path + "/mtu")) {
+    auto v = parse_uint(*mtu, 65535);
+    if (!v || *v < 68) {
+      fatal(d, XenbusState::closed, EINVAL, "mtu '" + *mtu + "': expected 68..65535");
+      return false;
+    }
+    n.mtu = static_cast<unsigned>(*v);
+  }
+  if (auto rate = read(d.be_path + "/rate")) {
+    auto r = parse_rate_node(*rate);
+    if (!r) {
+      fatal(d, XenbusState::closed, EINVAL, "rate '" + *rate + "': expected bytes,usec");
+      return false;
+    }
+    n.rate_bytes = r->first;
+    n.rate_usec = r->second;
+  }
+  // Only what is implemented (no control ring, no multicast control, no XDP headroom).
+  auto r = !publish ? xenbus::client::Result<void>{} : xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };
+    for (auto res : {w("feature-sg", "1"), w("feature-gso-tcpv4", "1"), w("feature-gso-tcpv6", "1"),
+                     w("feature-ipv6-csum-offload", "1"), w("feature-rx-copy", "1"), w("feature-rx-flip", "0"),
+                     w("feature-split-event-channels", "1"),
+                     w("multi-queue-max-queues", std::to_string(options_.max_queues))}) {
+      if (!res) return res;
+    }
+    return {};
+  });
+  if (!r) {
+    spdlog::error("{}: cannot publish the features: {}", d.name, xenbus::wire::error_name(r.error()));
+    return false;
+  }
+  d.nodes = n;
+  spdlog::info("{}: mtu {}{}{}", d.name, n.mtu,
+               n.addresses ? fmt::format(", host {}/{}, domain {}", ipv4_string(n.addresses->host),
+                                         n.addresses->prefix, ipv4_string(n.addresses->domain))
+                           : std::string(", no address"),
+               n.rate_bytes ? fmt::format(", rate {} bytes per {} us", n.rate_bytes, n.rate_usec) : std::string());
+  return true;
+}
+
+void Backend::connect(Device& d, bool resume) {
+  const std::string& fe = d.fe_path;
+  std::vector<VifQueueRings> rings;
+  const std::uint64_t generation = next_generation_++;
+  try {
+    auto flag = [&](const char* node) { return read(fe + "/" + node) == "1"; };
+    unsigned nq = 1;
+    bool multi = false;
+    if (auto v = read(fe + "/multi-queue-num-queues")) {
+      auto n = parse_uint(*v, options_.max_queues);
+      if (!n || *n == 0) {
+        throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
+      }
+      nq = static_cast<unsigned>(*n);
+      multi = true;
+    }
+    // Linux netback's rules: rx-copy is the only receive mode; rx-notify is mandatory.
+    if (!flag("request-rx-copy")) throw std::runtime_error(fmt::format("{}/request-rx-copy is not 1: only rx-copy is served", fe));
+    if (!flag("feature-rx-notify")) throw std::runtime_error(fmt::format("{}/feature-rx-notify is not 1: it is mandatory", fe));
+    for (unsigned q = 0; q < nq; ++q) {
+      const std::string dir = multi ? fmt::format("{}/queue-{}", fe, q) : fe;
+      auto number = [&](const std::string& node) -> std::optional<std::uint32_t> {
+        auto v = read(dir + "/" + node);
+        if (!v) return std::nullopt;
+        auto n = parse_uint(*v, UINT32_MAX);
+        if (!n) throw std::runtime_error(fmt::format("{}/{} '{}' is not a number", dir, node, *v));
+        return static_cast<std::uint32_t>(*n);
+      };
+      auto need = [&](const std::string& node) {
+        auto n = number(node);
+        if (!n) throw std::runtime_error(fmt::format("{}/{} is missing", dir, node));
+        return *n;
+      };
+      VifQueueRings r;
+      r.tx_ref = need("tx-ring-ref");
+      r.rx_ref = need("rx-ring-ref");
+      if (auto tx = number("event-channel-tx")) {
+        r.tx_evtchn = *tx;
+        r.rx_evtchn = need("event-channel-rx");
+      } else {
+        r.tx_evtchn = need("event-channel");
+      }
+      rings.push_back(r);
+    }
+    const bool sg = flag("feature-sg");
+    const bool gso4 = sg && flag("feature-gso-tcpv4");
+    const bool gso6 = sg && flag("feature-gso-tcpv6");
+    // TUN's checksum offload covers IPv4 and IPv6 alike: checksum-partial frames go to the
+    // frontend only when it takes both.
+    const bool csum = !flag("feature-no-csum-offload") && flag("feature-ipv6-csum-offload");
+    VifSettings s;
+    s.tap_name = d.name;
+    s.mtu = d.nodes->mtu;
+    s.addresses = d.nodes->addresses;
+    s.offload = {csum, csum && gso4, csum && gso6};
+    s.queue.sg = sg;
+    s.queue.rx_gso = {csum && gso4, csum && gso6};
+    s.queue.rate_bytes = d.nodes->rate_bytes;
+    s.queue.rate_usec = d.nodes->rate_usec;
+    s.queue.resume = resume;
+    const Key key = d.key;
+    d.conn = std::make_unique<VifConnection>(d.name, domain(d.key.first), rings, s, [this, key, generation](unsigned q) {
+      // Queue thread: report to the control thread (a disabled queue closes the vif).
+      asio::post(io_, [this, key, generation, q] { guarded([&] { on_queue_exit(key, generation, q); }); });
+    });
+    d.generation = generation;
+    spdlog::info("{}: {} queue(s), {} event channels, sg {}, gso v4 {} v6 {}, csum offload {}", d.name, nq,
+                 rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum);
+  } catch (const std::exception& e) {
+    fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
+    return;
+  }
+  if (resume) {
+    spdlog::info("{}: reconnected to {} queue(s) of a previous xpv-netback; state left Connected", d.name, rings.size());
+    return;
+  }
+  if (!write_state(d, XenbusState::connected)) {
+    disconnect(d);
+    return;
+  }
+  spdlog::info("{}: connected; backend state Connected", d.name);
+}
+
+void Backend::disconnect(Device& d) {
+  if (!d.conn) return;
+  d.conn.reset();  // stops the queues, unmaps, unbinds; the TAP goes
+  spdlog::info("{}: disconnected", d.name);
+}
+
+void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {
+  // Like Linux's xenbus_dev_fatal: say why in xenstore, then leave the connected state.
+  spdlog::error("{}: {}", d.name, what);
+  (void)xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
+    if (auto cur = xs_->read(d.be_path + "/state", tx); !cur) return fail(cur.error());
+    return xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what), tx);
+  });
+  disconnect(d);
+  write_state(d, state);
+  d.fatal = true;
+}
+
+void Backend::on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue) {
+  if (shut_down_) return;
+  auto it = devices_.find(key);
+  if (it == devices_.end()) return;
+  Device& d = it->second;
+  if (!d.conn || d.generation != generation || !d.conn->disabled()) return;
+  fatal(d, XenbusState::closing, EPROTO, fmt::format("queue {}: ring protocol violation; vif disabled", queue));
+}
+
+std::shared_ptr<domain::ForeignDomain> Backend::domain(std::uint16_t domid) {
+  if (auto it = domains_.find(domid); it != domains_.end()) {
+    if (auto d = it->second.lock()) return d;
+  }
+  auto d = std::make_shared<domain::ForeignDomain>(domain::ForeignDomain::connect(domid, "xpv-netback", options_.run_dir));
+  domains_[domid] = d;
+  return d;
+}
+
+}  // namespace xpv::netback

@@ -1,0 +1,124 @@
+#include "xpv/netback/connection.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <stdexcept>
+
+namespace xpv::netback {
+
+VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
+                             const std::vector<VifQueueRings>& queues, const VifSettings& settings,
+                             std::function<void(unsigned)> on_exit)
+    : name_(std::move(name)), dom_(std::move(dom)), on_exit_(std::move(on_exit)) {
+  try {
+    try {
+      tap_ = Tap::create({settings.tap_name, "", static_cast<unsigned>(queues.size()), settings.offload});
+      LinkSettings link;
+      link.mtu = settings.mtu;
+      link.up = true;
+      if (settings.addresses) link.ipv4 = Ipv4Address{settings.addresses->host, settings.addresses->prefix};
+      tap_.set_link(link);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("host interface {}: {}", settings.tap_name, e.what()));
+    }
+    // A guest grows its grant table as it needs refs: look at its frames as they are now.
+    dom_->refresh_grant_frames();
+    for (unsigned i = 0; i < queues.size(); ++i) add_queue(i, queues[i], settings.queue);
+  } catch (...) {
+    teardown();
+    throw;
+  }
+  // Threads last: a failure above leaves nothing running.
+  for (unsigned i = 0; i < queues_.size(); ++i) {
+    Queue& q = *queues_[i];
+    q.thread = std::thread([this, &q, i] {
+      q.queue->run();
+      if (on_exit_) on_exit_(i);
+    });
+  }
+}
+
+VifConnection::~VifConnection() { teardown(); }
+
+void VifConnection::stop() noexcept {
+  for (auto& q : queues_) {
+    if (q->queue) q->queue->stop();
+  }
+}
+
+bool VifConnection::disabled() const noexcept {
+  for (const auto& q : queues_) {
+    if (q->queue && q->queue->disabled()) return true;
+  }
+  return false;
+}
+
+void VifConnection::add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg) {
+  auto q = std::make_unique<Queue>();
+  Queue& r = *q;
+  queues_.push_back(std::move(q));
+  r.mapper = dom_->make_mapper();
+  auto map_ring = [&](gnttab::GrantRef ref, const char* what) {
+    auto m = r.mapper->map(ref, /*readonly=*/false);
+    if (!m) {
+      throw std::runtime_error(fmt::format("queue {}: mapping {} ref {}: {}", index, what, ref,
+                                           gnttab::to_string(m.error())));
+    }
+    r.ring_handles.push_back(m->handle());
+    return m->writable();
+  };
+  // Attach at the shared rsp_prod: a fresh ring has rsp_prod == req_prod; a ring a dead backend
+  // served resumes there (queue.h, "Resume").
+  auto tx = ring::NetifTxBackRing::attach(map_ring(rings.tx_ref, "tx-ring"));
+  if (!tx) throw std::runtime_error(fmt::format("queue {}: the tx ring is unusable: {}", index, ring::to_string(tx.error())));
+  auto rx = ring::NetifRxBackRing::attach(map_ring(rings.rx_ref, "rx-ring"));
+  if (!rx) throw std::runtime_error(fmt::format("queue {}: the rx ring is unusable: {}", index, ring::to_string(rx.error())));
+  auto bind = [&](std::uint32_t port, const char* what) {
+    std::uint32_t local = 0;
+    try {
+      auto p = dom_->bind(port, &local);
+      r.dom0_ports.push_back(local);
+      return p;
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("queue {}: binding {} {}: {}", index, what, port, e.what()));
+    }
+  };
+  std::unique_ptr<domain::EventChannel> tx_ch = bind(rings.tx_evtchn, rings.rx_evtchn ? "event-channel-tx" : "event-channel");
+  std::unique_ptr<domain::EventChannel> rx_ch;
+  if (rings.rx_evtchn) rx_ch = bind(*rings.rx_evtchn, "event-channel-rx");
+  if (cfg.resume) {
+    spdlog::info("{}: queue {}: resuming at tx rsp_prod {} ({} unanswered), rx rsp_prod {} ({} unanswered)", name_,
+                 index, tx->req_cons(), tx->unconsumed_requests().value_or(0), rx->req_cons(),
+                 rx->unconsumed_requests().value_or(0));
+  }
+  r.queue = std::make_unique<NetbackQueue>(fmt::format("{}-q{}", name_, index), *r.mapper, std::move(*tx),
+                                           std::move(*rx), std::move(tx_ch), std::move(rx_ch),
+                                           tap_.fd(index), cfg);
+}
+
+void VifConnection::teardown() noexcept {
+  stop();
+  for (auto& q : queues_) {
+    if (q->thread.joinable()) q->thread.join();
+  }
+  for (auto& q : queues_) {
+    q->queue.reset();
+    for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
+    q->ring_handles.clear();
+    q->mapper.reset();
+    for (auto port : q->dom0_ports) {
+      try {
+        dom_->unbind(port);
+      } catch (const std::exception& e) {
+        // The domain went away: its end of the channel went with it.
+        spdlog::debug("{}: unbinding port {}: {}", name_, port, e.what());
+      }
+    }
+    q->dom0_ports.clear();
+  }
+  queues_.clear();
+  tap_ = Tap();  // the interface vanishes with its fds
+}
+
+}  // namespace xpv::netback

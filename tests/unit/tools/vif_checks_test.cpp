@@ -1,0 +1,59 @@
+#include <gtest/gtest.h>
+
+#include "xpv/config/device_specs.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/vif_checks.h"
+
+namespace xpv::toolstack {
+namespace {
+
+std::string refusal(const config::VifSpec& v, const std::vector<ExistingVif>& vifs, const std::vector<HostAddress>& host) {
+  try {
+    check_new_vif("vif", v, vifs, host);
+  } catch (const ToolstackError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const std::vector<ExistingVif> kVifs = {
+    {"web1 (id 1) vif 0", "00:16:3e:00:00:01", netback::vif_addresses("10.0.1.2/24")},
+    {"web2 (id 2) vif 0", "00:16:3e:00:00:02", std::nullopt},
+};
+const std::vector<HostAddress> kHost = {{"lo", 0x7f000001, 8}, {"eth0", 0xc0a80105, 16}};  // 192.168.1.5/16
+
+TEST(VifChecks, AFreeMacAndSubnetPass) {
+  EXPECT_EQ(refusal(config::parse_vif_spec("mac=00:16:3e:00:00:03, ip=10.0.2.2/24"), kVifs, kHost), "");
+  EXPECT_EQ(refusal(config::parse_vif_spec("ip=10.0.0.2/24"), kVifs, kHost), "");
+  EXPECT_EQ(refusal(config::parse_vif_spec(""), kVifs, kHost), "") << "no MAC, no ip: nothing to clash";
+}
+
+TEST(VifChecks, AUsedMacIsRefused) {
+  EXPECT_EQ(refusal(config::parse_vif_spec("mac=00:16:3e:00:00:02"), kVifs, kHost),
+            "vif: MAC 00:16:3e:00:00:02 is already used by web2 (id 2) vif 0");
+}
+
+TEST(VifChecks, OverlappingSubnetsAreRefusedBothWays) {
+  EXPECT_EQ(refusal(config::parse_vif_spec("ip=10.0.1.9/24"), kVifs, kHost),
+            "vif: address 10.0.1.9/24 clashes with web1 (id 1) vif 0 (10.0.1.2/24): each vif needs a subnet of its own");
+  // A wider subnet that contains web1's, and a narrower one inside it.
+  EXPECT_NE(refusal(config::parse_vif_spec("ip=10.0.7.7/16"), kVifs, kHost), "");
+  EXPECT_NE(refusal(config::parse_vif_spec("ip=10.0.1.130/25"), kVifs, kHost), "");
+}
+
+TEST(VifChecks, AnAddressOfTheHostsInterfacesIsRefused) {
+  EXPECT_EQ(refusal(config::parse_vif_spec("ip=192.168.7.2/24"), kVifs, kHost),
+            "vif: address 192.168.7.2/24 clashes with 192.168.1.5/16 on the host's interface eth0");
+  EXPECT_NE(refusal(config::parse_vif_spec("ip=127.0.0.2/24"), kVifs, kHost), "");
+}
+
+TEST(VifChecks, MtuIsParsedAndBounded) {
+  EXPECT_EQ(config::parse_vif_spec("mtu=9000").mtu, 9000u);
+  EXPECT_FALSE(config::parse_vif_spec("mac=00:16:3e:00:00:09").mtu.has_value());
+  EXPECT_THROW(config::parse_vif_spec("mtu=67"), std::exception);
+  EXPECT_THROW(config::parse_vif_spec("mtu=65536"), std::exception);
+  EXPECT_THROW(config::parse_vif_spec("mtu=big"), std::exception);
+}
+
+}  // namespace
+}  // namespace xpv::toolstack

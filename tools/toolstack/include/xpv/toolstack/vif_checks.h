@@ -1,0 +1,48 @@
+// Checks before a vif is added (create, network-attach): its MAC must be unused on the host, and
+// its subnet (vif_address.h: the `ip` is the domain's address, the host side takes the subnet's
+// lowest other address and routes the subnet to the vif's TAP) must overlap neither another
+// vif's subnet nor an address the host already has on an interface (a clash of routes).
+// Pure parts are unit-tested (tests/unit/tools/vif_checks_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xpv/config/device_specs.h"
+#include "xpv/netback/vif_address.h"
+
+namespace xpv::toolstack {
+
+class Xenstore;
+struct DomainSummary;
+
+// A vif already on the host, as xenstore shows it.
+struct ExistingVif {
+  std::string owner;  // "web1 (id 1) vif 0"
+  std::string mac;
+  std::optional<netback::VifAddresses> addresses;
+};
+
+// An IPv4 address on one of the host's interfaces.
+struct HostAddress {
+  std::string ifname;
+  std::uint32_t addr = 0;
+  unsigned prefix = 32;
+};
+
+// Every vif of `domains` (backend directories).
+std::vector<ExistingVif> existing_vifs(Xenstore& xs, const std::vector<DomainSummary>& domains);
+// getifaddrs in the toolstack's network namespace, without the vifs' own TAPs (vif<N>.<M>).
+std::vector<HostAddress> host_addresses();
+
+// Throws ToolstackError ("MAC … is already used by …", "address … : subnet … overlaps …") —
+// `what` prefixes the message ("vif 0", "web1.cfg: vif 1").
+void check_new_vif(const std::string& what, const config::VifSpec& vif, const std::vector<ExistingVif>& vifs,
+                   const std::vector<HostAddress>& host);
+
+// The vif's addresses, from its spec (nullopt: no ip).
+std::optional<netback::VifAddresses> vif_addresses_of(const config::VifSpec& vif);
+
+}  // namespace xpv::toolstack
