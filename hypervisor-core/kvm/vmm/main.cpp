@@ -29,7 +29,7 @@
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/uart.h"
 #include "xpv/kvm/vm.h"
-#include "xen_domain.h"
+#include "xpv/vmm/xen_domain.h"
 
 namespace {
 
@@ -77,8 +77,10 @@ int run(int argc, char** argv) {
   app.add_option("--domid", xcfg.domid, "domain id (--xen)")->check(CLI::Range(1, 0x7fef));
   app.add_option("--name", xcfg.name, "domain name (--xen)");
   app.add_option("--run-dir", xcfg.run_dir, "where dom<N>.sock is created (--xen)")->capture_default_str();
-  app.add_option("--upcall", upcall, "event upcall offered to the guest: vector (per-vCPU), callback, intx")
-      ->check(CLI::IsMember({"vector", "callback", "intx"}))
+  app.add_option("--upcall", upcall,
+                 "event upcall offered to the guest: vector (per-vCPU upcall vector) or intx (platform-pci INTx); "
+                 "Xen's global callback vector is not offered (it needs an injection outside the LAPIC)")
+      ->check(CLI::IsMember({"vector", "intx"}))
       ->capture_default_str();
   app.add_option("--trace-hypercalls", xcfg.trace_hypercalls, "log the first N hypercalls (debugging)")
       ->envname("XPV_TRACE_HYPERCALLS");
@@ -102,9 +104,7 @@ int run(int argc, char** argv) {
   cfg.vcpus = vcpus;
   cfg.memory_bytes = mem;
   if (xen) {
-    xcfg.upcall = upcall == "intx"       ? xpv::xen::UpcallMode::intx
-                  : upcall == "callback" ? xpv::xen::UpcallMode::callback_vector
-                                         : xpv::xen::UpcallMode::vcpu_vector;
+    xcfg.upcall = upcall == "intx" ? xpv::xen::UpcallMode::intx : xpv::xen::UpcallMode::vcpu_vector;
     if (xcfg.name.empty()) xcfg.name = "dom" + std::to_string(xcfg.domid);
     xpv::vmm::add_xen_device_memory(cfg, xcfg);
   }

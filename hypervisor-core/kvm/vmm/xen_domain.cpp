@@ -1,4 +1,4 @@
-#include "xen_domain.h"
+#include "xpv/vmm/xen_domain.h"
 
 #include <boost/asio/post.hpp>
 #include <fmt/core.h>

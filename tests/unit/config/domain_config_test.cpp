@@ -70,6 +70,7 @@ TEST(DomainConfig, ErrorsNameFileLineAndSetting) {
   EXPECT_EQ(error_of("name = 'a'\nvif = [ 'mac=00:16:3e:00:00:01', 'mac=00:16:3e:00:00:01' ]\n"),
             "vm.cfg: MAC 00:16:3e:00:00:01 is given to two vifs");
   EXPECT_EQ(error_of("name = 'a'\nupcall = 'smoke'\n"), "vm.cfg:2: 'upcall': 'smoke' is not one of vector, callback, intx");
+  EXPECT_EQ(error_of("name = 'a'\nupcall = 'callback'\n").rfind("vm.cfg:2: 'upcall': 'callback' is not supported: ", 0), 0u);
 }
 
 TEST(DomainConfig, MissingFilesAreNamed) {
