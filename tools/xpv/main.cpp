@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   std::string which;
   auto* destroy = app.add_subcommand("destroy", "tear a domain down now");
   destroy->add_option("domain", which, "name or id")->required();
+  auto* console = app.add_subcommand("console", "attach to an HVM domain's serial console (Ctrl-] detaches)");
+  console->add_option("domain", which, "name or id")->required();
   auto* shutdown = app.add_subcommand("shutdown", "ask a domain to stop (SIGTERM), then destroy it");
   shutdown->add_option("domain", which, "name or id")->required();
   int shutdown_timeout_s = 20;
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
     else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*destroy) ts::cmd_destroy(ctx, which);
+    else if (*console) ts::cmd_console(ctx, which);
     else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));
     else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
     else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);

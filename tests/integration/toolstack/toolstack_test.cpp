@@ -391,6 +391,13 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   r = h.run({"network-detach", "web1", "7"});
   EXPECT_EQ(r.err, "xpv network-detach: vif 7 is not attached to web1 (id 1)\n");
 
+  // Only HVM domains have a serial console.
+  r = h.run({"console", "web1"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv console: web1 (id 1) is a process domain: only HVM domains have a console (a "
+                               "process domain's log is {})\n",
+                               h.log_dir));
+
   // down refuses while web1 exists.
   r = h.run({"down"});
   EXPECT_EQ(r.err, "xpv down: 1 domain(s) still exist (web1 (id 1)): destroy them first, or use `xpv down --force`\n");

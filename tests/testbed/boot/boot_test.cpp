@@ -19,23 +19,16 @@
 #include "xpv/kvm/bzimage.h"
 #include "xpv/kvm/decompress.h"
 
+#include "xpv/test/testbed_session.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int shell(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+using xpv::test::between;
+using xpv::test::quote;
+using xpv::test::shell;
+using xpv::test::slurp;
 
 // The part of the output between "XPV-TEST: begin NAME" and "XPV-TEST: end NAME rc=N".
 std::string section(const std::string& out, const std::string& name) {

@@ -39,6 +39,8 @@ CFG
     if [ $PINGED = no ] && grep -q "^XPV-WAIT" $W/log/console-$N.log 2>/dev/null; then
       ping -c 3 -W 2 10.0.$i.2 >/dev/null 2>&1 && PINGED=yes
       echo "XPV-TEST: ping $PINGED"
+      # `xpv console` replays the console's backlog (stdin at EOF: it only shows output).
+      timeout 5 $B/xpv console $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: console-attach /'
     fi
     sleep 1
   done

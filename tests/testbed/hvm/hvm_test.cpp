@@ -18,23 +18,16 @@
 #include <sstream>
 #include <string>
 
+#include "xpv/test/testbed_session.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int shell(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
+using xpv::test::between;
+using xpv::test::quote;
+using xpv::test::shell;
+using xpv::test::slurp;
 
 std::string section(const std::string& out, const std::string& name) {
   const auto b = out.find("XPV-TEST: begin " + name + "\n");
@@ -43,13 +36,6 @@ std::string section(const std::string& out, const std::string& name) {
   return out.substr(b, e == std::string::npos ? std::string::npos : e - b);
 }
 
-// The lines of s between a line starting with `from` and one starting with `to`.
-std::string between(const std::string& s, const std::string& from, const std::string& to) {
-  const auto b = s.find(from);
-  if (b == std::string::npos) return {};
-  const auto e = s.find(to, b);
-  return s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-}
 
 class TestbedHvm : public ::testing::Test {
  protected:
@@ -116,6 +102,7 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(mounts.find("\n/dev/xvda / ext4 rw"), std::string::npos) << mounts;
     EXPECT_NE(s.find("XPV-DONE selftest rc=0"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: ping yes"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: console-attach 1"), std::string::npos) << "xpv console shows the guest\n" << s;
     EXPECT_NE(s.find("xpv-vmm: guest stopped: poweroff"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: file xpv-selftest-ok"), std::string::npos) << "the guest's fsync'd file\n" << s;
   }

@@ -20,30 +20,17 @@
 #include <sstream>
 #include <string>
 
+#include "xpv/test/testbed_session.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using xpv::test::between;
+using xpv::test::quote;
+using xpv::test::shell;
+using xpv::test::slurp;
 
-int shell(const std::string& cmd) {
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-std::string quote(const std::string& s) { return "'" + s + "'"; }
-
-std::string between(const std::string& text, const std::string& begin, const std::string& end) {
-  const auto b = text.find(begin);
-  if (b == std::string::npos) return {};
-  const auto e = text.find(end, b);
-  return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
-}
 
 class TestbedImage : public ::testing::Test {
  protected:

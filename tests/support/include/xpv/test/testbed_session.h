@@ -1,0 +1,60 @@
+// Helpers shared by the testbed tests (tests/testbed/*): they run a script inside `xpv testbed`
+// once per test suite and assert on the text it printed.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <system_error>
+
+namespace xpv::test {
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Exit status of `sh -c cmd` (-1 when it did not exit normally).
+inline int shell(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Single-quoted for sh (the paths the tests make have no quotes in them).
+inline std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// The text from the first `begin` to the following `end` (exclusive), or empty.
+inline std::string between(const std::string& text, const std::string& begin, const std::string& end) {
+  const auto b = text.find(begin);
+  if (b == std::string::npos) return {};
+  const auto e = text.find(end, b);
+  return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+// A fresh directory under /tmp (visible inside the testbed), removed with everything in it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    std::string tmpl = "/tmp/" + prefix + ".XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  bool ok() const noexcept { return !path_.empty(); }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace xpv::test
