@@ -8,12 +8,8 @@
 // shutdown removing the socket and the pid file. INTRODUCE attaches the domain's ring through its
 // control socket <run-dir>/dom<N>.sock (daemon/domains.h; default /run/xpv or $XPV_RUN_DIR).
 #include <CLI/CLI.hpp>
-#include <fcntl.h>
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -28,50 +24,6 @@
 #include "xpv/xenbus/daemon/domains.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 #include "xpv/xenbus/store.h"
-
-namespace {
-
-// Double fork. The original process waits until the daemon reports ready (one byte on a pipe:
-// '1' ok, '0' failed) so its exit status tells the caller whether the daemon runs.
-// Returns in the daemon; the original process and the intermediate child exit here.
-void daemonize(boost::asio::io_context& io, int& ready_fd) {
-  int p[2];
-  if (::pipe(p) != 0) throw std::runtime_error("pipe failed");
-  io.notify_fork(boost::asio::io_context::fork_prepare);
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid > 0) {
-    ::close(p[1]);
-    // '1' = serving; '0' followed by the error line = failed after the fork.
-    std::string msg;
-    char buf[512];
-    ssize_t n;
-    while ((n = ::read(p[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<std::size_t>(n));
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (!msg.empty() && msg[0] == '1') std::_Exit(0);
-    if (msg.size() > 1) std::fprintf(stderr, "xpv-xenstored: %s\n", msg.c_str() + 1);
-    std::_Exit(1);
-  }
-  ::close(p[0]);
-  ::setsid();
-  pid = ::fork();
-  if (pid < 0) std::_Exit(1);
-  if (pid > 0) std::_Exit(0);
-  io.notify_fork(boost::asio::io_context::fork_child);
-  ::umask(022);
-  if (::chdir("/") != 0) { /* "/" always exists */ }
-  int null = ::open("/dev/null", O_RDWR);
-  if (null >= 0) {
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    if (null > 2) ::close(null);
-  }
-  ready_fd = p[1];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"xpv-xenstored — xenstore daemon (libxenstore / xenstore-utils compatible)"};
@@ -125,7 +77,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(*level);
 
-  int ready_fd = -1;
+  xpv::daemon::Launcher launcher;
   try {
     boost::asio::io_context io(1);
     xpv::xenbus::Hooks hooks;
@@ -156,7 +108,11 @@ int main(int argc, char** argv) {
     xpv::xenbus::daemon::SocketServer server(io, store, socket_path);
 
     if (!foreground) {
-      daemonize(io, ready_fd);
+      // The socket is already registered with io: the daemon's io_context must learn of the fork.
+      xpv::daemon::daemonize(
+          "xpv-xenstored", launcher,
+          {.prepare = [&io] { io.notify_fork(boost::asio::io_context::fork_prepare); },
+           .child = [&io] { io.notify_fork(boost::asio::io_context::fork_child); }});
       auto sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("xpv-xenstored", LOG_PID,
                                                                  LOG_DAEMON, false);
       spdlog::set_default_logger(std::make_shared<spdlog::logger>("xenstored", sink));
@@ -164,11 +120,7 @@ int main(int argc, char** argv) {
     }
     xpv::daemon::PidFile pid;
     if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
-    if (ready_fd >= 0) {
-      [[maybe_unused]] auto n = ::write(ready_fd, "1", 1);
-      ::close(ready_fd);
-      ready_fd = -1;
-    }
+    launcher.ready();
 
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     signals.async_wait([&](boost::system::error_code ec, int sig) {
@@ -182,11 +134,7 @@ int main(int argc, char** argv) {
                  server.protocol_errors());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "xpv-xenstored: %s\n", e.what());
-    if (ready_fd >= 0) {
-      std::string msg = std::string("0") + e.what();
-      [[maybe_unused]] auto n = ::write(ready_fd, msg.data(), msg.size());
-      ::close(ready_fd);
-    }
+    launcher.failed(e.what());
     spdlog::error("xenstored: {}", e.what());
     return 1;
   }

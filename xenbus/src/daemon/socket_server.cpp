@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "rate_limit.h"
+#include "xpv/log_rate_limit.h"
 #include "xpv/xenbus/daemon/connection.h"
 
 namespace xpv::xenbus::daemon {
@@ -27,7 +27,7 @@ struct SocketServer::State {
   std::uint64_t messages = 0;
   std::uint64_t protocol_errors = 0;
   std::uint64_t dropped_events = 0;
-  RateLimit log_limit{10};
+  xpv::LogRateLimit log_limit{10};
 };
 
 class SocketServer::Conn : public Connection, public std::enable_shared_from_this<Conn> {

@@ -12,8 +12,6 @@
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -33,59 +31,6 @@
 #include "xpv/unique_fd.h"
 
 namespace {
-
-// Tells the launching process how startup went: '1' = serving, '0' + message = failed.
-class Launcher {
- public:
-  void set(int fd) noexcept { fd_ = fd; }
-  void ready() noexcept { send("1"); }
-  void failed(const std::string& why) noexcept { send("0" + why); }
-
- private:
-  void send(const std::string& m) noexcept {
-    if (fd_ < 0) return;
-    [[maybe_unused]] auto n = ::write(fd_, m.data(), m.size());
-    ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-};
-
-// Double fork before any thread exists. The original process waits for the daemon's report and
-// exits with 0 (serving) or 1 (its error printed); returns in the daemon.
-void daemonize(Launcher& launcher) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid > 0) {
-    ::close(p[1]);
-    std::string msg;
-    char buf[512];
-    ssize_t n;
-    while ((n = ::read(p[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<std::size_t>(n));
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (!msg.empty() && msg[0] == '1') std::_Exit(0);
-    std::fprintf(stderr, "xpv-blkback: %s\n", msg.size() > 1 ? msg.c_str() + 1 : "the daemon died during startup");
-    std::_Exit(1);
-  }
-  ::close(p[0]);
-  ::setsid();
-  pid = ::fork();
-  if (pid < 0) std::_Exit(1);
-  if (pid > 0) std::_Exit(0);
-  ::umask(022);
-  if (::chdir("/") != 0) { /* "/" always exists */ }
-  int null = ::open("/dev/null", O_RDWR);
-  if (null >= 0) {
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    if (null > 2) ::close(null);
-  }
-  launcher.set(p[1]);
-}
 
 // One xpv-blkback per run dir: two backends serving the same rings would corrupt them. The lock
 // goes away with the process however it dies (a kill -9 included), so a restart is never refused.
@@ -146,9 +91,9 @@ int main(int argc, char** argv) {
     if (!p->empty()) *p = std::filesystem::absolute(*p).lexically_normal().string();
   }
 
-  Launcher launcher;
+  xpv::daemon::Launcher launcher;
   try {
-    if (!foreground) daemonize(launcher);
+    if (!foreground) xpv::daemon::daemonize("xpv-blkback", launcher);
     if (!log_file.empty()) {
       auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file);
       spdlog::set_default_logger(std::make_shared<spdlog::logger>("blkback", sink));

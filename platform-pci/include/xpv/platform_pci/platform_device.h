@@ -45,7 +45,7 @@
 #include <mutex>
 
 #include "xpv/kvm/pci_host.h"
-#include "xpv/platform_pci/detail/rate_limit.h"
+#include "xpv/log_rate_limit.h"
 #include "xpv/platform_pci/ids.h"
 
 namespace xpv::platform_pci {
@@ -93,7 +93,7 @@ class XenPlatformDevice final : public kvm::PciFunction {
   std::array<std::uint32_t, 2> assigned_{};       // guarded by mu_
   std::uint64_t bar_moves_ = 0;                   // guarded by mu_
   std::uint64_t bad_accesses_ = 0;                // guarded by mu_
-  detail::LogRateLimit log_limit_;                // guarded by mu_
+  xpv::LogRateLimit log_limit_;                // guarded by mu_
 };
 
 }  // namespace xpv::platform_pci

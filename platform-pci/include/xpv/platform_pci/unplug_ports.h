@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "xpv/kvm/io_bus.h"
-#include "xpv/platform_pci/detail/rate_limit.h"
+#include "xpv/log_rate_limit.h"
 #include "xpv/platform_pci/ids.h"
 
 namespace xpv::platform_pci {
@@ -114,8 +114,8 @@ class UnplugPorts final : public kvm::BusDevice {
   std::uint8_t flags_ = 0;                // guarded by mu_
   Line line_;                             // guarded by mu_
   UnplugStats stats_;                     // guarded by mu_
-  detail::LogRateLimit unplug_log_limit_; // guarded by mu_
-  detail::LogRateLimit guest_log_limit_;  // guarded by mu_
+  xpv::LogRateLimit unplug_log_limit_; // guarded by mu_
+  xpv::LogRateLimit guest_log_limit_;  // guarded by mu_
 };
 
 }  // namespace xpv::platform_pci

@@ -1,12 +1,13 @@
-// A small token bucket for log lines a guest can trigger: at most `burst` lines per second per
-// instance; the suppressed ones are counted and their number reported with the next line.
-// Not thread-safe: the owner calls it under its own lock.
+// A small token bucket for log lines a guest or another peer can trigger: at most `burst` lines
+// per second per instance; the suppressed ones are counted so the caller can report their number
+// with its next line. Used by platform-pci (guest-triggered device logs) and xpv-xenstored (its
+// socket clients). Not thread-safe: the owner calls it under its own lock or from its one thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 
-namespace xpv::platform_pci::detail {
+namespace xpv {
 
 class LogRateLimit {
  public:
@@ -40,4 +41,4 @@ class LogRateLimit {
   std::chrono::steady_clock::time_point window_{};
 };
 
-}  // namespace xpv::platform_pci::detail
+}  // namespace xpv
