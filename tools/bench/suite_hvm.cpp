@@ -7,7 +7,7 @@
 //     xpv:  xpv up (xenstored, blkback, netback; run/log dirs in L1's tmpfs /tmp), then two boots of
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, root.ext4 (a fresh copy in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
-//             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=128
+//             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=64
 //     QEMU: qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2, same vmlinuz + initrd.cpio, a
 //           fresh copy of root.ext4 as virtio-blk (cache=writeback: the copy lives on tmpfs, which
 //           has no O_DIRECT; xpv-blkback falls back to buffered I/O there too), virtio-net on a
@@ -23,6 +23,9 @@
 //                                          on the console: THE disk metric (lower is better)
 //   bonnie++ block write/read/rewrite      KiB/s from bonnie++'s CSV (the guest's clock; +++++
 //                                          = too fast for bonnie++ to time → no figure)
+// Duration (measured, 2-core host with other builds running): --quick 837 s for the testbed
+// session — each guest boot is 65 s (xpv) / 108 s (QEMU) to its workload and bonnie++ has a fixed
+// cost of ~2 min there whatever the size (per-char and seek phases); the full run adds ~1-2 min.
 // --quick: iperf3 -t 2 and xpv.size=32. A step that fails leaves its metrics without a figure
 // (NaN → null in the JSON) and says why in `note`; nothing is ever invented.
 // The console logs, daemon logs and QEMU's output are copied back: next to --json as
@@ -181,7 +184,7 @@ struct Inner {
   fs::path logs;    // copied back to the host (in the share)
   std::string xpv;  // this binary
   int iperf_s = 5;
-  int bonnie_mib = 128;
+  int bonnie_mib = 64;
 };
 
 fs::path fresh_disk(const Inner& in, const std::string& name) {
@@ -512,7 +515,7 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   fs::create_directories(in.logs);
   in.xpv = fs::read_symlink("/proc/self/exe").string();
   in.iperf_s = std::max(2, static_cast<int>(std::lround(5 * opts.scale)));
-  in.bonnie_mib = std::max(32, static_cast<int>(std::lround(128 * opts.scale)));
+  in.bonnie_mib = std::max(32, static_cast<int>(std::lround(64 * opts.scale)));
 
   const auto t0 = Clock::now();
   const Side x = measure_xpv(in);
@@ -572,9 +575,9 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   setenv("XPV_BENCH_IMAGE", image.c_str(), 1);
   setenv("XPV_BENCH_SHARE", share.c_str(), 1);
   const fs::path json = share / "inner.json";
-  say("image " + image + "; starting the testbed session (L1 boots, then 4 guest boots: a few minutes)");
+  say("image " + image + "; starting the testbed session (L1 boots, then 4 guest boots: 10-15 minutes)");
   const auto t0 = Clock::now();
-  const int rc = shell(q(self) + " testbed --timeout 900 --share " + q(share.string()) + " -- " + q(self) +
+  const int rc = shell(q(self) + " testbed --timeout 1800 --share " + q(share.string()) + " -- " + q(self) +
                        " bench hvm --json " + q(json.string()) + (opts.scale < 1 ? " --quick" : ""));
   say("testbed session: " + std::to_string(static_cast<int>(xpv::bench::seconds_since(t0))) + " s, exit " +
       std::to_string(rc));
