@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "demo/demo.h"
 #include "testbed/testbed.h"
 #include "xpv/image/command.h"
 #include "xpv/toolstack/commands.h"
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
 
   auto testbed = xpv::testbed::add_command(app);
   auto image = xpv::image::add_command(app);
+  auto demo = xpv::demo::add_command(app);
 
   try {
     app.parse(argc, argv);
@@ -125,6 +127,7 @@ int main(int argc, char** argv) {
     if (*bench) return run_bench(suite, json_path, quick);
     if (testbed->selected()) return testbed->run();
     if (image->selected()) return image->run();
+    if (demo->selected()) return demo->run();
     ts::Context ctx{ts::Paths::resolve(cli_paths, ts::self_executable()), std::cout, std::cerr};
     if (*up) ts::cmd_up(ctx);
     else if (*down) ts::cmd_down(ctx, force);

@@ -1,0 +1,635 @@
+// `xpv bench hvm` — a stock Linux HVM guest with Xen PV drivers under xpv, next to the same guest
+// under QEMU 7.2 + KVM with virtio, in ONE `xpv testbed` session (L1 boots once; both VMMs run on
+// L1's genuine KVM, so only the ratios mean something: ENVIRONMENT.md).
+//
+//   host: xpv image build (cached) ── XPV_BENCH_IMAGE ──► xpv testbed --share S -- xpv bench hvm
+//   L1 (XPV_TESTBED set, this same file's inner()):
+//     xpv:  xpv up (xenstored, blkback, netback; run/log dirs in L1's tmpfs /tmp), then two boots of
+//           `type = "hvm"`, 512 MiB, 2 vCPUs, root.ext4 (a fresh copy in L1's tmpfs) as xvda
+//           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
+//             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=64
+//     QEMU: qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2, same vmlinuz + initrd.cpio, a
+//           fresh copy of root.ext4 as virtio-blk (cache=writeback: the copy lives on tmpfs, which
+//           has no O_DIRECT; xpv-blkback falls back to buffered I/O there too), virtio-net on a
+//           TAP xpvtap0 10.0.0.1/24 with vhost=on when /dev/vhost-net exists; same two boots.
+//   Each boot's console log is followed by L1 (host clock: L1's steady_clock, never the guest's);
+//   the markers are frontends/guest-image/README.md's.
+//
+// Metrics (xpv / QEMU):
+//   iperf3 host->guest, guest->host (-R)   Gbit/s received, iperf3 -t 5 from L1 to 10.0.0.2
+//   iperf3 bidir total                     Gbit/s, both directions of --bidir summed
+//   iperf3 bidir min/max                   the smaller direction over the larger (1 = fair)
+//   bonnie++ run (host clock)              s between XPV-PHASE bonnie-1 begin/end as L1 sees them
+//                                          on the console: THE disk metric (lower is better)
+//   bonnie++ block write/read/rewrite      KiB/s from bonnie++'s CSV (the guest's clock; +++++
+//                                          = too fast for bonnie++ to time → no figure)
+// Duration (measured, 2-core host with other builds running): --quick 837 s for the testbed
+// session — each guest boot is 65 s (xpv) / 108 s (QEMU) to its workload and bonnie++ has a fixed
+// cost of ~2 min there whatever the size (per-char and seek phases); the full run adds ~1-2 min.
+// --quick: iperf3 -t 2 and xpv.size=32. A step that fails leaves its metrics without a figure
+// (NaN → null in the JSON) and says why in `note`; nothing is ever invented.
+// The console logs, daemon logs and QEMU's output are copied back: next to --json as
+// FILE-logs/ (or kept in the share, whose path is printed, when anything failed).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using xpv::bench::Clock;
+using xpv::bench::Result;
+
+constexpr const char* kGuestIp = "10.0.0.2";
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string q(const std::string& s) { return "'" + s + "'"; }
+
+int shell(const std::string& cmd) {
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+std::string last_lines(const std::string& text, std::size_t n) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    l.erase(std::remove(l.begin(), l.end(), '\r'), l.end());
+    if (!l.empty()) lines.push_back(l);
+  }
+  std::string out;
+  for (std::size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
+    out += (out.empty() ? "" : " | ") + lines[i];
+  }
+  return out;
+}
+
+void say(const std::string& s) { std::cout << "xpv bench hvm: " << s << std::endl; }
+
+// A step that failed: its message goes into the notes of the metrics it would have measured.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A guest's console log, read as it grows. Markers are consumed in order (`cursor_`): each
+// await() searches after the previous match (a marker may be printed on ttyS0 and hvc0 both).
+class Console {
+ public:
+  explicit Console(fs::path path) : path_(std::move(path)) {
+    std::error_code ec;
+    const auto size = fs::file_size(path_, ec);
+    start_ = ec ? 0 : size;  // a log appended across boots: only what this boot writes
+  }
+  void poll() {
+    std::ifstream f(path_, std::ios::binary);
+    if (!f) return;
+    f.seekg(static_cast<std::streamoff>(start_ + text_.size()));
+    text_.append(std::istreambuf_iterator<char>(f), {});
+  }
+  const std::string& text() const { return text_; }
+
+  // Waits for `marker` (bounded by timeout_s on the host clock); returns when it was seen.
+  // Throws Failure on timeout, an XPV-FATAL line, or a VM that is gone (`alive` false).
+  Clock::time_point await(const std::string& marker, double timeout_s, const std::function<bool()>& alive) {
+    const auto t0 = Clock::now();
+    for (;;) {
+      poll();
+      const auto pos = text_.find(marker, cursor_);
+      if (pos != std::string::npos) {
+        cursor_ = pos + marker.size();
+        return Clock::now();
+      }
+      const auto fatal = text_.find("XPV-FATAL");
+      if (fatal != std::string::npos) {
+        throw Failure("the guest failed: " + last_lines(text_.substr(fatal, text_.find('\n', fatal) - fatal), 1));
+      }
+      if (!alive()) {
+        poll();
+        if (text_.find(marker, cursor_) != std::string::npos) continue;
+        throw Failure("the VM exited before '" + marker + "' (console: " + last_lines(text_, 3) + ")");
+      }
+      if (xpv::bench::seconds_since(t0) > timeout_s) {
+        throw Failure("no '" + marker + "' on the console within " + std::to_string(static_cast<int>(timeout_s)) +
+                      " s (console: " + last_lines(text_, 3) + ")");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  fs::path path_;
+  std::uintmax_t start_ = 0;
+  std::string text_;
+  std::size_t cursor_ = 0;
+};
+
+// One VM under test: xpv (through the toolstack) or QEMU (a child of this process).
+class Vm {
+ public:
+  virtual ~Vm() = default;
+  virtual bool alive() = 0;
+  // Ends the VM (after its poweroff, or to give up on it); idempotent.
+  virtual void stop() = 0;
+  Console& console() { return *console_; }
+
+ protected:
+  std::unique_ptr<Console> console_;
+};
+
+bool pid_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  if (!std::getline(stat, s)) return false;
+  const auto rp = s.rfind(')');
+  return rp != std::string::npos && rp + 2 < s.size() && s[rp + 2] != 'Z';
+}
+
+// Paths of the inner run inside L1.
+struct Inner {
+  fs::path work;    // L1 tmpfs scratch
+  fs::path image;   // vmlinuz, initrd.cpio, root.ext4 (never booted: copied per boot)
+  fs::path logs;    // copied back to the host (in the share)
+  std::string xpv;  // this binary
+  int iperf_s = 5;
+  int bonnie_mib = 64;
+};
+
+fs::path fresh_disk(const Inner& in, const std::string& name) {
+  const fs::path disk = in.work / (name + ".ext4");
+  if (shell("cp --sparse=always " + q((in.image / "root.ext4").string()) + " " + q(disk.string())) != 0) {
+    throw Failure("cannot copy root.ext4 into " + in.work.string() + " (L1 tmpfs full?)");
+  }
+  return disk;
+}
+
+class XpvVm : public Vm {
+ public:
+  XpvVm(const Inner& in, const std::string& name, const std::string& extra) : in_(in), name_(name) {
+    disk_ = fresh_disk(in, name);
+    const fs::path cfg = in.work / (name + ".cfg");
+    std::ofstream(cfg) << "name = \"" << name << "\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\nupcall = \"vector\"\n"
+                       << "kernel = \"" << (in.image / "vmlinuz").string() << "\"\n"
+                       << "ramdisk = \"" << (in.image / "initrd.cpio").string() << "\"\n"
+                       << "extra = \"root=/dev/xvda panic=-1 xpv.ip=" << kGuestIp << "/24 " << extra << "\"\n"
+                       << "disk = [ 'vdev=xvda, target=" << disk_.string() << "' ]\n"
+                       << "vif = [ 'mac=00:16:3e:00:00:01, ip=" << kGuestIp << "/24' ]\n";
+    console_ = std::make_unique<Console>(fs::path(std::getenv("XPV_LOG_DIR")) / ("console-" + name + ".log"));
+    const std::string out = capture(q(in.xpv) + " create " + q(cfg.string()) + " 2>&1");
+    std::ofstream(in.logs / ("create-" + name + ".log")) << out;
+    const auto p = out.find(", pid ");
+    if (p != std::string::npos) pid_ = static_cast<pid_t>(std::atol(out.c_str() + p + 6));
+    if (pid_ <= 0) {
+      stop();  // whatever the toolstack left of it
+      throw Failure("xpv create failed: " + last_lines(out, 2));
+    }
+  }
+  ~XpvVm() override { stop(); }
+  bool alive() override { return pid_alive(pid_); }
+  void stop() override {
+    if (stopped_) return;
+    stopped_ = true;
+    // The guest powered off (or is given up on): the toolstack ends the VMM and the devices.
+    (void)shell(q(in_.xpv) + " destroy " + q(name_) + " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1");
+    std::error_code ec;
+    fs::remove(disk_, ec);
+  }
+
+ private:
+  const Inner& in_;
+  std::string name_;
+  fs::path disk_;
+  pid_t pid_ = -1;
+  bool stopped_ = false;
+};
+
+class QemuVm : public Vm {
+ public:
+  QemuVm(const Inner& in, const std::string& name, const std::string& extra, bool vhost) : in_(in) {
+    disk_ = fresh_disk(in, name);
+    const fs::path log = in.logs / ("console-qemu-" + name + ".log");
+    console_ = std::make_unique<Console>(log);
+    const std::vector<std::string> argv{
+        "qemu-system-x86_64", "-enable-kvm", "-cpu", "host", "-m", "512", "-smp", "2", "-nodefaults",
+        "-display", "none", "-monitor", "none", "-no-reboot", "-serial", "file:" + log.string(),
+        "-kernel", (in.image / "vmlinuz").string(), "-initrd", (in.image / "initrd.cpio").string(),
+        "-append", "console=ttyS0 root=/dev/vda panic=-1 xpv.ip=" + std::string(kGuestIp) + "/24 " + extra,
+        "-drive", "file=" + disk_.string() + ",if=virtio,format=raw,cache=writeback",
+        "-netdev", std::string("tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=") + (vhost ? "on" : "off"),
+        "-device", "virtio-net-pci,netdev=n0"};
+    const std::string out = (in.logs / ("qemu-" + name + ".log")).string();
+    pid_ = ::fork();
+    if (pid_ < 0) throw Failure("fork failed");
+    if (pid_ == 0) {
+      std::FILE* f = std::fopen(out.c_str(), "w");
+      if (f != nullptr) {
+        ::dup2(fileno(f), 1);
+        ::dup2(fileno(f), 2);
+      }
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~QemuVm() override { stop(); }
+  bool alive() override {
+    if (reaped_) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) reaped_ = true;
+    return !reaped_;
+  }
+  void stop() override {
+    if (!reaped_) {
+      // After the guest's poweroff QEMU exits by itself: a bounded grace, then SIGKILL.
+      for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!reaped_) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        reaped_ = true;
+      }
+    }
+    std::error_code ec;
+    fs::remove(disk_, ec);
+  }
+
+ private:
+  const Inner& in_;
+  fs::path disk_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// ---- workloads --------------------------------------------------------------------------------
+
+struct NetFigures {
+  std::optional<double> up, down, bidir_total, bidir_fairness;
+  std::string error;
+};
+
+struct DiskFigures {
+  std::optional<double> wall_s, block_write, block_read, rewrite;
+  std::string error;
+  std::string csv_note;  // fields bonnie++ could not time
+};
+
+constexpr double kReadyTimeout = 300;  // boot to the workload's first marker (nested KVM under TCG)
+
+struct Iperf {
+  double fwd = 0, rev = 0;
+};
+
+// iperf3 from L1 to the guest's server; Gbit/s as received. Throws Failure with iperf3's error.
+Iperf iperf(int seconds, const std::string& mode) {
+  const std::string cmd = "timeout " + std::to_string(seconds + 40) + " iperf3 -J -c " + kGuestIp + " -t " +
+                          std::to_string(seconds) + " " + mode + " 2>&1";
+  const std::string out = capture(cmd);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(out);
+  } catch (const std::exception&) {
+    throw Failure("iperf3 " + mode + " printed no JSON: " + last_lines(out, 2));
+  }
+  if (j.contains("error")) throw Failure("iperf3 " + mode + ": " + j.at("error").get<std::string>());
+  try {
+    const auto& end = j.at("end");
+    Iperf r;
+    r.fwd = end.at("sum_received").at("bits_per_second").get<double>() / 1e9;
+    if (mode == "--bidir") r.rev = end.at("sum_received_bidir_reverse").at("bits_per_second").get<double>() / 1e9;
+    return r;
+  } catch (const std::exception& e) {
+    throw Failure("iperf3 " + mode + ": unexpected JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
+  NetFigures f;
+  try {
+    auto& c = vm.console();
+    const auto alive = [&] { return vm.alive(); };
+    const auto t0 = Clock::now();
+    c.await("XPV-IPERF3-LISTENING 5201 client=1", kReadyTimeout, alive);
+    say(who + ": iperf3 server listening " + std::to_string(xpv::bench::seconds_since(t0)) + " s after start");
+    f.up = iperf(in.iperf_s, "").fwd;
+    c.await("XPV-IPERF3-LISTENING 5201 client=2", 60, alive);
+    f.down = iperf(in.iperf_s, "-R").fwd;
+    c.await("XPV-IPERF3-LISTENING 5201 client=3", 60, alive);
+    const Iperf b = iperf(in.iperf_s, "--bidir");
+    f.bidir_total = b.fwd + b.rev;
+    const double lo = std::min(b.fwd, b.rev), hi = std::max(b.fwd, b.rev);
+    if (hi > 0) f.bidir_fairness = lo / hi;
+    c.await("XPV-DONE iperf3 rc=0", 60, alive);
+    say(who + ": iperf3 done: " + std::to_string(*f.up) + " / " + std::to_string(*f.down) + " Gbit/s, bidir " +
+        std::to_string(b.fwd) + " + " + std::to_string(b.rev));
+  } catch (const Failure& e) {
+    f.error = e.what();
+    say(who + ": iperf3 FAILED: " + f.error);
+  }
+  vm.stop();
+  return f;
+}
+
+// bonnie++ 1.98 CSV: [11] block output K/s, [13] rewrite K/s, [17] block input K/s.
+std::optional<double> csv_field(const std::vector<std::string>& v, std::size_t i, const char* name, std::string& note) {
+  if (i >= v.size() || v[i].empty()) {
+    note += std::string(note.empty() ? "" : "; ") + name + ": no field";
+    return std::nullopt;
+  }
+  if (v[i].find('+') != std::string::npos) {
+    note += std::string(note.empty() ? "" : "; ") + name + ": +++++ (too fast for bonnie++ to time)";
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  const double x = std::strtod(v[i].c_str(), &end);
+  if (end == v[i].c_str()) {
+    note += std::string(note.empty() ? "" : "; ") + name + ": '" + v[i] + "' is not a number";
+    return std::nullopt;
+  }
+  return x;
+}
+
+DiskFigures run_bonnie(Vm& vm, const std::string& who) {
+  DiskFigures f;
+  try {
+    auto& c = vm.console();
+    const auto alive = [&] { return vm.alive(); };
+    const auto t_begin = c.await("XPV-PHASE bonnie-1 begin", kReadyTimeout, alive);
+    const auto t_end = c.await("XPV-PHASE bonnie-1 end", 600, alive);
+    f.wall_s = std::chrono::duration<double>(t_end - t_begin).count();
+    say(who + ": bonnie++ ran " + std::to_string(*f.wall_s) + " s (host clock)");
+    c.await("XPV-BONNIE-END", 60, alive);
+    const std::string& t = c.text();
+    const auto b = t.find("XPV-BONNIE-BEGIN");
+    const auto e = t.find("XPV-BONNIE-END", b);
+    std::istringstream lines(t.substr(b, e - b));
+    std::vector<std::string> fields;
+    for (std::string l; std::getline(lines, l);) {
+      l.erase(std::remove(l.begin(), l.end(), '\r'), l.end());
+      if (l.rfind("1.9", 0) != 0 || std::count(l.begin(), l.end(), ',') < 20) continue;
+      std::stringstream ss(l);
+      for (std::string x; std::getline(ss, x, ',');) fields.push_back(x);
+      break;
+    }
+    if (fields.empty()) throw Failure("no bonnie++ CSV line between XPV-BONNIE-BEGIN and XPV-BONNIE-END");
+    f.block_write = csv_field(fields, 11, "block write", f.csv_note);
+    f.rewrite = csv_field(fields, 13, "rewrite", f.csv_note);
+    f.block_read = csv_field(fields, 17, "block read", f.csv_note);
+    c.await("XPV-DONE bonnie rc=0", 60, alive);
+  } catch (const Failure& e) {
+    f.error = e.what();
+    say(who + ": bonnie++ FAILED: " + f.error);
+  }
+  vm.stop();
+  return f;
+}
+
+template <class F>
+auto guarded(const std::string& who, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    say(who + " FAILED: " + e.what());
+    decltype(f()) r;
+    r.error = e.what();
+    return r;
+  }
+}
+
+// ---- the two sides ----------------------------------------------------------------------------
+
+struct Side {
+  NetFigures net;
+  DiskFigures disk;
+  std::string setup;  // e.g. "vhost=on"
+};
+
+Side measure_xpv(const Inner& in) {
+  Side s;
+  const fs::path run = in.work / "xpv-run", log = in.work / "xpv-log";
+  fs::create_directories(run);
+  fs::create_directories(log);
+  setenv("XPV_RUN_DIR", run.c_str(), 1);
+  setenv("XPV_LOG_DIR", log.c_str(), 1);
+  setenv("XENSTORED_PATH", (run / "xenstored.sock").c_str(), 1);
+  setenv("XPV_NETNS_DIR", (in.work / "xpv-netns").c_str(), 1);
+  const std::string tslog = q((in.logs / "toolstack.log").string());
+  if (shell(q(in.xpv) + " up >> " + tslog + " 2>&1") != 0) {
+    s.net.error = s.disk.error = "xpv up failed (see toolstack.log)";
+  } else {
+    s.net = guarded("xpv", [&] {
+      XpvVm vm(in, "hvm-iperf", "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)));
+      return run_iperf(vm, in, "xpv");
+    });
+    s.disk = guarded("xpv", [&] {
+      XpvVm vm(in, "hvm-bonnie", "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib));
+      return run_bonnie(vm, "xpv");
+    });
+  }
+  (void)shell(q(in.xpv) + " down --force >> " + tslog + " 2>&1");
+  (void)shell("cp -r " + q(log.string()) + " " + q((in.logs / "xpv").string()) + " 2>/dev/null");
+  return s;
+}
+
+Side measure_qemu(const Inner& in) {
+  Side s;
+  const bool vhost = fs::exists("/dev/vhost-net");
+  s.setup = vhost ? "vhost=on" : "vhost=off (no /dev/vhost-net in L1)";
+  (void)shell("ip link del xpvtap0 >/dev/null 2>&1");
+  if (shell("ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up") !=
+      0) {
+    s.net.error = s.disk.error = "cannot create the TAP xpvtap0 10.0.0.1/24 in L1";
+    return s;
+  }
+  s.net = guarded("qemu", [&] {
+    QemuVm vm(in, "iperf", "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)), vhost);
+    return run_iperf(vm, in, "qemu");
+  });
+  s.disk = guarded("qemu", [&] {
+    QemuVm vm(in, "bonnie", "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib), vhost);
+    return run_bonnie(vm, "qemu");
+  });
+  (void)shell("ip link del xpvtap0 >/dev/null 2>&1");
+  return s;
+}
+
+// One metric from both sides: a missing figure is NaN (xpv) or no reference, and the note says why.
+Result metric(const std::string& name, const std::string& unit, std::optional<double> x, std::optional<double> r,
+              const std::string& x_err, const std::string& r_err, const std::string& what, bool lower = false) {
+  Result res;
+  res.metric = name;
+  res.unit = unit;
+  res.xpv = x ? *x : kNaN;
+  res.reference = r;
+  res.lower_is_better = lower;
+  res.note = what;
+  if (!x) res.note += "; xpv: " + (x_err.empty() ? std::string("no figure") : x_err);
+  if (!r) res.note += "; QEMU: " + (r_err.empty() ? std::string("no figure") : r_err);
+  return res;
+}
+
+std::vector<Result> inner(const xpv::bench::Options& opts) {
+  const char* image = std::getenv("XPV_BENCH_IMAGE");
+  if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
+  Inner in;
+  in.image = image;
+  for (const char* f : {"vmlinuz", "initrd.cpio", "root.ext4"}) {
+    if (!fs::exists(in.image / f)) throw std::runtime_error(in.image.string() + "/" + f + " is missing");
+  }
+  in.work = fs::path("/tmp") / ("xpv-bench-hvm-" + std::to_string(::getpid()));
+  fs::create_directories(in.work);
+  const char* share = std::getenv("XPV_BENCH_SHARE");
+  in.logs = share != nullptr ? fs::path(share) / "logs" : in.work / "logs";
+  fs::create_directories(in.logs);
+  in.xpv = fs::read_symlink("/proc/self/exe").string();
+  in.iperf_s = std::max(2, static_cast<int>(std::lround(5 * opts.scale)));
+  in.bonnie_mib = std::max(32, static_cast<int>(std::lround(64 * opts.scale)));
+
+  const auto t0 = Clock::now();
+  const Side x = measure_xpv(in);
+  say("xpv side done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
+  const Side r = measure_qemu(in);
+  say("QEMU side done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
+  std::error_code ec;
+  fs::remove_all(in.work / "xpv-run", ec);  // the disks went with their VMs; the rest is small
+
+  const std::string net = "one testbed session (nested KVM under TCG: only the ratio means something); iperf3 -t " +
+                          std::to_string(in.iperf_s) + " from L1 to the guest's server " + kGuestIp +
+                          "; xpv: HVM guest, xen-netfront ↔ xpv-netback vif; QEMU 7.2 -enable-kvm: virtio-net on a "
+                          "TAP, " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd";
+  const std::string disk_common = "bonnie++ -s " + std::to_string(in.bonnie_mib) + " MiB -r " +
+                                  std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: the guest's "
+                                  "page cache is involved; xpv: xen-blkfront ↔ xpv-blkback, QEMU: virtio-blk "
+                                  "cache=writeback; both disks are copies of root.ext4 on L1's tmpfs";
+  std::vector<Result> out;
+  out.push_back(metric("iperf3 host->guest", "Gbit/s", x.net.up, r.net.up, x.net.error, r.net.error, net));
+  out.push_back(metric("iperf3 guest->host", "Gbit/s", x.net.down, r.net.down, x.net.error, r.net.error, net));
+  out.push_back(metric("iperf3 bidir total", "Gbit/s", x.net.bidir_total, r.net.bidir_total, x.net.error,
+                       r.net.error, net + "; both directions of --bidir summed"));
+  out.push_back(metric("iperf3 bidir min/max", "ratio", x.net.bidir_fairness, r.net.bidir_fairness, x.net.error,
+                       r.net.error, net + "; the smaller direction of --bidir over the larger (1 = fair)"));
+  out.push_back(metric("bonnie++ run (host clock)", "s", x.disk.wall_s, r.disk.wall_s, x.disk.error, r.disk.error,
+                       "THE disk metric: L1's steady clock between the console markers XPV-PHASE bonnie-1 "
+                       "begin/end (every bonnie++ phase, per-char and seeks included); " + disk_common,
+                       true));
+  const auto csv_err = [](const DiskFigures& d) { return d.error.empty() ? d.csv_note : d.error; };
+  const std::string csv = "from bonnie++'s CSV, timed by the guest's clock (the host-clock metric is "
+                          "'bonnie++ run'); " + disk_common;
+  out.push_back(metric("bonnie++ block write", "KiB/s", x.disk.block_write, r.disk.block_write, csv_err(x.disk),
+                       csv_err(r.disk), csv));
+  out.push_back(metric("bonnie++ block read", "KiB/s", x.disk.block_read, r.disk.block_read, csv_err(x.disk),
+                       csv_err(r.disk), csv));
+  out.push_back(metric("bonnie++ rewrite", "KiB/s", x.disk.rewrite, r.disk.rewrite, csv_err(x.disk), csv_err(r.disk),
+                       csv));
+  fs::remove_all(in.work, ec);
+  return out;
+}
+
+// ---- the host side ----------------------------------------------------------------------------
+
+std::vector<Result> outer(const xpv::bench::Options& opts) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  // The image: `xpv image build` (a cache hit after the first time). Its root.ext4 is only ever
+  // copied (inside L1), never booted.
+  say("building the guest image (xpv image build)");
+  const std::string image_line = capture(q(self) + " image build");
+  std::string image = image_line.substr(0, image_line.find('\n'));
+  if (image.empty() || !fs::exists(fs::path(image) / "root.ext4")) {
+    throw std::runtime_error("xpv image build failed (run it alone to see why; scripts/setup installs what it needs)");
+  }
+  char tmpl[] = "/tmp/xpv-bench-hvm.XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const fs::path share = tmpl;
+  setenv("XPV_BENCH_IMAGE", image.c_str(), 1);
+  setenv("XPV_BENCH_SHARE", share.c_str(), 1);
+  const fs::path json = share / "inner.json";
+  say("image " + image + "; starting the testbed session (L1 boots, then 4 guest boots: 10-15 minutes)");
+  const auto t0 = Clock::now();
+  const int rc = shell(q(self) + " testbed --timeout 1800 --share " + q(share.string()) + " -- " + q(self) +
+                       " bench hvm --json " + q(json.string()) + (opts.scale < 1 ? " --quick" : ""));
+  say("testbed session: " + std::to_string(static_cast<int>(xpv::bench::seconds_since(t0))) + " s, exit " +
+      std::to_string(rc));
+
+  std::vector<Result> out;
+  bool complete = false;
+  if (rc == 0 && fs::exists(json)) {
+    const auto j = nlohmann::json::parse(std::ifstream(json));
+    complete = true;
+    for (const auto& r : j.at("results")) {
+      Result res;
+      res.metric = r.at("metric").get<std::string>();
+      res.unit = r.at("unit").get<std::string>();
+      res.xpv = r.at("xpv").is_null() ? kNaN : r.at("xpv").get<double>();
+      if (!r.at("reference").is_null()) res.reference = r.at("reference").get<double>();
+      res.note = r.value("note", "");
+      res.lower_is_better = r.value("lower_is_better", false);
+      complete = complete && std::isfinite(res.xpv) && res.reference;
+      out.push_back(res);
+    }
+  }
+  // The logs come back next to the JSON; the share is kept (and named) when anything failed.
+  fs::path logs = share / "logs";
+  if (!opts.json_path.empty() && fs::exists(logs)) {
+    const fs::path p(opts.json_path);
+    const fs::path dest = p.parent_path() / (p.stem().string() + "-logs");
+    std::error_code ec;
+    fs::remove_all(dest, ec);
+    fs::copy(logs, dest, fs::copy_options::recursive, ec);
+    if (!ec) logs = dest;
+  }
+  if (out.empty()) {
+    throw std::runtime_error("the hvm bench inside the testbed failed (exit " + std::to_string(rc) +
+                             "); logs kept in " + share.string());
+  }
+  if (complete && logs != share / "logs") {
+    std::error_code ec;
+    fs::remove_all(share, ec);
+  } else if (!complete) {
+    say("some figures are missing (see each note); logs in " + logs.string());
+  }
+  say("logs: " + logs.string());
+  return out;
+}
+
+std::vector<Result> run_hvm(const xpv::bench::Options& opts) {
+  return std::getenv("XPV_TESTBED") != nullptr ? inner(opts) : outer(opts);
+}
+
+}  // namespace
+
+XPV_BENCH_SUITE("hvm",
+                "HVM guest (Debian kernel, Xen PV drivers) under xpv vs QEMU+KVM virtio: iperf3 and bonnie++, "
+                "one testbed session",
+                run_hvm);
