@@ -106,15 +106,18 @@ int run(const Options& opts) {
   fmt::print("  chart: {}\n", chart ? png : std::string("(not drawn: see above)"));
   const fs::path logs = fs::path(bopts.json_path).parent_path() / "hvm-logs";
   if (fs::exists(logs)) fmt::print("  logs:  {}\n", logs.string());
-  if (missing != 0) {
-    fmt::print(stderr, "xpv demo: {} of {} figures missing; each metric's note in the JSON says why\n", missing,
-               results.size());
-    for (const auto& r : results) {
-      if (!std::isfinite(r.xpv) || !r.reference) fmt::print(stderr, "  {}: {}\n", r.metric, r.note);
-    }
-    return 1;
+  if (missing == 0) return 0;
+  // bonnie++'s own CSV figures (KiB/s, the guest's clock) may be "+++++" (too fast to time): a
+  // gap there is reported but is no failure; a gap in a figure L1 measured (every other metric:
+  // a bonnie++ failure shows in its host-clock run time too) is.
+  std::size_t failed = 0;
+  fmt::print(stderr, "xpv demo: {} of {} figures missing:\n", missing, results.size());
+  for (const auto& r : results) {
+    if (std::isfinite(r.xpv) && r.reference) continue;
+    if (r.unit != "KiB/s") ++failed;
+    fmt::print(stderr, "  {}: {}\n", r.metric, r.note);
   }
-  return 0;
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace xpv::demo

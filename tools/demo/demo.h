@@ -19,8 +19,8 @@ struct Options {
   bool quick = false;                // `xpv bench hvm --quick`
 };
 
-// Returns the exit status: 0 when every figure was measured on both sides, 1 otherwise (the
-// report says which are missing and why).
+// Returns the exit status: 0 when every figure measured on L1's clock exists on both sides, 1
+// otherwise; every missing figure (also bonnie++'s "+++++") is listed with its reason.
 int run(const Options& opts);
 
 class Command {
