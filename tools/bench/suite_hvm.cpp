@@ -575,7 +575,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   setenv("XPV_BENCH_IMAGE", image.c_str(), 1);
   setenv("XPV_BENCH_SHARE", share.c_str(), 1);
   const fs::path json = share / "inner.json";
-  say("image " + image + "; starting the testbed session (L1 boots, then 4 guest boots: 10-15 minutes)");
+  say("image " + image + "; starting the testbed session (L1 boots, then 4 guest boots: 15-20 minutes)");
   const auto t0 = Clock::now();
   const int rc = shell(q(self) + " testbed --timeout 1800 --share " + q(share.string()) + " -- " + q(self) +
                        " bench hvm --json " + q(json.string()) + (opts.scale < 1 ? " --quick" : ""));
