@@ -7,16 +7,23 @@
 //
 // Where it runs matters: natively here, CPL-0 guest code is emulated (~1 µs per instruction,
 // ENVIRONMENT.md), so figures are dominated by that; inside `xpv testbed` they are a real KVM's
-// (nested). Hypercall round trips are not measured: xpv has no hypercall path yet.
+// (nested). The fourth phase is N Xen hypercall round trips (xen_version XENVER_version) through
+// xpv's hypercall path: `out %al,$0xe8` (what xpv-vmm rewrites Linux's vmcall/vmmcall stubs to),
+// the port-I/O trap reading the vCPU's registers, the Xen dispatcher, the result written back to
+// rax (hypervisor-core/kvm/vmm/xen_domain.cpp).
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
 #include "bench/bench.h"
 #include "xpv/kvm/linux_boot.h"
 #include "xpv/kvm/pc_devices.h"
+#include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/vm.h"
+#include "xpv/vmm/xen_domain.h"
 
 namespace {
 
@@ -79,6 +86,13 @@ std::vector<std::uint8_t> guest_code(std::uint32_t n) {
   c.insert(c.end(), {0x8b, 0x07});  // mov eax, [rdi]
   loop_tail(top);
   marker();
+  c.push_back(0xbe), imm32(n);
+  top = c.size();
+  c.push_back(0xb8), imm32(17);          // mov eax, 17 (__HYPERVISOR_xen_version)
+  c.insert(c.end(), {0x31, 0xff});       // xor edi, edi (XENVER_version)
+  c.insert(c.end(), {0xe6, xpv::xen::kHypercallPort});  // out al, 0xe8: the hypercall trap
+  loop_tail(top);
+  marker();
   c.insert(c.end(), {0xb0, 0xfe, 0xe6, 0x64, 0xf4});  // mov al,0xfe; out 0x64,al (reset: stop); hlt
   return c;
 }
@@ -88,7 +102,25 @@ std::vector<xpv::bench::Result> run_exits(const xpv::bench::Options& opts) {
   xpv::kvm::VmConfig cfg;
   cfg.vcpus = 1;
   cfg.memory_bytes = 64ull << 20;
+  // The Xen platform (hypercall trap, dispatcher) needs a run directory for its control socket.
+  std::string run_dir = (std::filesystem::temp_directory_path() / "xpv-bench-exits.XXXXXX").string();
+  if (::mkdtemp(run_dir.data()) == nullptr) throw std::runtime_error("mkdtemp " + run_dir + ": " + std::strerror(errno));
+  struct RemoveDir {
+    std::string d;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } remove_dir{run_dir};
+  xpv::vmm::XenDomainConfig xcfg;
+  xcfg.domid = 1;
+  xcfg.name = "bench-exits";
+  xcfg.run_dir = run_dir;
+  xcfg.max_grant_frames = 1;
+  xpv::vmm::add_xen_device_memory(cfg, xcfg);
   xpv::kvm::Vm vm(cfg);
+  xpv::kvm::PciHost pci;
+  xpv::vmm::XenDomain xen(vm, pci, xcfg);
   Marker marker;
   xpv::kvm::PmTimer pm;
   Sink sink;
@@ -108,7 +140,7 @@ std::vector<xpv::bench::Result> run_exits(const xpv::bench::Options& opts) {
   vm.boot_cpu_long_mode(e);
   const auto reason = vm.run();
   const auto st = marker.stamps();
-  if (reason != xpv::kvm::StopReason::reboot || st.size() != 4) {
+  if (reason != xpv::kvm::StopReason::reboot || st.size() != 5) {
     throw std::runtime_error("exit bench guest stopped early: " + std::string(xpv::kvm::to_string(reason)) + " " +
                              vm.stop_message());
   }
@@ -118,14 +150,20 @@ std::vector<xpv::bench::Result> run_exits(const xpv::bench::Options& opts) {
   const std::string where = std::getenv("XPV_TESTBED") != nullptr ? "inside the testbed (nested KVM)" : "on this host's KVM";
   const std::string no_ref = "measured " + where + ", " + std::to_string(n) +
                              " iterations incl. loop instructions; QEMU reference not built (needs the stub as a "
-                             "multiboot image); hypercall round trips not measured: no hypercall path yet";
+                             "multiboot image)";
+  if (xen.platform().calls(17) != n) {
+    throw std::runtime_error("exit bench: " + std::to_string(xen.platform().calls(17)) + " of " + std::to_string(n) +
+                             " hypercalls reached the dispatcher");
+  }
   return {
       {"cpuid", "ns/exit", per(0), std::nullopt, no_ref, true},
       {"inl_pmtimer (userspace PIO)", "ns/exit", per(1), std::nullopt, no_ref, true},
       {"mmio read (userspace)", "ns/exit", per(2), std::nullopt, no_ref, true},
+      {"hypercall round trip (xen_version via the port-I/O trap)", "ns/call", per(3), std::nullopt, no_ref, true},
   };
 }
 
 }  // namespace
 
-XPV_BENCH_SUITE("exits", "ns per exit: CPUID, PM-timer port read, MMIO read (tiny guest, host clock)", run_exits);
+XPV_BENCH_SUITE("exits", "ns per exit: CPUID, PM-timer port read, MMIO read, Xen hypercall (tiny guest, host clock)",
+                run_exits);

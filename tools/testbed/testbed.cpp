@@ -260,9 +260,15 @@ int run(const Options& opts) {
   if (const char* extra = std::getenv("XPV_TESTBED_APPEND"); extra != nullptr && *extra != '\0') {
     append += std::string(" ") + extra;
   }
+  // XPV_TESTBED_ACCEL / XPV_TESTBED_SMP override QEMU's TCG mode and L1's CPU count (debugging).
+  auto env_or = [](const char* name, std::string dflt) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? std::string(v) : dflt;
+  };
   std::vector<std::string> argv = {
       "nice", "-n", "5", "qemu-system-x86_64",
-      "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2",
+      "-accel", env_or("XPV_TESTBED_ACCEL", "tcg,thread=multi"), "-cpu", "max",
+      "-smp", env_or("XPV_TESTBED_SMP", "2"),
       "-m", std::to_string(opts.mem_mib),
       "-nodefaults", "-nographic", "-no-reboot",
       "-kernel", k.vmlinuz, "-initrd", initramfs.string(),

@@ -172,6 +172,9 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
     vcpus_.push_back(std::move(v));
   }
 
+  // Registers in kvm_run with every exit (used by the port-I/O trap; see TrapContext).
+  sync_regs_ = (ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
+
   // Supported CPUID (grows until KVM stops saying E2BIG).
   for (std::uint32_t n = 64; n <= 4096; n *= 2) {
     auto buf = cpuid_buffer(n);
@@ -258,17 +261,31 @@ void Vm::resample_loop() noexcept {
 
 namespace {
 // The VcpuContext of one trap: registers fetched lazily, rax written back on destruction.
+// With KVM_CAP_SYNC_REGS (`run` not null) the registers come with the exit in kvm_run and go back
+// with the next KVM_RUN (kvm_dirty_regs), which applies them before it completes the trapping
+// `out`: no KVM_GET_REGS/KVM_SET_REGS round trips per hypercall. Without it, the two ioctls.
 class TrapContext final : public VcpuContext {
  public:
-  TrapContext(unsigned id, int fd) : id_(id), fd_(fd) {}
+  TrapContext(unsigned id, int fd, kvm_run* run) : id_(id), fd_(fd), run_(run) {}
   ~TrapContext() override {
-    if (dirty_ && ioctl(fd_, KVM_SET_REGS, &regs_) < 0) {
+    if (!dirty_) return;
+    if (run_ != nullptr) {
+      run_->s.regs.regs = regs_;
+      run_->kvm_dirty_regs |= KVM_SYNC_X86_REGS;
+    } else if (ioctl(fd_, KVM_SET_REGS, &regs_) < 0) {
       spdlog::error("vm: vCPU {}: KVM_SET_REGS after a trap: {}", id_, std::strerror(errno));
     }
   }
   unsigned id() const noexcept override { return id_; }
   const kvm_regs* regs() noexcept override {
-    if (!have_) have_ = ioctl(fd_, KVM_GET_REGS, &regs_) == 0;
+    if (!have_) {
+      if (run_ != nullptr) {
+        regs_ = run_->s.regs.regs;
+        have_ = true;
+      } else {
+        have_ = ioctl(fd_, KVM_GET_REGS, &regs_) == 0;
+      }
+    }
     return have_ ? &regs_ : nullptr;
   }
   void set_rax(std::uint64_t value) noexcept override {
@@ -286,14 +303,38 @@ class TrapContext final : public VcpuContext {
  private:
   unsigned id_;
   int fd_;
+  kvm_run* run_;
   kvm_regs regs_{};
   bool have_ = false;
   bool dirty_ = false;
 };
 }  // namespace
 
+std::string Vm::describe_state(Vcpu& v) noexcept {
+  // What QEMU prints for -d cpu_reset, in one line: enough to find the faulting code in System.map.
+  kvm_regs r{};
+  kvm_sregs s{};
+  kvm_vcpu_events ev{};
+  if (ioctl(v.fd.get(), KVM_GET_REGS, &r) < 0 || ioctl(v.fd.get(), KVM_GET_SREGS, &s) < 0) {
+    return fmt::format("registers unavailable: {}", std::strerror(errno));
+  }
+  std::string out = fmt::format(
+      "rip={:#x} rsp={:#x} rflags={:#x} rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x} "
+      "rbp={:#x} cs={:#x} ss={:#x} cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} "
+      "idt={:#x}/{:#x} gdt={:#x}/{:#x} tr={:#x}@{:#x}",
+      r.rip, r.rsp, r.rflags, r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, s.cs.selector,
+      s.ss.selector, s.cr0, s.cr2, s.cr3, s.cr4, s.efer, s.idt.base, s.idt.limit, s.gdt.base,
+      s.gdt.limit, s.tr.selector, s.tr.base);
+  if (ioctl(v.fd.get(), KVM_GET_VCPU_EVENTS, &ev) == 0) {
+    out += fmt::format(" exception={}:{}/{:#x} interrupt={}:{:#x} nmi={}", ev.exception.injected,
+                       ev.exception.nr, ev.exception.error_code, ev.interrupt.injected, ev.interrupt.nr,
+                       ev.nmi.injected);
+  }
+  return out;
+}
+
 void Vm::pio_trap(Vcpu& v) noexcept {
-  TrapContext ctx(v.id, v.fd.get());
+  TrapContext ctx(v.id, v.fd.get(), sync_regs_ ? v.run : nullptr);
   trap_(ctx);
 }
 
@@ -478,6 +519,7 @@ Result<void> Vm::handle_io(Vcpu& v) noexcept {
 Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
   kvm_run* run = v.run;
   while (stop_reason_.load() == StopReason::none) {
+    if (sync_regs_) run->kvm_valid_regs = KVM_SYNC_X86_REGS;
     const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
     if (rc < 0) {
       if (errno == EINTR || errno == EAGAIN) {
@@ -505,7 +547,8 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
         request_stop(StopReason::poweroff, "hlt exit");
         break;
       case KVM_EXIT_SHUTDOWN:
-        request_stop(StopReason::triple_fault, fmt::format("vCPU {}: triple fault (KVM_EXIT_SHUTDOWN)", v.id));
+        request_stop(StopReason::triple_fault,
+                     fmt::format("vCPU {}: triple fault (KVM_EXIT_SHUTDOWN); {}", v.id, describe_state(v)));
         break;
       case KVM_EXIT_SYSTEM_EVENT:
         switch (run->system_event.type) {

@@ -62,31 +62,46 @@ class TestbedImage : public ::testing::Test {
       return;
     }
     const std::string S = share.string();
+    // L2 boots in the testbed sometimes die or stall at a random point, QEMU's as xpv's
+    // (tests/testbed/hvm/hvm_session.sh): a boot without console output for 90 s, or one that
+    // ends before its selftest, is tried again (3 attempts at most; each failure is printed).
     std::ofstream(share / "run.sh")
         << "S=" << quote(S) << "\n"
         << "ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 &&\n"
            "  ip link set xpvtap0 up || echo 'XPV-TEST: tap setup failed'\n"
-           "t0=$(date +%s)\n"
-           "timeout 600 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults \\\n"
-           "  -display none -monitor none -no-reboot -serial file:$S/guest.log \\\n"
-           "  -kernel $S/img/vmlinuz -initrd $S/img/initrd.cpio \\\n"
-           "  -append 'console=ttyS0 root=/dev/vda panic=-1 xpv.run=selftest xpv.ip=10.0.0.2/24 xpv.wait=10' \\\n"
-           "  -drive file=$S/img/root.ext4,if=virtio,format=raw,cache=none \\\n"
-           "  -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on \\\n"
-           "  -device virtio-net-pci,netdev=n0 > $S/qemu.log 2>&1 &\n"
-           "q=$!\n"
-           "i=0\n"
-           "while [ $i -lt 570 ] && ! grep -q XPV-WAIT $S/guest.log 2>/dev/null && kill -0 $q 2>/dev/null; do\n"
-           "  sleep 1; i=$((i + 1))\n"
+           "a=0\n"
+           "while [ $a -lt 3 ]; do\n"
+           "  a=$((a + 1))\n"
+           "  rm -f $S/guest.log\n"
+           "  t0=$(date +%s)\n"
+           "  timeout 600 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults \\\n"
+           "    -display none -monitor none -no-reboot -serial file:$S/guest.log \\\n"
+           "    -kernel $S/img/vmlinuz -initrd $S/img/initrd.cpio \\\n"
+           "    -append 'console=ttyS0 root=/dev/vda panic=-1 xpv.run=selftest xpv.ip=10.0.0.2/24 xpv.wait=10' \\\n"
+           "    -drive file=$S/img/root.ext4,if=virtio,format=raw,cache=none \\\n"
+           "    -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on \\\n"
+           "    -device virtio-net-pci,netdev=n0 > $S/qemu.log 2>&1 &\n"
+           "  q=$!\n"
+           "  i=0; size=-1; last=0\n"
+           "  while [ $i -lt 570 ] && ! grep -q XPV-WAIT $S/guest.log 2>/dev/null && kill -0 $q 2>/dev/null; do\n"
+           "    n=$(stat -c %s $S/guest.log 2>/dev/null || echo 0)\n"
+           "    if [ \"$n\" != \"$size\" ]; then size=$n; last=$i; fi\n"
+           "    if [ $((i - last)) -ge 90 ]; then echo \"XPV-TEST: attempt $a stalled\"; kill $q; break; fi\n"
+           "    sleep 1; i=$((i + 1))\n"
+           "  done\n"
+           "  echo \"XPV-TEST: guest waiting after $(( $(date +%s) - t0 )) s\"\n"
+           "  ping -c 3 -i 0.5 -W 2 10.0.0.2 > $S/ping.log 2>&1\n"
+           "  echo \"XPV-TEST: ping rc=$?\"\n"
+           "  wait $q\n"
+           "  echo \"XPV-TEST: qemu rc=$? after $(( $(date +%s) - t0 )) s\"\n"
+           "  grep -q XPV-DONE $S/guest.log && break\n"
+           "  echo \"XPV-TEST: attempt $a failed; its console tail:\"\n"
+           "  tail -15 $S/guest.log\n"
            "done\n"
-           "echo \"XPV-TEST: guest waiting after $(( $(date +%s) - t0 )) s\"\n"
-           "ping -c 3 -i 0.5 -W 2 10.0.0.2 > $S/ping.log 2>&1\n"
-           "echo \"XPV-TEST: ping rc=$?\"\n"
-           "wait $q\n"
-           "echo \"XPV-TEST: qemu rc=$? after $(( $(date +%s) - t0 )) s\"\n"
+           "echo \"XPV-TEST: attempts $a\"\n"
            "ip link del xpvtap0 2>/dev/null\n"
            "cat $S/qemu.log\n";
-    rc = shell(std::string(XPV_BIN) + " testbed --timeout 900 --share " + quote(S) + " -- sh " +
+    rc = shell(std::string(XPV_BIN) + " testbed --timeout 1400 --share " + quote(S) + " -- sh " +
                quote((share / "run.sh").string()) + " > " + quote((share / "out.log").string()) + " 2>&1");
     output = slurp(share / "out.log") + "\n--- ping ---\n" + slurp(share / "ping.log");
     guest = slurp(share / "guest.log");
@@ -117,13 +132,16 @@ TEST_F(TestbedImage, QemuVirtioBootsTheImage) {
   EXPECT_NE(guest.find("XPV-SELFTEST-FILE /root/selftest.txt 16"), std::string::npos) << guest;
   EXPECT_NE(guest.find("XPV-DONE selftest rc=0"), std::string::npos) << guest;
   EXPECT_EQ(guest.find("XPV-FATAL"), std::string::npos) << guest;
-  EXPECT_NE(output.find("XPV-TEST: qemu rc=0"), std::string::npos) << output;
+  const std::string last = output.substr(output.rfind("XPV-TEST: guest waiting") == std::string::npos
+                                             ? 0
+                                             : output.rfind("XPV-TEST: guest waiting"));
+  EXPECT_NE(last.find("XPV-TEST: qemu rc=0"), std::string::npos) << output;
   EXPECT_EQ(selftest, "xpv-selftest-ok\n");
 
   // Network: virtio-net with vhost on a TAP in L1; L1 pings the guest.
   EXPECT_NE(guest.find("XPV-NET eth0 10.0.0.2/24 mac="), std::string::npos) << guest;
   EXPECT_NE(guest.find("driver=virtio_net"), std::string::npos) << guest;
-  EXPECT_NE(output.find("XPV-TEST: ping rc=0"), std::string::npos) << output << "\n" << guest;
+  EXPECT_NE(last.find("XPV-TEST: ping rc=0"), std::string::npos) << output << "\n" << guest;
 }
 
 }  // namespace

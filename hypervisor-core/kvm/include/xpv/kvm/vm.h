@@ -148,6 +148,7 @@ class Vm {
   Result<void> vcpu_loop(Vcpu& v) noexcept;
   Result<void> handle_io(Vcpu& v) noexcept;
   void pio_trap(Vcpu& v) noexcept;
+  std::string describe_state(Vcpu& v) noexcept;
   void resample_loop() noexcept;
   void sample(Vcpu& v) noexcept;
   void kick_all() noexcept;
@@ -173,6 +174,7 @@ class Vm {
   std::atomic<std::uint64_t> kick_gen_{0};
 
   int trap_port_ = -1;
+  bool sync_regs_ = false;  // KVM_CAP_SYNC_REGS covers the general registers
   std::function<void(VcpuContext&)> trap_;
   std::uint32_t resample_gsi_ = 0;
   std::function<void()> on_eoi_;
