@@ -1,6 +1,6 @@
 // Issue 7's acceptance test: Debian's stock kernel as a Xen HVM guest under xpv-vmm, one boot per
 // upcall mode xpv offers (per-vCPU vector, platform-pci INTx; Xen's global callback vector is not
-// offered, see hypervisor-core/kvm/README.md), in ONE `xpv testbed` session
+// offered, see hypervisor-core/kvm/README.md), in one `xpv testbed` session per mode
 // (hvm_session.sh runs there with the real xpv toolstack, xpv-xenstored, xpv-blkback and
 // xpv-netback). For each mode, from the guest's own output and the disk afterwards:
 //   - xen-platform-pci bound, grant table and xenbus up, blkfront and netfront attached;
@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -40,7 +41,8 @@ std::string section(const std::string& out, const std::string& name) {
 
 class TestbedHvm : public ::testing::Test {
  protected:
-  static inline std::string output;
+  static inline std::string output;                          // every session, for diagnostics
+  static inline std::map<std::string, std::string> outputs;  // the last session of each mode
   static inline std::string setup_error;
   static inline int rc = -1;
 
@@ -67,11 +69,26 @@ class TestbedHvm : public ::testing::Test {
     }
     std::string image = slurp(img_out);
     while (!image.empty() && (image.back() == '\n' || image.back() == '\r')) image.pop_back();
-    const fs::path out = dir / "out";
     const std::string bin = fs::path(XPV_BIN).parent_path().string();
-    rc = shell(std::string(XPV_BIN) + " testbed --timeout 1400 -- sh " + quote(XPV_HVM_SESSION) + " " +
-               quote(bin) + " " + quote(image) + " vector intx > " + quote(out.string()) + " 2>&1");
-    output = slurp(out);
+    // One L1 per mode, and a session the testbed itself lost (exit 124/125) runs again, 3 sessions
+    // at most: L1's kernel has been seen to panic inside its KVM (in KVM_RUN, during a vector-mode
+    // guest or when the next guest started after one; tools/testbed/README.md, known issue).
+    rc = 0;
+    for (const char* mode : {"vector", "intx"}) {
+      int mode_rc = -1;
+      for (int session = 1; session <= 3; ++session) {
+        const fs::path out = dir / (std::string("out-") + mode + "-" + std::to_string(session));
+        mode_rc = shell(std::string(XPV_BIN) + " testbed --timeout 900 -- sh " + quote(XPV_HVM_SESSION) + " " +
+                        quote(bin) + " " + quote(image) + " " + mode + " > " + quote(out.string()) + " 2>&1");
+        outputs[mode] = slurp(out);
+        output += outputs[mode];
+        if (mode_rc != 124 && mode_rc != 125) break;
+        std::cout << "[ INFO     ] " << mode << ": testbed session " << session << " lost (exit " << mode_rc
+                  << "); its end:\n"
+                  << outputs[mode].substr(outputs[mode].size() > 3000 ? outputs[mode].size() - 3000 : 0) << "\n";
+      }
+      if (mode_rc != 0) rc = mode_rc;
+    }
   }
 
   void SetUp() override {
@@ -84,7 +101,8 @@ class TestbedHvm : public ::testing::Test {
 TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
   for (const char* mode : {"vector", "intx"}) {
     SCOPED_TRACE(mode);
-    const std::string s = section(output, mode);
+    const std::string& out = outputs[mode];
+    const std::string s = section(out, mode);
     ASSERT_FALSE(s.empty()) << output;
     // Boots the testbed itself killed were retried (hvm_session.sh); say so in the log.
     const std::string marker = "XPV-TEST: attempts ";
@@ -94,9 +112,9 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     RecordProperty(std::string("attempts_") + mode, attempts);
     if (attempts != "1") {
       std::cout << "[ INFO     ] " << mode << ": " << attempts << " boot attempts; the failed ones:\n";
-      for (std::size_t at = output.find("XPV-TEST: attempt " + std::string(mode) + " ");
-           at != std::string::npos; at = output.find("XPV-TEST: attempt " + std::string(mode) + " ", at + 1)) {
-        std::cout << output.substr(at, output.find("XPV-TEST: attempt end", at) - at) << "\n";
+      for (std::size_t at = out.find("XPV-TEST: attempt " + std::string(mode) + " ");
+           at != std::string::npos; at = out.find("XPV-TEST: attempt " + std::string(mode) + " ", at + 1)) {
+        std::cout << out.substr(at, out.find("XPV-TEST: attempt end", at) - at) << "\n";
       }
     }
     EXPECT_NE(s.find("XPV-TEST: create rc=0"), std::string::npos) << s;
