@@ -7,8 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace xpv::bench {
 
@@ -30,6 +35,60 @@ bool register_suite(Suite suite) {
 }
 
 const std::vector<Suite>& suites() { return registry(); }
+
+int run_streaming(const std::vector<std::string>& argv, double timeout_s,
+                  const std::function<void(std::string_view, Clock::time_point)>& on_output) {
+  if (argv.empty()) throw std::runtime_error("run_streaming: empty argv");
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const auto t0 = Clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    throw std::runtime_error("fork failed");
+  }
+  if (pid == 0) {  // only async-signal-safe calls from here on
+    const int null_fd = open("/dev/null", O_RDONLY);
+    dup2(null_fd, 0);
+    dup2(p[1], 1);
+    dup2(p[1], 2);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(p[1]);
+  bool killed = false;
+  for (;;) {
+    if (seconds_since(t0) > timeout_s) {
+      kill(pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    pollfd pfd{p[0], POLLIN, 0};
+    if (poll(&pfd, 1, 200) <= 0) continue;
+    char tmp[4096];
+    const ssize_t n = read(p[0], tmp, sizeof tmp);
+    const auto at = Clock::now();
+    if (n <= 0) break;  // EOF: it closed its output (normally: it exited)
+    on_output(std::string_view(tmp, static_cast<std::size_t>(n)), at);
+  }
+  close(p[0]);
+  // Bounded: after EOF the process gets what is left of its time, then SIGKILL.
+  int st = 0;
+  for (;;) {
+    const pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid || r < 0) break;
+    if (!killed && seconds_since(t0) > timeout_s) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+    usleep(10'000);
+  }
+  return st;
+}
 
 bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs) {
   nlohmann::json out;

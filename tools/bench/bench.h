@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace xpv::bench {
@@ -47,6 +48,12 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Runs argv (stdin /dev/null, stdout and stderr on one pipe) and hands every chunk it prints to
+// on_output with the host-clock time the chunk was read. Killed (SIGKILL) after timeout_s.
+// Returns the wait status (as waitpid); 127 << 8 when argv[0] cannot be executed.
+int run_streaming(const std::vector<std::string>& argv, double timeout_s,
+                  const std::function<void(std::string_view chunk, Clock::time_point at)>& on_output);
 
 // Writes the shared JSON shape; returns false (and prints why) if the file cannot be written.
 bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs);

@@ -172,7 +172,7 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
     vcpus_.push_back(std::move(v));
   }
 
-  // Registers in kvm_run with every exit (used by the port-I/O trap; see TrapContext).
+  // Registers back to the vCPU through kvm_run after a port-I/O trap (see TrapContext).
   sync_regs_ = (ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
 
   // Supported CPUID (grows until KVM stops saying E2BIG).
@@ -261,9 +261,11 @@ void Vm::resample_loop() noexcept {
 
 namespace {
 // The VcpuContext of one trap: registers fetched lazily, rax written back on destruction.
-// With KVM_CAP_SYNC_REGS (`run` not null) the registers come with the exit in kvm_run and go back
-// with the next KVM_RUN (kvm_dirty_regs), which applies them before it completes the trapping
-// `out`: no KVM_GET_REGS/KVM_SET_REGS round trips per hypercall. Without it, the two ioctls.
+// The registers are read with KVM_GET_REGS when a trap needs them. They go back through
+// kvm_run (KVM_CAP_SYNC_REGS, `run` not null: kvm_dirty_regs), which the next KVM_RUN applies
+// before it completes the trapping `out`, saving the KVM_SET_REGS round trip; without the
+// capability, KVM_SET_REGS. (Asking KVM for the registers with every exit — kvm_valid_regs —
+// was measured to double the cost of every other exit to userspace on these hosts.)
 class TrapContext final : public VcpuContext {
  public:
   TrapContext(unsigned id, int fd, kvm_run* run) : id_(id), fd_(fd), run_(run) {}
@@ -278,14 +280,7 @@ class TrapContext final : public VcpuContext {
   }
   unsigned id() const noexcept override { return id_; }
   const kvm_regs* regs() noexcept override {
-    if (!have_) {
-      if (run_ != nullptr) {
-        regs_ = run_->s.regs.regs;
-        have_ = true;
-      } else {
-        have_ = ioctl(fd_, KVM_GET_REGS, &regs_) == 0;
-      }
-    }
+    if (!have_) have_ = ioctl(fd_, KVM_GET_REGS, &regs_) == 0;
     return have_ ? &regs_ : nullptr;
   }
   void set_rax(std::uint64_t value) noexcept override {
@@ -434,6 +429,36 @@ void Vm::boot_cpu_long_mode(const LinuxBootEntry& e) {
   if (ioctl(v.fd.get(), KVM_SET_FPU, &fpu) < 0) fail_setup("KVM_SET_FPU");
 }
 
+void Vm::boot_cpu_protected_mode(std::uint32_t eip) {
+  // The state a multiboot loader hands over: flat 4 GiB code and data segments, CR0.PE, paging
+  // off, interrupts off (the segment selectors are the boot GDT's, which the caller need not load).
+  Vcpu& v = *vcpus_.front();
+  kvm_sregs s{};
+  if (ioctl(v.fd.get(), KVM_GET_SREGS, &s) < 0) fail_setup("KVM_GET_SREGS");
+  kvm_segment code{};
+  code.limit = 0xffffffff;
+  code.selector = kBootCs;
+  code.type = 0xb;  // execute/read, accessed
+  code.present = 1;
+  code.s = 1;
+  code.db = 1;  // 32-bit
+  code.g = 1;
+  kvm_segment data = code;
+  data.selector = kBootDs;
+  data.type = 0x3;  // read/write, accessed
+  s.cs = code;
+  s.ds = s.es = s.fs = s.gs = s.ss = data;
+  s.cr0 = 0x11;  // ET | PE
+  s.cr3 = 0;
+  s.cr4 = 0;
+  s.efer = 0;
+  if (ioctl(v.fd.get(), KVM_SET_SREGS, &s) < 0) fail_setup("KVM_SET_SREGS");
+  kvm_regs r{};
+  r.rip = eip;
+  r.rflags = 0x2;
+  if (ioctl(v.fd.get(), KVM_SET_REGS, &r) < 0) fail_setup("KVM_SET_REGS");
+}
+
 void Vm::boot_cpu_real_mode(std::uint16_t cs, std::uint16_t ip) {
   Vcpu& v = *vcpus_.front();
   kvm_sregs s{};
@@ -519,7 +544,6 @@ Result<void> Vm::handle_io(Vcpu& v) noexcept {
 Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
   kvm_run* run = v.run;
   while (stop_reason_.load() == StopReason::none) {
-    if (sync_regs_) run->kvm_valid_regs = KVM_SYNC_X86_REGS;
     const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
     if (rc < 0) {
       if (errno == EINTR || errno == EAGAIN) {

@@ -102,6 +102,25 @@ TEST(VmSmoke, LongModeStubEntersThroughTheBootProtocolState) {
   EXPECT_EQ(g.out, "LZ");
 }
 
+TEST(VmSmoke, ProtectedModeStubRunsFlat32BitWithPagingOff) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  Guest g(small());
+  // 32-bit only: 0x48 is `dec eax` (in long mode it would be a REX prefix), `a0 moffs32` reads a
+  // flat physical address with paging off.
+  //   mov dx,0x3f8; mov eax,'R'; dec eax; out dx,al; mov al,[0x1800000]; out dx,al;
+  //   mov al,0xfe; out 0x64,al (reset: stop)
+  const std::uint8_t code[] = {0x66, 0xba, 0xf8, 0x03, 0xb8, 'R', 0, 0, 0, 0x48, 0xee, 0xa0, 0x00,
+                               0x00, 0x80, 0x01, 0xee, 0xb0, 0xfe, 0xe6, 0x64, 0xf4};
+  auto m = g.vm.memory().translate(0x100000, sizeof code);
+  ASSERT_TRUE(m);
+  std::memcpy(m->data(), code, sizeof code);
+  (*g.vm.memory().translate(0x1800000, 1))[0] = 'P';
+  g.vm.boot_cpu_protected_mode(0x100000);
+  EXPECT_EQ(g.run(), StopReason::reboot) << g.vm.stop_message();
+  EXPECT_EQ(g.out, "QP");
+}
+
 // True when the CPU has hardware virtualization (svm/vmx), i.e. KVM is the real thing: inside the
 // testbed, or on an ordinary host. This machine's software KVM reports an emulation failure
 // (KVM_EXIT_INTERNAL_ERROR) where hardware reports a shutdown.
@@ -126,6 +145,8 @@ TEST(VmSmoke, TripleFaultStopsCleanly) {
   std::memset(g.vm.memory().translate(0x1200, 6)->data(), 0, 6);
   g.vm.boot_cpu_real_mode(0x100, 0);
   EXPECT_EQ(g.run(), StopReason::triple_fault) << g.vm.stop_message();
+  // The report carries the vCPU's state (on AMD already reset by KVM, but present).
+  EXPECT_NE(g.vm.stop_message().find(" cr0="), std::string::npos) << g.vm.stop_message();
 }
 
 TEST(VmSmoke, BadConfigIsRefusedWithAClearError) {

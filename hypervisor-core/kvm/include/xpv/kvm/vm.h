@@ -110,6 +110,8 @@ class Vm {
 
   // Boot vCPU state for the 64-bit boot protocol (paging, long mode, flat GDT, rsi = zero page).
   void boot_cpu_long_mode(const LinuxBootEntry& e);
+  // vCPU 0 at `eip` in 32-bit protected mode, flat segments, paging off (a multiboot entry).
+  void boot_cpu_protected_mode(std::uint32_t eip);
   // Boot vCPU state for a real-mode stub at cs:ip (tests).
   void boot_cpu_real_mode(std::uint16_t cs, std::uint16_t ip);
 
@@ -174,7 +176,7 @@ class Vm {
   std::atomic<std::uint64_t> kick_gen_{0};
 
   int trap_port_ = -1;
-  bool sync_regs_ = false;  // KVM_CAP_SYNC_REGS covers the general registers
+  bool sync_regs_ = false;  // KVM_CAP_SYNC_REGS covers the general registers (trap write-back)
   std::function<void(VcpuContext&)> trap_;
   std::uint32_t resample_gsi_ = 0;
   std::function<void()> on_eoi_;
