@@ -1,0 +1,34 @@
+// The whole main() of a backend daemon (xpv-blkback, xpv-netback) but for its Backend class and
+// its own options: the shared command line (--xenstore, --run-dir, --foreground, --pid-file,
+// --log-file, --log-level), daemonizing with the startup report (process.h), logging (a file,
+// syslog when daemonized, stderr in the foreground), one instance per run dir (a flock that goes
+// with the process however it dies, so a restart is never refused), and the SIGTERM/SIGINT stop
+// that leaves the devices as they are in xenstore for the next instance to reconnect.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <string>
+
+namespace xpv::daemon {
+
+struct BackendDaemon {
+  std::string name;         // "xpv-blkback": messages, syslog ident, the run dir's lock file
+  std::string description;  // --help's first line
+  std::string* xenstore_path = nullptr;  // filled from --xenstore (default $XENSTORED_PATH or
+                                         // /run/xenstored/socket), made absolute
+  std::string* run_dir = nullptr;        // filled from --run-dir (default $XPV_RUN_DIR or /run/xpv)
+  std::function<void(CLI::App&)> add_options;  // the daemon's own options
+  // Builds the backend on `io` once the process is set up; returns what stops it (called from
+  // the signal handler and again after the loop ends; it must be idempotent). The backend lives
+  // as long as the returned function.
+  std::function<std::function<void()>(boost::asio::io_context& io)> start;
+};
+
+// Exit status: 0 after a signal, 1 when setup failed (the reason on stderr or in the log, and to
+// the launching process), 2 for a bad command line.
+int run_backend_daemon(int argc, char** argv, const BackendDaemon& d);
+
+}  // namespace xpv::daemon
