@@ -6,32 +6,16 @@
 // or prints the daemon's startup error and exits 1 — as xpv-xenstored does. On SIGTERM/SIGINT the
 // devices are left as they are in xenstore (a new xpv-blkback reconnects to them), every queue is
 // stopped after its in-flight I/O, exit 0. The process side is xpv::daemon::run_backend_daemon.
-#include <algorithm>
-#include <memory>
-#include <thread>
-
 #include "xpv/blkback/backend.h"
 #include "xpv/xenbus/daemon/backend_main.h"
 
 int main(int argc, char** argv) {
   xpv::blkback::BackendOptions opts;
-  opts.max_queues = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
-  xpv::daemon::BackendDaemon d;
-  d.name = "xpv-blkback";
-  d.description = "blkif backend (io_uring) for every domain's virtual block devices";
-  d.xenstore_path = &opts.xenstore_path;
-  d.run_dir = &opts.run_dir;
-  d.add_options = [&](CLI::App& app) {
-    app.add_option("--max-queues", opts.max_queues, "multi-queue-max-queues offered to frontends")
-        ->check(CLI::Range(1u, 64u))
-        ->capture_default_str();
-    app.add_option("--max-ring-page-order", opts.max_ring_page_order, "max-ring-page-order offered")
-        ->check(CLI::Range(0u, 4u))
-        ->capture_default_str();
-  };
-  d.start = [&](boost::asio::io_context& io) -> std::function<void()> {
-    auto backend = std::make_shared<xpv::blkback::Backend>(io, opts);
-    return [backend] { backend->shutdown(); };
-  };
-  return xpv::daemon::run_backend_daemon(argc, argv, d);
+  return xpv::daemon::run_backend<xpv::blkback::Backend>(
+      argc, argv, "xpv-blkback", "blkif backend (io_uring) for every domain's virtual block devices", opts,
+      [&](CLI::App& app) {
+        app.add_option("--max-ring-page-order", opts.max_ring_page_order, "max-ring-page-order offered")
+            ->check(CLI::Range(0u, 4u))
+            ->capture_default_str();
+      });
 }

@@ -8,9 +8,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
 namespace xpv::daemon {
 
@@ -30,5 +34,30 @@ struct BackendDaemon {
 // Exit status: 0 after a signal, 1 when setup failed (the reason on stderr or in the log, and to
 // the launching process), 2 for a bad command line.
 int run_backend_daemon(int argc, char** argv, const BackendDaemon& d);
+
+// run_backend_daemon for a Backend constructed as Backend(io, opts) with a shutdown(), whose
+// Options have xenstore_path, run_dir and max_queues (offered as --max-queues, default: the
+// host's CPUs, at most 64). `more_options` adds the daemon's own.
+template <class Backend, class Options>
+int run_backend(int argc, char** argv, std::string name, std::string description, Options& opts,
+                std::function<void(CLI::App&)> more_options = {}) {
+  opts.max_queues = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+  BackendDaemon d;
+  d.name = std::move(name);
+  d.description = std::move(description);
+  d.xenstore_path = &opts.xenstore_path;
+  d.run_dir = &opts.run_dir;
+  d.add_options = [&opts, more = std::move(more_options)](CLI::App& app) {
+    app.add_option("--max-queues", opts.max_queues, "multi-queue-max-queues offered to frontends")
+        ->check(CLI::Range(1u, 64u))
+        ->capture_default_str();
+    if (more) more(app);
+  };
+  d.start = [&opts](boost::asio::io_context& io) -> std::function<void()> {
+    auto backend = std::make_shared<Backend>(io, opts);
+    return [backend] { backend->shutdown(); };
+  };
+  return run_backend_daemon(argc, argv, d);
+}
 
 }  // namespace xpv::daemon
