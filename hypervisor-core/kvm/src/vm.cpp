@@ -264,8 +264,8 @@ namespace {
 // The registers are read with KVM_GET_REGS when a trap needs them. They go back through
 // kvm_run (KVM_CAP_SYNC_REGS, `run` not null: kvm_dirty_regs), which the next KVM_RUN applies
 // before it completes the trapping `out`, saving the KVM_SET_REGS round trip; without the
-// capability, KVM_SET_REGS. (Asking KVM for the registers with every exit — kvm_valid_regs —
-// was measured to double the cost of every other exit to userspace on these hosts.)
+// capability, KVM_SET_REGS. (kvm_valid_regs would have KVM store them with every exit, for the
+// few that are traps.)
 class TrapContext final : public VcpuContext {
  public:
   TrapContext(unsigned id, int fd, kvm_run* run) : id_(id), fd_(fd), run_(run) {}
