@@ -1,7 +1,8 @@
 // `xpv bench exits` — the cost of one exit, in the spirit of kvm-unit-tests' vmexit.c: a tiny
-// 32-bit guest (protected mode, paging off) runs N CPUID (handled inside KVM), N `in` from an ACPI PM-timer port (handled in
-// this process: the `inl_pmtimer` case) and N loads from an unbacked guest-physical address (an
-// MMIO exit to this process), writing a marker to port 0xf0 between phases. The host's
+// 32-bit guest (protected mode, paging off) runs N CPUID (handled inside KVM), N `in` from an
+// ACPI PM-timer port (handled in this process: the `inl_pmtimer` case) and N loads from an
+// unbacked guest-physical address (an MMIO exit to this process), writing a marker to port 0xf0
+// between phases. The host's
 // steady_clock stamps each marker (guest clocks are not trusted); ns per exit = phase time / N,
 // loop instructions included.
 //
