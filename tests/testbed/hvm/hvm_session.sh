@@ -5,12 +5,14 @@
 # toolstack; the guest's init runs its selftest, the host pings it, the guest powers off. Prints
 # one section per mode between "XPV-TEST: begin MODE" and "XPV-TEST: end MODE" for the test.
 #
-# L2 guests in this testbed (nested SVM emulated by TCG) sometimes die with a triple fault or stop
-# making progress at a random point of their boot — QEMU's own KVM guests too (measured: 1 hang in
-# 6 QEMU boots of the same image; tools/testbed/README.md). A boot that stops before its selftest
-# finished is therefore tried again, at most XPV_HVM_ATTEMPTS times (default 3): each failed
-# attempt is printed ("XPV-TEST: attempt MODE N failed" with its console tail and the VMM's stop
-# message) and the section holds the last attempt. A boot that never succeeds fails the test.
+# L2 guests in this testbed (nested SVM emulated by TCG) sometimes stop making progress at a random
+# point of their boot — QEMU's own KVM guests too (measured: 1 hang in 6 QEMU boots of the same
+# image) — and xpv's have also died with triple faults, which QEMU's have not shown: that may be
+# xpv's own bug and is an open defect (tools/testbed/README.md, "Known issue"). A boot that stops
+# before its selftest finished is tried again, at most XPV_HVM_ATTEMPTS times (default 3): each
+# failed attempt is printed ("XPV-TEST: attempt MODE N failed" with its console tail and the VMM's
+# stop message, triple-fault state included) and the section holds the last attempt. A boot that
+# never succeeds fails the test.
 B=$1
 IMG=$2
 shift 2
