@@ -425,28 +425,34 @@ DiskFigures run_bonnie(Vm& vm, const std::string& who) {
   return f;
 }
 
-// One boot and its workload; a failed one gets a second, fresh boot: L2 guests in the testbed
-// sometimes die or stall for reasons of the emulated SVM, QEMU's as xpv's (tools/testbed/README.md,
-// "Known issue"). Both failures are said; figures from a second attempt carry the first's reason.
+// One boot and its workload; a failed one (an exception, or figures carrying an error) gets a
+// second, fresh boot: L2 guests in the testbed sometimes stall (QEMU's too) or die (xpv's; see
+// tools/testbed/README.md, "Known issue"). f(attempt) must name its VM after the attempt so a
+// retry never reads the first boot's console log. Both failures are said; figures from a second
+// attempt carry the first's reason.
 template <class F>
-auto guarded(const std::string& who, F&& f) -> decltype(f()) {
+auto guarded(const std::string& who, F&& f) -> decltype(f(1)) {
   std::string first;
   for (int attempt = 1;; ++attempt) {
+    decltype(f(1)) r;
     try {
-      auto r = f();
+      r = f(attempt);
+    } catch (const std::exception& e) {
+      r = decltype(f(1)){};
+      r.error = e.what();
+    }
+    if (r.error.empty() || attempt == 2) {
       r.retried = first;
       return r;
-    } catch (const std::exception& e) {
-      say(who + " FAILED (attempt " + std::to_string(attempt) + " of 2): " + e.what());
-      if (attempt == 2) {
-        decltype(f()) r;
-        r.error = e.what();
-        r.retried = first;
-        return r;
-      }
-      first = e.what();
     }
+    say(who + " FAILED (attempt 1 of 2, booting again): " + r.error);
+    first = r.error;
   }
+}
+
+// "hvm-iperf", then "hvm-iperf-2" for a second attempt.
+std::string attempt_name(const std::string& base, int attempt) {
+  return attempt == 1 ? base : base + "-" + std::to_string(attempt);
 }
 
 // ---- the two sides ----------------------------------------------------------------------------
@@ -470,12 +476,12 @@ Side measure_xpv(const Inner& in) {
   if (shell(q(in.xpv) + " up >> " + tslog + " 2>&1") != 0) {
     s.net.error = s.disk.error = "xpv up failed (see toolstack.log)";
   } else {
-    s.net = guarded("xpv", [&] {
-      XpvVm vm(in, "hvm-iperf", "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)));
+    s.net = guarded("xpv", [&](int attempt) {
+      XpvVm vm(in, attempt_name("hvm-iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)));
       return run_iperf(vm, in, "xpv");
     });
-    s.disk = guarded("xpv", [&] {
-      XpvVm vm(in, "hvm-bonnie", "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib));
+    s.disk = guarded("xpv", [&](int attempt) {
+      XpvVm vm(in, attempt_name("hvm-bonnie", attempt), "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib));
       return run_bonnie(vm, "xpv");
     });
   }
@@ -494,12 +500,12 @@ Side measure_qemu(const Inner& in) {
     s.net.error = s.disk.error = "cannot create the TAP xpvtap0 10.0.0.1/24 in L1";
     return s;
   }
-  s.net = guarded("qemu", [&] {
-    QemuVm vm(in, "iperf", "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)), vhost);
+  s.net = guarded("qemu", [&](int attempt) {
+    QemuVm vm(in, attempt_name("iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)), vhost);
     return run_iperf(vm, in, "qemu");
   });
-  s.disk = guarded("qemu", [&] {
-    QemuVm vm(in, "bonnie", "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib), vhost);
+  s.disk = guarded("qemu", [&](int attempt) {
+    QemuVm vm(in, attempt_name("bonnie", attempt), "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib), vhost);
     return run_bonnie(vm, "qemu");
   });
   (void)shell("ip link del xpvtap0 >/dev/null 2>&1");
