@@ -27,16 +27,9 @@ namespace {
 
 using xpv::test::between;
 using xpv::test::quote;
+using xpv::test::section;
 using xpv::test::shell;
 using xpv::test::slurp;
-
-// The part of the output between "XPV-TEST: begin NAME" and "XPV-TEST: end NAME rc=N".
-std::string section(const std::string& out, const std::string& name) {
-  const auto b = out.find("XPV-TEST: begin " + name + "\n");
-  if (b == std::string::npos) return {};
-  const auto e = out.find("XPV-TEST: end " + name, b);
-  return out.substr(b, e == std::string::npos ? std::string::npos : e - b + 64);
-}
 
 std::size_t count(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;

@@ -28,15 +28,9 @@ namespace {
 
 using xpv::test::between;
 using xpv::test::quote;
+using xpv::test::section;
 using xpv::test::shell;
 using xpv::test::slurp;
-
-std::string section(const std::string& out, const std::string& name) {
-  const auto b = out.find("XPV-TEST: begin " + name + "\n");
-  if (b == std::string::npos) return {};
-  const auto e = out.find("XPV-TEST: end " + name, b);
-  return out.substr(b, e == std::string::npos ? std::string::npos : e - b);
-}
 
 
 class TestbedHvm : public ::testing::Test {
@@ -47,19 +41,12 @@ class TestbedHvm : public ::testing::Test {
   static inline int rc = -1;
 
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/xpv-hvm-test.XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
+    const xpv::test::TempDir tmp("xpv-hvm-test");
+    if (!tmp.ok()) {
       setup_error = "mkdtemp failed";
       return;
     }
-    const fs::path dir = tmpl;
-    struct Cleanup {
-      fs::path d;
-      ~Cleanup() {
-        std::error_code ec;
-        fs::remove_all(d, ec);
-      }
-    } cleanup{dir};
+    const fs::path& dir = tmp.path();
     // The guest image (kernel, initramfs with the PV drivers, ext4 root), cached by xpv.
     const fs::path img_out = dir / "image";
     if (shell(std::string(XPV_BIN) + " image build > " + quote(img_out.string()) + " 2> " +

@@ -41,19 +41,12 @@ class TestbedImage : public ::testing::Test {
   static inline int rc = -1;
 
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/xpv-image-boot.XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
+    const xpv::test::TempDir tmp("xpv-image-boot");
+    if (!tmp.ok()) {
       setup_error = "mkdtemp failed";
       return;
     }
-    const fs::path share = tmpl;
-    struct Cleanup {
-      fs::path p;
-      ~Cleanup() {
-        std::error_code ec;
-        fs::remove_all(p, ec);
-      }
-    } cleanup{share};
+    const fs::path& share = tmp.path();
 
     const fs::path img = share / "img";
     if (shell(std::string(XPV_BIN) + " image build --out " + quote(img.string()) + " > " +

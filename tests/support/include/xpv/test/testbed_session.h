@@ -37,6 +37,17 @@ inline std::string between(const std::string& text, const std::string& begin, co
   return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
 }
 
+// The part of a session's output from the line "XPV-TEST: begin NAME" through the line that
+// starts "XPV-TEST: end NAME" (included: it may carry a status, e.g. "rc=0"), or empty.
+inline std::string section(const std::string& out, const std::string& name) {
+  const auto b = out.find("XPV-TEST: begin " + name + "\n");
+  if (b == std::string::npos) return {};
+  const auto e = out.find("XPV-TEST: end " + name, b);
+  if (e == std::string::npos) return out.substr(b);
+  const auto eol = out.find('\n', e);
+  return out.substr(b, eol == std::string::npos ? std::string::npos : eol + 1 - b);
+}
+
 // A fresh directory under /tmp (visible inside the testbed), removed with everything in it.
 class TempDir {
  public:
