@@ -17,19 +17,12 @@
 #include "xpv/kvm/pc_devices.h"
 #include "xpv/kvm/uart.h"
 #include "xpv/kvm/vm.h"
+#include "xpv/test/kvm.h"
 
 namespace xpv::kvm {
 namespace {
 
-bool kvm_usable(std::string& why) {
-  const int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    why = std::string("/dev/kvm: ") + std::strerror(errno);
-    return false;
-  }
-  close(fd);
-  return true;
-}
+using xpv::test::kvm_usable;
 
 struct Guest {
   Vm vm;

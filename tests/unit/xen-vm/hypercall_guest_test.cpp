@@ -18,19 +18,12 @@
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/vm.h"
 #include "xpv/vmm/xen_domain.h"
+#include "xpv/test/kvm.h"
 
 namespace xpv::vmm {
 namespace {
 
-bool kvm_usable(std::string& why) {
-  const int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    why = std::string("/dev/kvm: ") + std::strerror(errno);
-    return false;
-  }
-  close(fd);
-  return true;
-}
+using xpv::test::kvm_usable;
 
 // x86-64 machine code, assembled by hand (each helper says what it encodes).
 struct Code {
