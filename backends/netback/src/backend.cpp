@@ -388,6 +388,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_bytes = d.nodes->rate_bytes;
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
+    s.queue.share = &share_;
     const Key key = d.key;
     d.conn = std::make_unique<VifConnection>(d.name, domain(d.key.first), rings, s, [this, key, generation](unsigned q) {
       // Queue thread: report to the control thread (a disabled queue closes the vif).

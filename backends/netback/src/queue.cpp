@@ -53,6 +53,10 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
   stop_ = std::move(*s);
+  if (cfg_.share != nullptr) {
+    share_acc_[0] = cfg_.share->join();
+    share_acc_[1] = cfg_.share->join();
+  }
   // Everything the data path needs is allocated here, never on it.
   tx_slots_.reserve(tx_.size());
   tx_maps_.reserve(kXenNetifNrSlotsMin);
@@ -68,7 +72,11 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   }
 }
 
-NetbackQueue::~NetbackQueue() = default;
+NetbackQueue::~NetbackQueue() {
+  if (cfg_.share != nullptr) {
+    for (FairShare::Account* a : share_acc_) cfg_.share->leave(a);
+  }
+}
 
 void NetbackQueue::stop() noexcept { (void)stop_.notify(); }
 
@@ -266,6 +274,7 @@ bool NetbackQueue::tx_turn() noexcept {
     const Step s = tx_one(bytes);
     if (s == Step::none || s == Step::blocked || disabled()) return false;
     sched_.charge(bytes);
+    turn_bytes_ += bytes;
   }
   return true;
 }
@@ -398,6 +407,7 @@ bool NetbackQueue::rx_turn() noexcept {
     const Step s = rx_one(bytes);
     if (s == Step::none || s == Step::blocked || disabled()) return false;
     sched_.charge(bytes);
+    turn_bytes_ += bytes;
   }
   return true;
 }
@@ -501,10 +511,33 @@ bool NetbackQueue::pass() noexcept {
     const bool tx_ready = tx_has_work();
     const bool rx_ready = !disabled() && rx_has_work();
     if (disabled()) break;
-    auto d = sched_.begin_turn(tx_ready, rx_ready);
+    bool tx_go = tx_ready, rx_go = rx_ready;
+    FairShare* share = cfg_.share;
+    if (share != nullptr) {
+      // Across threads (fair_share.h): a direction that is ahead of another queue's lets it
+      // catch up; if neither of ours may go, give the CPU away for a bounded time.
+      share->set_backlog(share_acc_[0], tx_ready);
+      share->set_backlog(share_acc_[1], rx_ready);
+      tx_go = tx_ready && share->may_go(share_acc_[0]);
+      rx_go = rx_ready && share->may_go(share_acc_[1]);
+      if ((tx_ready || rx_ready) && !tx_go && !rx_go) {
+        counters_.fair_waits.fetch_add(1, std::memory_order_relaxed);
+        (void)share->wait(std::chrono::milliseconds(1));
+        busy_ = true;  // the work is still there
+        continue;
+      }
+    }
+    auto d = sched_.begin_turn(tx_go, rx_go);
     if (!d) break;
+    turn_bytes_ = 0;
     const bool more = *d == Dir::tx ? tx_turn() : rx_turn();
     sched_.end_turn(more);
+    if (share != nullptr) {
+      FairShare::Account* a = share_acc_[*d == Dir::tx ? 0 : 1];
+      share->charge(a, turn_bytes_);
+      // Ready but nothing moved (no rx buffers, rate limit): not holding anyone back.
+      if (turn_bytes_ == 0) share->set_backlog(a, false);
+    }
     if (!disabled()) push_and_notify();
     if (t + 1 == kTurnsPerPoll) busy_ = true;
   }
@@ -554,6 +587,11 @@ void NetbackQueue::run() noexcept {
       fds[n++] = {tap_, static_cast<short>(rx_stalled_ || rx_pending_ ? 0 : POLLIN), 0};
       int timeout = -1;
       const std::uint64_t now = now_us();
+      if (!busy_ && cfg_.share != nullptr) {
+        // Going to sleep: no work to be waited for (fair_share.h).
+        cfg_.share->set_backlog(share_acc_[0], false);
+        cfg_.share->set_backlog(share_acc_[1], false);
+      }
       if (busy_) {
         timeout = 0;
       } else {

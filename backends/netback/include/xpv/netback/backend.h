@@ -50,6 +50,7 @@
 
 #include "xpv/domain/foreign_domain.h"
 #include "xpv/netback/connection.h"
+#include "xpv/netback/fair_share.h"
 #include "xpv/xenbus/client/sync_client.h"
 #include "xpv/xenbus/device_state.h"
 
@@ -127,6 +128,9 @@ class Backend {
   boost::asio::io_context& io_;
   BackendOptions options_;
   std::unique_ptr<xenbus::client::SyncClient> xs_;
+  // Every queue of every vif shares it (fair_share.h); declared before devices_ so it outlives
+  // their queues.
+  FairShare share_;
   std::map<Key, Device> devices_;
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
   std::uint64_t next_generation_ = 1;

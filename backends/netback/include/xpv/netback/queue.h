@@ -54,6 +54,7 @@
 #include "xpv/domain/event_fd.h"
 #include "xpv/gnttab/mapper.h"
 #include "xpv/netback/fair_scheduler.h"
+#include "xpv/netback/fair_share.h"
 #include "xpv/netback/offload.h"
 #include "xpv/netback/rate_limiter.h"
 #include "xpv/ring/netif.h"
@@ -64,6 +65,9 @@ struct NetbackConfig {
   bool sg = true;        // frontend's feature-sg: rx packets may span several slots
   GsoCaps rx_gso;        // frontend's feature-gso-tcpv4/v6: rx packets may carry a GSO extra
   FairConfig fair;
+  // The ledger shared with every other queue thread of this xpv-netback (fair_share.h); null:
+  // this queue's two directions take turns with each other only.
+  FairShare* share = nullptr;
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
   std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
@@ -81,6 +85,7 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
+  std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
   std::atomic<std::uint64_t> resume_tx_dropped{0};   // resume: tx packets answered, not sent
   std::atomic<std::uint64_t> resume_rx_returned{0};  // resume: rx buffers returned unused
 };
@@ -143,6 +148,8 @@ class NetbackQueue {
   int tap_;
   NetbackConfig cfg_;
   FairScheduler sched_;
+  FairShare::Account* share_acc_[2] = {nullptr, nullptr};  // [Dir]: our accounts in cfg_.share
+  std::size_t turn_bytes_ = 0;                              // bytes moved in the current turn
   CreditLimiter limiter_;
   domain::EventFd stop_;
   std::atomic<bool> disabled_{false};

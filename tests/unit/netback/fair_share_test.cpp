@@ -1,0 +1,134 @@
+// FairShare: the ledger that keeps the data-plane threads of different queues and vifs level.
+#include "xpv/netback/fair_share.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+namespace xpv::netback {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kLead = 1000;
+
+TEST(FairShare, ALoneBackloggedAccountAlwaysGoes) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();  // idle: holds nobody back
+  s.set_backlog(a, true);
+  s.charge(a, 10 * kLead);
+  EXPECT_TRUE(s.may_go(a));
+  EXPECT_EQ(a->served, 10 * kLead);
+  EXPECT_EQ(s.accounts(), 2u);
+  (void)b;
+}
+
+TEST(FairShare, AnAccountAheadByMoreThanTheLeadWaitsForTheOther) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  s.set_backlog(a, true);
+  s.set_backlog(b, true);
+  s.charge(a, kLead);  // exactly the lead ahead: still allowed
+  EXPECT_TRUE(s.may_go(a));
+  s.charge(a, 1);
+  EXPECT_FALSE(s.may_go(a));
+  EXPECT_TRUE(s.may_go(b));
+  s.charge(b, 1);  // b catches up by one byte: a is level with the lead again
+  EXPECT_TRUE(s.may_go(a));
+}
+
+TEST(FairShare, IdleTimeBanksNoCredit) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  s.set_backlog(b, true);
+  s.charge(b, 50 * kLead);  // a idles meanwhile
+  s.set_backlog(a, true);   // a wakes up level with b, not 50 leads behind
+  EXPECT_EQ(a->served, 50 * kLead);
+  EXPECT_TRUE(s.may_go(a));
+  EXPECT_TRUE(s.may_go(b));
+  s.charge(a, kLead + 1);
+  EXPECT_FALSE(s.may_go(a));
+  // An account that was ahead keeps its lead when it wakes (no reset downwards).
+  s.set_backlog(a, false);
+  s.set_backlog(a, true);
+  EXPECT_EQ(a->served, 51 * kLead + 1);
+}
+
+TEST(FairShare, ANewAccountStartsLevelWithTheSlowestBackloggedOne) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  s.set_backlog(a, true);
+  s.set_backlog(b, true);
+  s.charge(a, 7 * kLead);
+  s.charge(b, 3 * kLead);
+  auto* c = s.join();
+  EXPECT_EQ(c->served, 3 * kLead);
+  EXPECT_FALSE(c->backlog);
+}
+
+TEST(FairShare, LeavingOrGoingIdleReleasesTheOthers) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  auto* c = s.join();
+  s.set_backlog(a, true);
+  s.set_backlog(b, true);
+  s.set_backlog(c, true);
+  s.charge(a, 5 * kLead);
+  s.charge(b, 5 * kLead);
+  EXPECT_FALSE(s.may_go(a));
+  EXPECT_FALSE(s.may_go(b));
+  s.set_backlog(c, false);  // c has nothing more to do
+  EXPECT_TRUE(s.may_go(a));
+  s.set_backlog(c, true);  // back, level with the slowest other (5 leads)
+  EXPECT_EQ(c->served, 5 * kLead);
+  s.charge(a, 2 * kLead);
+  EXPECT_FALSE(s.may_go(a));
+  s.leave(b);
+  s.leave(c);
+  EXPECT_EQ(s.accounts(), 1u);
+  EXPECT_TRUE(s.may_go(a));
+}
+
+TEST(FairShare, WaitEndsWhenAnotherThreadChargesOrTimesOut) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  s.set_backlog(a, true);
+  s.set_backlog(b, true);
+  s.charge(a, 2 * kLead);
+  ASSERT_FALSE(s.may_go(a));
+  EXPECT_FALSE(s.wait(1ms));  // nobody moved
+  auto waiter = std::async(std::launch::async, [&] {
+    // Bounded: 100 waits of at most 100 ms each, until b has caught up.
+    for (int i = 0; i < 100; ++i) {
+      if (s.may_go(a)) return true;
+      (void)s.wait(100ms);
+    }
+    return s.may_go(a);
+  });
+  std::thread mover([&] {
+    for (int i = 0; i < 4; ++i) s.charge(b, kLead / 2);
+  });
+  mover.join();
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(b->served, 2 * kLead);
+}
+
+TEST(FairShare, ChargingNothingChangesNothing) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  s.set_backlog(a, true);
+  s.charge(a, 0);
+  EXPECT_EQ(a->served, 0u);
+  EXPECT_FALSE(s.wait(1ms));
+}
+
+}  // namespace
+}  // namespace xpv::netback
