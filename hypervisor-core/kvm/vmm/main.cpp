@@ -182,7 +182,7 @@ int run(int argc, char** argv) {
       if (s.by_reason[i] != 0) fmt::print(stderr, " {}={}", xpv::kvm::exit_reason_name(i), s.by_reason[i]);
     }
     fmt::print(stderr, " (unclaimed pio={} mmio={})", s.pio_unclaimed, s.mmio_unclaimed);
-    if (xendom) fmt::print(stderr, " hypercalls={}", xendom->hypercalls());
+    if (xendom) fmt::print(stderr, " {}", xendom->describe_counters());
     fmt::print(stderr, "\n");
   }
   const std::string msg = vm.stop_message();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "xpv/xen/stubs.h"
@@ -258,6 +259,45 @@ std::uint64_t XenDomain::hypercalls() const noexcept {
   std::uint64_t n = 0;
   for (unsigned i = 0; i < 64; ++i) n += platform_->calls(i);
   return n;
+}
+
+std::string XenDomain::describe_counters() const {
+  // Names for what a Linux HVM guest calls; anything else by number.
+  auto name = [](unsigned nr) -> std::string {
+    switch (nr) {
+      case xen::abi::kHcMemoryOp: return "memory_op";
+      case xen::abi::kHcXenVersion: return "xen_version";
+      case xen::abi::kHcConsoleIo: return "console_io";
+      case xen::abi::kHcGrantTableOp: return "grant_table_op";
+      case xen::abi::kHcVcpuOp: return "vcpu_op";
+      case xen::abi::kHcSchedOp: return "sched_op";
+      case xen::abi::kHcEventChannelOp: return "event_channel_op";
+      case xen::abi::kHcHvmOp: return "hvm_op";
+      default: return fmt::format("hypercall{}", nr);
+    }
+  };
+  // EVTCHNOP_* and SCHEDOP_* numbers (xen/event_channel.h, xen/sched.h).
+  static constexpr const char* kEvtchn[] = {"bind_interdomain", "bind_virq", "bind_pirq", "close", "send",
+                                            "status", "alloc_unbound", "bind_ipi", "bind_vcpu", "unmask",
+                                            "reset", "init_control", "expand_array", "set_priority"};
+  static constexpr const char* kSched[] = {"yield", "block", "shutdown", "poll", "remote_shutdown", "shutdown_code",
+                                           "watchdog", "pin_override"};
+  std::string out = fmt::format("hypercalls={}", hypercalls());
+  for (unsigned i = 0; i < 64; ++i) {
+    if (const auto n = platform_->calls(i); n != 0) out += fmt::format(" {}={}", name(i), n);
+  }
+  for (unsigned c = 0; c < xen::Platform::kSubOps; ++c) {
+    if (const auto n = platform_->evtchn_calls(c); n != 0) {
+      out += fmt::format(" evtchn.{}={}", c < std::size(kEvtchn) ? kEvtchn[c] : std::to_string(c), n);
+    }
+  }
+  for (unsigned c = 0; c < xen::Platform::kSubOps; ++c) {
+    if (const auto n = platform_->sched_calls(c); n != 0) {
+      out += fmt::format(" sched.{}={}", c < std::size(kSched) ? kSched[c] : std::to_string(c), n);
+    }
+  }
+  out += fmt::format(" upcalls={} intx_eois={}", platform_->upcalls(), platform_->intx_eois());
+  return out;
 }
 
 }  // namespace xpv::vmm

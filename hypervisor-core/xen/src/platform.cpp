@@ -63,6 +63,9 @@ void Platform::cpuid(unsigned vcpu, std::vector<kvm_cpuid_entry2>& entries) cons
 
 std::int64_t Platform::hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem) noexcept {
   if (regs.rax < abi::kNrHypercalls) calls_[regs.rax].fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t sub = static_cast<std::uint32_t>(regs.rdi);
+  if (regs.rax == abi::kHcEventChannelOp && sub < kSubOps) evtchn_calls_[sub].fetch_add(1, std::memory_order_relaxed);
+  if (regs.rax == abi::kHcSchedOp && sub < kSubOps) sched_calls_[sub].fetch_add(1, std::memory_order_relaxed);
   try {
     if (vcpu >= cfg_.vcpus) return err(XenErrno::einval);  // a VMM bug, not the guest's
     return dispatch(vcpu, regs, mem);
@@ -113,6 +116,7 @@ void Platform::log_unsupported(const char* what, std::uint64_t code) noexcept {
 
 void Platform::upcall(unsigned vcpu) noexcept {
   if (vcpu >= cfg_.vcpus) return;
+  upcalls_.fetch_add(1, std::memory_order_relaxed);
   if (const std::uint8_t v = vcpu_vector_[vcpu].load(std::memory_order_acquire); v != 0) {
     host_.inject_vector(vcpu, v);
     return;
@@ -142,6 +146,7 @@ void Platform::deliver_if_pending(unsigned vcpu) noexcept {
 }
 
 void Platform::intx_eoi() noexcept {
+  intx_eois_.fetch_add(1, std::memory_order_relaxed);
   const bool intx = callback_kind(callback_irq_.load(std::memory_order_acquire)) ==
                     CallbackKind::intx;
   auto pending = [&] { return intx && evtchn_ && evtchn_->upcall_pending(0); };
@@ -157,6 +162,14 @@ void Platform::intx_eoi() noexcept {
 
 std::uint64_t Platform::calls(unsigned nr) const noexcept {
   return nr < abi::kNrHypercalls ? calls_[nr].load(std::memory_order_relaxed) : 0;
+}
+
+std::uint64_t Platform::evtchn_calls(unsigned cmd) const noexcept {
+  return cmd < kSubOps ? evtchn_calls_[cmd].load(std::memory_order_relaxed) : 0;
+}
+
+std::uint64_t Platform::sched_calls(unsigned cmd) const noexcept {
+  return cmd < kSubOps ? sched_calls_[cmd].load(std::memory_order_relaxed) : 0;
 }
 
 bool Platform::shared_info_mapped() const noexcept {

@@ -262,7 +262,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       const std::vector<std::string> more{"--xen",    "--paused",       "--kernel",  cfg.kernel,
                                           "--vcpus",  std::to_string(cfg.vcpus), "--upcall", upcall_arg(cfg.upcall),
                                           "--cmdline", cmdline,         "--console", "socket:" + p.console_socket(n),
-                                          "--console-log", p.log_file("console-" + cfg.name)};
+                                          "--console-log", p.log_file("console-" + cfg.name),
+                                          // exit, hypercall and upcall counters in its log at stop
+                                          "--stats"};
       argv.insert(argv.end(), more.begin(), more.end());
       if (!cfg.ramdisk.empty()) {
         argv.push_back("--initrd");

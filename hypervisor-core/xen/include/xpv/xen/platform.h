@@ -108,6 +108,13 @@ class Platform final : public domain::UpcallSink {
   // The guest EOI'd INTx: re-assert while vCPU 0's evtchn_upcall_pending is 1, else de-assert.
   void intx_eoi() noexcept;
   std::uint64_t calls(unsigned nr) const noexcept;  // per hypercall number (0 for nr ≥ 64)
+  // Sub-operations of event_channel_op and sched_op (0 for cmd ≥ kSubOps), upcalls asked for by
+  // event delivery, and INTx EOIs: what `xpv-vmm --stats` prints, to see where exits go.
+  static constexpr unsigned kSubOps = 16;
+  std::uint64_t evtchn_calls(unsigned cmd) const noexcept;
+  std::uint64_t sched_calls(unsigned cmd) const noexcept;
+  std::uint64_t upcalls() const noexcept { return upcalls_.load(std::memory_order_relaxed); }
+  std::uint64_t intx_eois() const noexcept { return intx_eois_.load(std::memory_order_relaxed); }
   bool shared_info_mapped() const noexcept;
 
   // ---- inspection (stats, tests) ----
@@ -149,6 +156,8 @@ class Platform final : public domain::UpcallSink {
   std::unique_ptr<std::atomic<std::uint64_t>[]> runstate_gva_;  // per vCPU; 0 = none
   std::array<std::atomic<std::uint64_t>, abi::kNrHypercalls> calls_{};
   std::atomic<std::uint64_t> upcalls_dropped_{0};
+  std::array<std::atomic<std::uint64_t>, kSubOps> evtchn_calls_{}, sched_calls_{};
+  std::atomic<std::uint64_t> upcalls_{0}, intx_eois_{0};
   std::atomic<std::int64_t> log_window_{0};  // rate limit for guest-triggered log lines
   std::atomic<std::uint32_t> log_used_{0};
 };

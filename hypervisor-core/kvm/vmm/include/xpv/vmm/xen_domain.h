@@ -70,6 +70,8 @@ class XenDomain {
   xen::Platform& platform() noexcept { return *platform_; }
   domain::Domain& domain() noexcept { return *domain_; }
   std::uint64_t hypercalls() const noexcept;
+  // "hypercalls=N memory_op=… evtchn.send=… sched.poll=… upcalls=… intx_eois=…" (--stats).
+  std::string describe_counters() const;
 
  private:
   class Host;
