@@ -283,7 +283,7 @@ class QemuVm : public Vm {
     if (!reaped_) {
       // After the guest's poweroff QEMU exits by itself: a bounded grace, then SIGKILL.
       for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (!reaped_) {
+      if (!reaped_ && pid_ > 0) {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
         reaped_ = true;

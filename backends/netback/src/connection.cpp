@@ -103,6 +103,17 @@ void VifConnection::teardown() noexcept {
     if (q->thread.joinable()) q->thread.join();
   }
   for (auto& q : queues_) {
+    if (q->queue) {
+      // What this queue moved in its life: the log line an operator reads after a run.
+      const NetbackCounters& c = q->queue->counters();
+      auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+      spdlog::info("{}: guest tx {} packets {} bytes (errors {}, dropped {}); guest rx {} packets {} bytes "
+                   "(dropped {}, errors {}); turns tx {} rx {}; notifications {}; wakeups {}; fair waits {}; "
+                   "rate-limited {}",
+                   q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped),
+                   n(c.rx_packets), n(c.rx_bytes), n(c.rx_dropped), n(c.rx_errors), n(c.tx_turns), n(c.rx_turns),
+                   n(c.notifications), n(c.wakeups), n(c.fair_waits), n(c.rate_limited));
+    }
     q->queue.reset();
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
     q->ring_handles.clear();

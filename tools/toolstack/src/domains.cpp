@@ -371,7 +371,7 @@ void cmd_shutdown(Context& ctx, const std::string& which, std::chrono::milliseco
   RunLock lock(ctx.paths.lock_file());
   const auto doms = gather_domains(ctx.paths, xs.get());
   const DomainSummary d = resolve_domain(doms, which);
-  if (d.pid != 0) {
+  if (d.pid > 0) {
     ::kill(d.pid, SIGTERM);
     if (!wait_gone(d.pid, timeout)) {
       ctx.err << fmt::format("warning: {} did not shut down within {} s; destroying it\n", domain_label(d),
