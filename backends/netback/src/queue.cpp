@@ -63,8 +63,8 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   tx_iov_.reserve(kXenNetifNrSlotsMin + 1);
   tx_hdr_.resize(kHdrCopy);
   rx_buf_.resize(kMaxRxBytes);
-  rx_reqs_.reserve(kMaxRxBytes / kPage + 2);
-  rx_ops_.reserve(kMaxRxBytes / kPage + 1);
+  rx_held_.reserve(kRxDirectSlots);
+  rx_iov_.reserve(kRxDirectSlots + 1);
   if (cfg_.resume) {
     // What the dead backend consumed and did not answer (bad indexes disable the queue in pass()).
     tx_resume_ = tx_.unconsumed_requests().value_or(0);
@@ -73,6 +73,11 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
 }
 
 NetbackQueue::~NetbackQueue() {
+  // Held rx buffers go back to the frontend's control (they stay unanswered, as a dead backend's
+  // would: a reconnecting one answers them, see Resume).
+  for (const RxHeld& h : rx_held_) {
+    if (!h.page.empty()) (void)mapper_.unmap(h.handle);
+  }
   if (cfg_.share != nullptr) {
     for (FairShare::Account* a : share_acc_) cfg_.share->leave(a);
   }
@@ -311,8 +316,125 @@ bool NetbackQueue::rx_has_work() noexcept {
   return rx_pending_ || tap_readable_;
 }
 
+std::size_t NetbackQueue::rx_available() noexcept {
+  auto n = rx_.unconsumed_requests();
+  if (!n) {
+    disable(to_string(n.error()));
+    return 0;
+  }
+  return rx_held_.size() + *n;
+}
+
+bool NetbackQueue::rx_hold(std::size_t n) noexcept {
+  while (rx_held_.size() < n) {
+    auto r = rx_.pop_request();  // the caller saw enough requests (rx_available)
+    if (!r) {
+      disable(to_string(r.error()));
+      return false;
+    }
+    RxHeld h;
+    h.req = *r;
+    if (auto m = mapper_.map(r->gref, /*readonly=*/false)) {
+      h.handle = m->handle();
+      h.page = m->writable();
+    } else {
+      guest_error("rx: buffer {} grant {}: {}", r->id, r->gref, gnttab::to_string(m.error()));
+    }
+    rx_held_.push_back(h);
+  }
+  return true;
+}
+
+void NetbackQueue::rx_respond(const NetifOffload& off, std::size_t data_slots, bool failed) noexcept {
+  // Data is in request 0, then (after the extra slot's request, whose buffer stays unused)
+  // requests 1+extra ... : netfront finds a response's buffer by its ring position.
+  const std::size_t extra = off.gso_type ? 1 : 0;
+  const std::size_t need = data_slots + extra;
+  auto produce = [&](const NetifRxResponse& rsp) {
+    if (auto r = rx_.produce_response(rsp); !r) disable(to_string(r.error()));
+  };
+  for (std::size_t i = 0; i < data_slots; ++i) {
+    const RxHeld& h = rx_held_[i == 0 ? 0 : i + extra];
+    const std::size_t len = std::min(kPage, rx_len_ - std::min(rx_len_, i * kPage));
+    NetifRxResponse rsp{};
+    rsp.id = h.req.id;
+    rsp.offset = 0;
+    rsp.status = failed ? kNetifRspError : static_cast<std::int16_t>(len);
+    if (i + 1 < data_slots) rsp.flags |= kNetrxfMoreData;
+    if (i == 0) {
+      if (off.csum_blank) rsp.flags |= kNetrxfCsumBlank;
+      if (off.data_validated) rsp.flags |= kNetrxfDataValidated;
+      if (extra) rsp.flags |= kNetrxfExtraInfo;
+    }
+    produce(rsp);
+    if (i == 0 && extra) {
+      NetifExtraInfo e{};
+      e.type = kXenNetifExtraTypeGso;
+      e.u.gso.size = off.gso_size;
+      e.u.gso.type = off.gso_type;
+      produce(netif_extra_to_rx(e));
+    }
+  }
+  // Our writes into the pages are done: let go of them before the responses are pushed.
+  for (std::size_t i = 0; i < need; ++i) {
+    if (!rx_held_[i].page.empty()) (void)mapper_.unmap(rx_held_[i].handle);
+  }
+  rx_held_.erase(rx_held_.begin(), rx_held_.begin() + static_cast<std::ptrdiff_t>(need));
+  rx_resp_pending_ = true;
+}
+
+// The fast path: with buffers for the largest packet held, the TAP's next packet is read
+// straight into the guest's pages (one copy, the kernel's). Its data goes to held buffers 0, 2,
+// 3, ... since a GSO packet's extra info takes slot 1; one that turns out not to be GSO and
+// spans pages is moved down one slot (rare: jumbo frames without GSO).
+NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
+  rx_iov_.clear();
+  rx_iov_.push_back({&rx_vnet_, sizeof rx_vnet_});
+  for (std::size_t i = 0; i < kRxDirectSlots; ++i) {
+    if (i != 1) rx_iov_.push_back({rx_held_[i].page.data(), kPage});
+  }
+  ssize_t n = -1;
+  for (int frames = 0; frames < 64; ++frames) {  // skips frames without data (bounded)
+    n = ::readv(tap_, rx_iov_.data(), static_cast<int>(rx_iov_.size()));
+    if (n < 0) {
+      tap_readable_ = false;  // EAGAIN (or an error: poll tells us when to try again)
+      return Step::none;
+    }
+    if (static_cast<std::size_t>(n) > sizeof(VnetHdr)) break;
+  }
+  if (static_cast<std::size_t>(n) <= sizeof(VnetHdr)) return Step::none;
+  rx_len_ = static_cast<std::size_t>(n) - sizeof(VnetHdr);
+  auto drop = [&] {  // the buffers stay held for the next packet
+    counters_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
+    return Step::dropped;
+  };
+  auto off = netif_from_vnet(rx_vnet_, cfg_.rx_gso);
+  if (!off) return drop();
+  const std::size_t data_slots = std::max<std::size_t>(1, (rx_len_ + kPage - 1) / kPage);
+  if (!cfg_.sg && data_slots > 1) return drop();
+  if (!off->gso_type) {
+    for (std::size_t i = 1; i < data_slots; ++i) {
+      const std::size_t len = std::min(kPage, rx_len_ - i * kPage);
+      std::memcpy(rx_held_[i].page.data(), rx_held_[i + 1].page.data(), len);
+    }
+  }
+  rx_respond(*off, data_slots, /*failed=*/false);
+  counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
+  counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
+  bytes = rx_len_;
+  return Step::moved;
+}
+
 NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   bytes = 0;
+  if (!rx_pending_ && tap_readable_ && rx_available() >= kRxDirectSlots && rx_hold(kRxDirectSlots)) {
+    bool all_mapped = true;
+    for (std::size_t i = 0; i < kRxDirectSlots; ++i) all_mapped = all_mapped && !rx_held_[i].page.empty();
+    if (all_mapped) return rx_direct(bytes);
+  }
+  if (disabled()) return Step::none;
+  // The buffered path (fewer buffers posted than the largest packet needs, or one of them
+  // unusable): the packet waits in rx_buf_ until buffers for *it* are there.
   if (!rx_fill()) return Step::none;
   auto drop = [&] {
     rx_pending_ = false;
@@ -322,16 +444,14 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   auto off = netif_from_vnet(rx_vnet_, cfg_.rx_gso);
   if (!off) return drop();
   const std::size_t data_slots = std::max<std::size_t>(1, (rx_len_ + kPage - 1) / kPage);
-  const std::size_t need = data_slots + (off->gso_type ? 1 : 0);
+  const std::size_t extra = off->gso_type ? 1 : 0;
+  const std::size_t need = data_slots + extra;
   if ((!cfg_.sg && data_slots > 1) || need > rx_.size()) return drop();
-  auto avail = rx_.unconsumed_requests();
-  if (!avail) {
-    disable(to_string(avail.error()));
-    return Step::none;
-  }
-  if (*avail < need) {
+  const std::size_t avail = rx_available();
+  if (disabled()) return Step::none;
+  if (avail < need) {
     const std::uint64_t now = now_us();
-    rx_need_ = static_cast<RingIdx>(need);
+    rx_need_ = static_cast<RingIdx>(need - rx_held_.size());  // more than we hold
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
@@ -342,58 +462,25 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     return drop();
   }
   rx_stalled_ = false;
-
-  rx_reqs_.clear();
-  for (std::size_t i = 0; i < need; ++i) {
-    auto r = rx_.pop_request();
-    if (!r) {
-      disable(to_string(r.error()));
-      return Step::none;
-    }
-    rx_reqs_.push_back(*r);
-  }
-  // Data goes to request 0, then (after the extra slot's request, whose buffer stays unused)
-  // requests 1+extra ... as netfront expects.
-  const std::size_t extra = off->gso_type ? 1 : 0;
-  rx_ops_.clear();
+  if (!rx_hold(need)) return Step::none;
+  bool failed = false;
   for (std::size_t i = 0; i < data_slots; ++i) {
+    const RxHeld& h = rx_held_[i == 0 ? 0 : i + extra];
     const std::size_t at = i * kPage;
     const std::size_t len = std::min(kPage, rx_len_ - std::min(rx_len_, at));
-    const NetifRxRequest& req = rx_reqs_[i == 0 ? 0 : i + extra];
-    rx_ops_.push_back(gnttab::CopyOp::to_granter(req.gref, 0, std::span<const std::uint8_t>(rx_buf_.data() + at, len)));
+    if (h.page.empty()) {
+      failed = true;
+    } else {
+      std::memcpy(h.page.data(), rx_buf_.data() + at, len);
+    }
   }
-  const bool copy_failed = mapper_.copy(rx_ops_) != 0;
-  if (copy_failed) {
-    guest_error("rx: a grant copy into a posted buffer failed");
+  if (failed) {
+    guest_error("rx: a posted buffer could not be mapped");
     counters_.rx_errors.fetch_add(1, std::memory_order_relaxed);
   }
-  auto produce = [&](const NetifRxResponse& rsp) {
-    if (auto r = rx_.produce_response(rsp); !r) disable(to_string(r.error()));
-  };
-  for (std::size_t i = 0; i < data_slots; ++i) {
-    const NetifRxRequest& req = rx_reqs_[i == 0 ? 0 : i + extra];
-    NetifRxResponse rsp{};
-    rsp.id = req.id;
-    rsp.offset = 0;
-    rsp.status = copy_failed ? kNetifRspError : static_cast<std::int16_t>(rx_ops_[i].src.size());
-    if (i + 1 < data_slots) rsp.flags |= kNetrxfMoreData;
-    if (i == 0) {
-      if (off->csum_blank) rsp.flags |= kNetrxfCsumBlank;
-      if (off->data_validated) rsp.flags |= kNetrxfDataValidated;
-      if (extra) rsp.flags |= kNetrxfExtraInfo;
-    }
-    produce(rsp);
-    if (i == 0 && extra) {
-      NetifExtraInfo e{};
-      e.type = kXenNetifExtraTypeGso;
-      e.u.gso.size = off->gso_size;
-      e.u.gso.type = off->gso_type;
-      produce(netif_extra_to_rx(e));
-    }
-  }
-  rx_resp_pending_ = true;
+  rx_respond(*off, data_slots, failed);
   rx_pending_ = false;
-  if (copy_failed) return Step::dropped;
+  if (failed) return Step::dropped;
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
   bytes = rx_len_;

@@ -310,6 +310,101 @@ TEST_F(NetbackQueueTest, RxFillsPostedBuffersWithGsoExtra) {
   EXPECT_EQ(queue_->counters().rx_bytes.load(), 9000u);
 }
 
+// With buffers for the largest packet posted, packets are read from the TAP straight into the
+// guest's pages (no bounce buffer): the layout the frontend sees must be the same.
+TEST_F(NetbackQueueTest, RxStraightIntoHeldBuffersKeepsTheSlotLayout) {
+  start();
+  constexpr std::uint16_t kPosted = 40;  // more than NetbackQueue::kRxDirectSlots
+  static_assert(kPosted > NetbackQueue::kRxDirectSlots * 2);
+  std::vector<gnttab::GrantRef> refs;
+  for (std::uint16_t i = 0; i < kPosted; ++i) {
+    refs.push_back(fe_.grant(100 + i, false));
+    fe_.post_rx(i, refs.back());
+  }
+  fe_.rx_push();
+  // 1. A GSO packet of 3 pages: data in buffers 0, 2, 3; buffer 1's slot carries the extra.
+  const auto gso = tcp_frame(9000);
+  VnetHdr h{};
+  h.flags = kVnetFNeedsCsum;
+  h.gso_type = kVnetGsoTcpv4;
+  h.gso_size = 1448;
+  h.csum_start = 34;
+  h.csum_offset = 16;
+  host_write(h, gso);
+  ASSERT_TRUE(queue_->poll_once());
+  auto r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 4u) << "only the slots the packet used are answered";
+  EXPECT_EQ(r[0].id, 0);
+  EXPECT_EQ(r[0].flags, kNetrxfCsumBlank | kNetrxfDataValidated | kNetrxfMoreData | kNetrxfExtraInfo);
+  EXPECT_EQ(netif_extra_from_rx(r[1]).type, kXenNetifExtraTypeGso);
+  EXPECT_EQ(r[2].id, 2);
+  EXPECT_EQ(r[3].id, 3);
+  EXPECT_EQ(r[3].status, 9000 - 8192);
+  EXPECT_EQ(std::memcmp(fe_.page(100).data(), gso.data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(fe_.page(102).data(), gso.data() + 4096, 4096), 0);
+  EXPECT_EQ(std::memcmp(fe_.page(103).data(), gso.data() + 8192, 9000 - 8192), 0);
+  // 2. A jumbo frame without GSO: its data is moved down into consecutive buffers 4, 5, 6.
+  auto jumbo = tcp_frame(9000);
+  jumbo[100] = 0x5a;
+  host_write({}, jumbo);
+  ASSERT_TRUE(queue_->poll_once());
+  r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].id, 4);
+  EXPECT_EQ(r[0].status, 4096);
+  EXPECT_EQ(r[0].flags, kNetrxfMoreData);
+  EXPECT_EQ(r[1].id, 5);
+  EXPECT_EQ(r[1].status, 4096);
+  EXPECT_EQ(r[2].id, 6);
+  EXPECT_EQ(r[2].status, 9000 - 8192);
+  EXPECT_EQ(r[2].flags, 0);
+  EXPECT_EQ(std::memcmp(fe_.page(104).data(), jumbo.data(), 4096), 0);
+  EXPECT_EQ(std::memcmp(fe_.page(105).data(), jumbo.data() + 4096, 4096), 0);
+  EXPECT_EQ(std::memcmp(fe_.page(106).data(), jumbo.data() + 8192, 9000 - 8192), 0);
+  // 3. Small frames: one buffer each, in ring order.
+  const auto small = tcp_frame(60);
+  for (int i = 0; i < 3; ++i) host_write({}, small);
+  ASSERT_TRUE(queue_->poll_once());
+  r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 3u);
+  for (std::uint16_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r[i].id, 7 + i);
+    EXPECT_EQ(r[i].status, 60);
+    EXPECT_EQ(std::memcmp(fe_.page(107 + i).data(), small.data(), 60), 0);
+  }
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 5u);
+  EXPECT_EQ(queue_->counters().rx_bytes.load(), 9000u + 9000u + 180u);
+  // Answered buffers are released; the ones held for the next packet (10.. after 10 used) are not.
+  EXPECT_EQ(mapper_->pins(refs[0]).writers, 0u);
+  EXPECT_EQ(mapper_->pins(refs[9]).writers, 0u);
+  EXPECT_EQ(mapper_->pins(refs[10]).writers, 1u);
+  queue_.reset();  // and the queue lets go of those when it goes
+  EXPECT_EQ(mapper_->pins(refs[10]).writers, 0u);
+}
+
+// A posted buffer whose grant cannot be mapped: the packet that lands on it is answered with
+// NETIF_RSP_ERROR in every slot, the next packets use the following buffers normally.
+TEST_F(NetbackQueueTest, RxIntoAnUnmappableBufferIsAnErrorForThatPacketOnly) {
+  start();
+  fe_.post_rx(0, 4000);  // never granted
+  for (std::uint16_t i = 1; i < 30; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
+  fe_.rx_push();
+  const auto frame = tcp_frame(500);
+  host_write({}, frame);
+  host_write({}, frame);
+  ASSERT_TRUE(queue_->poll_once());
+  auto r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].id, 0);
+  EXPECT_EQ(r[0].status, kNetifRspError);
+  EXPECT_EQ(r[1].id, 1);
+  EXPECT_EQ(r[1].status, 500);
+  EXPECT_EQ(std::memcmp(fe_.page(101).data(), frame.data(), 500), 0);
+  EXPECT_EQ(queue_->counters().rx_errors.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
+  EXPECT_FALSE(queue_->disabled());
+}
+
 TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 0;  // drop as soon as a packet finds no buffers twice

@@ -93,6 +93,8 @@ struct NetbackCounters {
 class NetbackQueue {
  public:
   static constexpr std::size_t kMaxRxBytes = 17 * ring::kXenPageSize;  // 64 KiB GSO + headers
+  // Rx buffers held for reading a packet straight into them: its 17 pages + the GSO extra slot.
+  static constexpr std::size_t kRxDirectSlots = kMaxRxBytes / ring::kXenPageSize + 1;
 
   // `mapper` belongs to this queue's thread from now on; the rings are attached to the mapped
   // ring pages; `rx_evtchn` null: one event channel for both rings. `tap_fd` (non-blocking, with
@@ -134,6 +136,12 @@ class NetbackQueue {
   Step tx_one(std::size_t& bytes) noexcept;
   Step rx_one(std::size_t& bytes) noexcept;
   bool rx_fill() noexcept;  // read one packet into the pending buffer; false: none
+  Step rx_direct(std::size_t& bytes) noexcept;  // read one packet straight into held buffers
+  bool rx_hold(std::size_t n) noexcept;         // at least n requests popped and mapped
+  std::size_t rx_available() noexcept;          // held + unconsumed rx requests (0 on error)
+  // Answers the first `need` held requests for a packet of rx_len_ bytes (its data already in
+  // their pages unless `failed`), and lets go of them.
+  void rx_respond(const NetifOffload& off, std::size_t data_slots, bool failed) noexcept;
   void tx_respond(std::int16_t status) noexcept;
   void push_and_notify() noexcept;
   void disable(const char* why) noexcept;
@@ -176,8 +184,16 @@ class NetbackQueue {
   std::uint64_t rx_stall_since_ = 0;
   ring::RingIdx rx_need_ = 0;     // rx requests the pending packet needs
   bool rx_resp_pending_ = false;
-  std::vector<ring::NetifRxRequest> rx_reqs_;
-  std::vector<gnttab::CopyOp> rx_ops_;
+  // Rx requests popped from the ring and mapped (writable), not answered yet, in ring order:
+  // the buffers the next packets go into. At most kRxDirectSlots; page empty if the grant could
+  // not be mapped (a packet that would use it is answered NETIF_RSP_ERROR).
+  struct RxHeld {
+    ring::NetifRxRequest req{};
+    gnttab::GrantHandle handle = 0;
+    std::span<std::uint8_t> page;
+  };
+  std::vector<RxHeld> rx_held_;
+  std::vector<iovec> rx_iov_;
   bool busy_ = false;             // poll_once left work behind: do not sleep
   ring::RingIdx tx_resume_ = 0, rx_resume_ = 0;  // slots left to answer unused (resume)
 };
