@@ -80,17 +80,19 @@ class BlkPath : public ::testing::Test {
     // Backend side, from the refs and port the frontend would publish in xenstore.
     disk_ = std::make_unique<blkback::Disk>(blkback::Disk::open(image_, false));
     foreign_ = std::make_unique<domain::ForeignDomain>(domain::ForeignDomain::connect(3, "blkback", cfg.run_dir));
-    mapper_ = foreign_->make_mapper();
     // One BlkifQueue (and data-plane thread) per ring, as xpv-blkback serves queue-<i>/.
     for (std::uint32_t q = 0; q < front_->queues(); ++q) {
       const auto& refs = front_->ring_refs(q);
       ASSERT_EQ(refs.size(), 1u) << "single-page rings in this test";
-      auto ring_map = mapper_->map(refs.at(0), false);
+      // One GrantMapper per data-plane thread (mapper.h: a mapper has no lock), as
+      // xpv-blkback has one per queue.
+      mappers_.push_back(foreign_->make_mapper());
+      auto ring_map = mappers_.back()->map(refs.at(0), false);
       ASSERT_TRUE(ring_map);
       auto back = ring::BlkifBackRing::attach(ring_map->writable());
       ASSERT_TRUE(back);
       queues_.push_back(std::make_unique<blkback::BlkifQueue>(
-          "vbd3.51712." + std::to_string(q), *disk_, *mapper_, std::move(*back),
+          "vbd3.51712." + std::to_string(q), *disk_, *mappers_.back(), std::move(*back),
           foreign_->bind(front_->event_channel(q)), bcfg));
       queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
     }
@@ -101,7 +103,7 @@ class BlkPath : public ::testing::Test {
     for (auto& t : queue_threads_) t.join();
     queue_threads_.clear();
     queues_.clear();
-    mapper_.reset();
+    mappers_.clear();
     foreign_.reset();
   }
   blkback::BlkifQueue& queue(std::size_t q = 0) { return *queues_.at(q); }
@@ -129,7 +131,7 @@ class BlkPath : public ::testing::Test {
   std::unique_ptr<Blkfront> front_;
   std::unique_ptr<blkback::Disk> disk_;
   std::unique_ptr<domain::ForeignDomain> foreign_;
-  std::unique_ptr<gnttab::GrantMapper> mapper_;
+  std::vector<std::unique_ptr<gnttab::GrantMapper>> mappers_;  // one per queue
   std::vector<std::unique_ptr<blkback::BlkifQueue>> queues_;
   std::vector<std::thread> queue_threads_;
   std::thread io_thread_, events_thread_;

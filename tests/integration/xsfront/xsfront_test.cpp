@@ -224,20 +224,22 @@ class XsFront : public ::testing::Test {
     disk_ = std::make_unique<blkback::Disk>(blkback::Disk::open(image, ro));
     foreign_ = std::make_unique<domain::ForeignDomain>(
         domain::ForeignDomain::connect(static_cast<std::uint16_t>(d), "blkback", run_));
-    mapper_ = foreign_->make_mapper();
     for (unsigned q = 0; q < nq; ++q) {
       const std::string dir = nq > 1 ? fe + "/queue-" + std::to_string(q) + "/" : fe + "/";
       auto ref = dom0_->read(dir + "ring-ref");
       auto port = dom0_->read(dir + "event-channel");
       ASSERT_TRUE(ref && port) << "the frontend published no " << dir << "ring-ref / event-channel";
-      auto ring_map = mapper_->map(static_cast<gnttab::GrantRef>(std::stoul(*ref)), false);
+      // One GrantMapper per data-plane thread (mapper.h: a mapper has no lock), as
+      // xpv-blkback has one per queue.
+      mappers_.push_back(foreign_->make_mapper());
+      auto ring_map = mappers_.back()->map(static_cast<gnttab::GrantRef>(std::stoul(*ref)), false);
       ASSERT_TRUE(ring_map);
       auto back = ring::BlkifBackRing::attach(ring_map->writable());
       ASSERT_TRUE(back);
       blkback::QueueConfig qc;
       qc.max_indirect_segments = indirect;
       queues_.push_back(std::make_unique<blkback::BlkifQueue>(
-          "vbd" + std::to_string(d) + "." + dev + "." + std::to_string(q), *disk_, *mapper_,
+          "vbd" + std::to_string(d) + "." + dev + "." + std::to_string(q), *disk_, *mappers_.back(),
           std::move(*back), foreign_->bind(static_cast<std::uint32_t>(std::stoul(*port))), qc));
       queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
     }
@@ -253,7 +255,7 @@ class XsFront : public ::testing::Test {
     for (auto& t : queue_threads_) t.join();
     queue_threads_.clear();
     queues_.clear();
-    mapper_.reset();  // unmaps the ring
+    mappers_.clear();  // unmaps the rings
     foreign_.reset();
     disk_.reset();
   }
@@ -297,7 +299,7 @@ class XsFront : public ::testing::Test {
   int introduced_ = 0, released_ = 0;
   std::unique_ptr<blkback::Disk> disk_;
   std::unique_ptr<domain::ForeignDomain> foreign_;
-  std::unique_ptr<gnttab::GrantMapper> mapper_;
+  std::vector<std::unique_ptr<gnttab::GrantMapper>> mappers_;  // one per queue
   std::vector<std::unique_ptr<blkback::BlkifQueue>> queues_;
   std::vector<std::thread> queue_threads_;
 };
