@@ -637,5 +637,38 @@ TEST_F(XsFront, WithoutMultiQueueTheFlatLayoutIsUsed) {
   ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
 }
 
+TEST_F(XsFront, ASetupAfterACloseLeavesNoNodesOfTheEarlierLayout) {
+  // Set up with 2 queues; the backend closes and offers the device again without multi-queue
+  // (say, restarted with other options): the new setup is flat, and neither
+  // multi-queue-num-queues nor queue-<i>/ of the first one is left for the backend to misread.
+  const std::string image = make_image(16 << 20);
+  write_domain_nodes(5);
+  ASSERT_NO_FATAL_FAILURE(start_front(5, {"--blk-queues", "2"}));
+  ASSERT_NO_FATAL_FAILURE(introduce_front(5));
+  ASSERT_NO_FATAL_FAILURE(add_vbd(5, "51712", image, false));
+  ASSERT_NO_FATAL_FAILURE(offer(5, "51712", 256, 0, 2));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
+  const std::string fe = fe_path(5, "51712"), be = be_path(5, "51712");
+  ASSERT_EQ(dom0_->read(fe + "/multi-queue-num-queues").value_or(""), "2");
+  ASSERT_TRUE(dom0_->write(be + "/state", "5"));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "6"; })) << front_state(5, "51712");
+  ASSERT_TRUE(dom0_->write(be + "/state", "6"));
+  ASSERT_TRUE(dom0_->rm(be + "/multi-queue-max-queues"));
+  ASSERT_TRUE(dom0_->write(be + "/state", "2"));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; })) << front_state(5, "51712");
+  EXPECT_TRUE(dom0_->read(fe + "/ring-ref"));
+  EXPECT_TRUE(dom0_->read(fe + "/event-channel"));
+  for (const char* node : {"multi-queue-num-queues", "queue-0", "queue-1"}) {
+    EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be left";
+  }
+  // And it works: the backend serves the one ring.
+  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
+  ASSERT_EQ(queues_.size(), 1u);
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
+  const std::string file = disk_file(5, "51712");
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
+  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
+}
+
 }  // namespace
 }  // namespace xpv
