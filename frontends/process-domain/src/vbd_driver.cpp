@@ -46,9 +46,8 @@ std::uint64_t pages_needed(const BlkfrontConfig& c) {
 // removes before it writes its own, so that nothing of an earlier incarnation with another
 // layout (one queue vs several, another order) is left for the backend to read.
 bool is_ring_node(const std::string& name) {
-  return name == "ring-ref" || name == "ring-page-order" || name == "event-channel" ||
-         name == "multi-queue-num-queues" || name.rfind("ring-ref", 0) == 0 ||
-         name.rfind("queue-", 0) == 0;
+  return name.rfind("ring-ref", 0) == 0 || name == "ring-page-order" || name == "event-channel" ||
+         name == "multi-queue-num-queues" || name.rfind("queue-", 0) == 0;
 }
 
 }  // namespace
