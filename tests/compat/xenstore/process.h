@@ -114,6 +114,7 @@ class Proc {
   // Collects all output and waits for exit (SIGKILL after the timeout). Returns the exit code,
   // or 128+signal.
   int wait(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return -1;  // waited for already: never waitpid(-1) or kill(-1)
     auto deadline = std::chrono::steady_clock::now() + timeout;
     bool out_open = true, err_open = true;
     while (out_open || err_open) {

@@ -72,9 +72,14 @@ class Child {
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
   pid_t pid() const { return pid_; }
-  void kill(int sig) { ::kill(pid_, sig); }
+  // Only while the child is ours: after wait() pid_ is -1, and kill(-1, sig) would signal every
+  // process this (root) test may signal.
+  void kill(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
   // Exit code (or 128+signal); SIGKILL after the timeout.
   int wait(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return -1;  // already waited for (never waitpid(-1) / kill(-1))
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     int st = 0;
     while (true) {

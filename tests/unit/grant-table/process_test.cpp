@@ -68,6 +68,7 @@ class Child {
   }
   // Exit status, or -1 if it did not exit normally.
   int wait() {
+    if (pid_ <= 0) return -1;  // waited for already: never waitpid(-1)
     int st = 0;
     const pid_t r = ::waitpid(pid_, &st, 0);
     pid_ = -1;
