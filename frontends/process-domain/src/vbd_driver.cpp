@@ -34,11 +34,20 @@ std::optional<std::uint64_t> parse_u64(std::string_view s) {
 // VDISK_READONLY in the backend's `info` node (io/blkif.h).
 constexpr std::uint64_t kVdiskReadonly = 4;
 
-std::uint64_t pages_needed(std::uint32_t order, std::uint32_t indirect) {
-  const std::uint64_t slots = ring::blkif_ring_size(order);
-  const std::uint64_t segs = indirect ? indirect : ring::kBlkifMaxSegmentsPerRequest;
-  const std::uint64_t ind = indirect ? ring::blkif_indirect_pages(indirect) : 0;
-  return (std::uint64_t{1} << order) + slots * (segs + ind);
+// Domain pages a Blkfront with this config takes (rings, data pages, indirect pages).
+std::uint64_t pages_needed(const BlkfrontConfig& c) {
+  const std::uint64_t slots = ring::blkif_ring_size(c.ring_page_order);
+  const std::uint64_t segs = c.indirect_segments ? c.indirect_segments : ring::kBlkifMaxSegmentsPerRequest;
+  const std::uint64_t ind = c.indirect_segments ? ring::blkif_indirect_pages(c.indirect_segments) : 0;
+  return c.queues * ((std::uint64_t{1} << c.ring_page_order) + slots * (segs + ind));
+}
+
+// The nodes a frontend of either layout may have written for its rings (blkif.h): what setup()
+// removes before it writes its own, so that nothing of an earlier incarnation with another
+// layout (one queue vs several, another order) is left for the backend to read.
+bool is_ring_node(const std::string& name) {
+  return name.rfind("ring-ref", 0) == 0 || name == "ring-page-order" || name == "event-channel" ||
+         name == "multi-queue-num-queues" || name.rfind("queue-", 0) == 0;
 }
 
 }  // namespace
@@ -223,7 +232,12 @@ bool VbdDriver::setup(Vbd& v) {
   };
   const std::uint64_t be_indirect = feature("feature-max-indirect-segments");
   const std::uint64_t be_order = feature("max-ring-page-order");
+  // Absent (or 0, or garbage): the backend has one ring per device.
+  const std::uint64_t be_queues = std::max<std::uint64_t>(1, feature("multi-queue-max-queues"));
   BlkfrontConfig cfg;
+  cfg.queues = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>({be_queues, config_.max_queues, kBlkfrontMaxQueues}));
+  cfg.queues = std::max<std::uint32_t>(cfg.queues, 1);
   cfg.backend = v.backend_id;
   cfg.ring_page_order = static_cast<std::uint32_t>(
       std::min<std::uint64_t>({be_order, config_.max_ring_page_order, 4}));
@@ -231,12 +245,14 @@ bool VbdDriver::setup(Vbd& v) {
       {be_indirect, config_.max_indirect_segments, ring::kBlkifMaxIndirectSegments});
   if (indirect <= ring::kBlkifMaxSegmentsPerRequest) indirect = 0;  // direct requests do as much
   cfg.indirect_segments = static_cast<std::uint32_t>(indirect);
-  // Fit the device into the domain's memory: fewer segments, then a smaller ring.
+  // Fit the device into the domain's memory: fewer segments, then smaller rings, then fewer
+  // queues.
   const std::uint64_t free = free_pages_estimate();
-  while (pages_needed(cfg.ring_page_order, cfg.indirect_segments) > free) {
+  while (pages_needed(cfg) > free) {
     if (cfg.indirect_segments > 2 * ring::kBlkifMaxSegmentsPerRequest) cfg.indirect_segments /= 2;
     else if (cfg.indirect_segments) cfg.indirect_segments = 0;
     else if (cfg.ring_page_order) --cfg.ring_page_order;
+    else if (cfg.queues > 1) --cfg.queues;
     else {
       spdlog::error("dom{}: vbd {}: the domain's memory has no room for a ring ({} pages free)",
                     config_.domid, v.devid, free);
@@ -249,27 +265,49 @@ bool VbdDriver::setup(Vbd& v) {
     spdlog::error("dom{}: vbd {}: {}", config_.domid, v.devid, e.what());
     return false;
   }
-  pages_in_use_ += pages_needed(cfg.ring_page_order, cfg.indirect_segments);
-  const auto& refs = v.blk->ring_refs();
-  const auto port = v.blk->event_channel();
+  pages_in_use_ += pages_needed(cfg);
+  const Blkfront& blk = *v.blk;
+  // blkif.h, "Multiple hardware queues/rings": with one queue the flat layout (ring-ref[N] and
+  // event-channel in the device directory, no multi-queue-num-queues, whether or not the backend
+  // offers more); with several, multi-queue-num-queues and queue-<i>/{ring-ref[N], event-channel};
+  // ring-page-order always in the device directory.
   auto r = xs_.transaction([&](TxId tx) -> Result<void> {
     auto w = [&](const std::string& name, const std::string& value) {
       return xs_.write(v.front + "/" + name, value, tx);
     };
     Result<void> res;
-    if (cfg.ring_page_order == 0) {
-      res = w("ring-ref", std::to_string(refs.at(0)));
-      if (!res) return res;
-    } else {
+    auto old = xs_.directory(v.front, tx);
+    if (!old) return xpv::fail(old.error());
+    for (const auto& name : *old) {
+      if (!is_ring_node(name)) continue;
+      res = xs_.rm(v.front + "/" + name, tx);
+      if (!res && res.error() != xenbus::wire::Error::enoent) return res;
+    }
+    if (cfg.ring_page_order > 0) {
       res = w("ring-page-order", std::to_string(cfg.ring_page_order));
       if (!res) return res;
-      for (std::size_t i = 0; i < refs.size(); ++i) {
-        res = w("ring-ref" + std::to_string(i), std::to_string(refs[i]));
-        if (!res) return res;
-      }
     }
-    for (auto [k, val] : {std::pair<const char*, std::string>{"event-channel", std::to_string(port)},
-                          {"protocol", "x86_64-abi"},
+    const bool multi = blk.queues() > 1;
+    if (multi) {
+      res = w("multi-queue-num-queues", std::to_string(blk.queues()));
+      if (!res) return res;
+    }
+    for (std::uint32_t q = 0; q < blk.queues(); ++q) {
+      const std::string dir = multi ? "queue-" + std::to_string(q) + "/" : "";
+      const auto& refs = blk.ring_refs(q);
+      if (cfg.ring_page_order == 0) {
+        res = w(dir + "ring-ref", std::to_string(refs.at(0)));
+        if (!res) return res;
+      } else {
+        for (std::size_t i = 0; i < refs.size(); ++i) {
+          res = w(dir + "ring-ref" + std::to_string(i), std::to_string(refs[i]));
+          if (!res) return res;
+        }
+      }
+      res = w(dir + "event-channel", std::to_string(blk.event_channel(q)));
+      if (!res) return res;
+    }
+    for (auto [k, val] : {std::pair<const char*, std::string>{"protocol", "x86_64-abi"},
                           {"feature-persistent", "0"},
                           {"state", std::to_string(static_cast<int>(XenbusState::initialised))}}) {
       res = w(k, val);
@@ -283,8 +321,9 @@ bool VbdDriver::setup(Vbd& v) {
     return false;
   }
   v.state = XenbusState::initialised;
-  spdlog::info("dom{}: vbd {}: ring published (order {}, {} indirect segments, port {})",
-               config_.domid, v.devid, cfg.ring_page_order, cfg.indirect_segments, port);
+  spdlog::info("dom{}: vbd {}: {} ring(s) published (order {}, {} indirect segments, first port {})",
+               config_.domid, v.devid, cfg.queues, cfg.ring_page_order, cfg.indirect_segments,
+               blk.event_channel(0));
   return true;
 }
 
@@ -333,8 +372,7 @@ void VbdDriver::teardown(Vbd& v) {
     --connected_;
   }
   if (v.blk) {
-    pages_in_use_ -= std::min(pages_in_use_, pages_needed(v.blk->config().ring_page_order,
-                                                          v.blk->config().indirect_segments));
+    pages_in_use_ -= std::min(pages_in_use_, pages_needed(v.blk->config()));
     v.blk.reset();
   }
   if (!v.mountpoint.empty()) {

@@ -2,7 +2,7 @@
 //
 //   xpv-front --domid N --name NAME --memory MiB [--run-dir D] [--foreground] [--log-level L]
 //             [--xenstore-timeout S] [--max-indirect-segments K] [--max-ring-page-order O]
-//             [--netns PATH] [--net-queues N]
+//             [--netns PATH] [--net-queues N] [--blk-queues N]
 //
 // Creates domain N (memfd memory, grant table, event channels, control socket <run-dir>/dom<N>.sock),
 // prints `ready` on stdout once the socket listens, then waits (bounded by --xenstore-timeout)
@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   std::uint32_t max_order = 0;
   std::string netns;
   unsigned net_queues = 1;
+  unsigned blk_queues = 1;
   app.add_option("--domid", domid, "domain id (1..32751)")->required();
   app.add_option("--name", name, "domain name")->required();
   app.add_option("--memory", memory_mib, "memory in MiB (1..65536)")->required();
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--netns", netns, "the domain's network namespace file (default /run/netns/xpv-dom<N>)");
   app.add_option("--net-queues", net_queues, "netif queues asked for per vif (1..16)")->capture_default_str();
+  app.add_option("--blk-queues", blk_queues, "blkif queues (rings) asked for per vbd (1..16)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
   if (max_indirect > 4096) return bad("--max-indirect-segments: expected 0..4096");
   if (max_order > 4) return bad("--max-ring-page-order: expected 0..4");
   if (net_queues < 1 || net_queues > 16) return bad("--net-queues: expected 1..16");
+  if (blk_queues < 1 || blk_queues > xpv::frontends::kBlkfrontMaxQueues) return bad("--blk-queues: expected 1..16");
   if (netns.empty()) netns = "/run/netns/xpv-dom" + std::to_string(domid);
   auto level = xpv::daemon::parse_log_level(log_level);
   if (!level) return bad("--log-level '" + log_level + "': expected trace, debug, info, warn, error or off");
@@ -208,6 +211,7 @@ int main(int argc, char** argv) {
   dcfg.run_dir = run_dir;
   dcfg.max_indirect_segments = max_indirect;
   dcfg.max_ring_page_order = max_order;
+  dcfg.max_queues = blk_queues;
   driver = std::make_unique<xpv::frontends::VbdDriver>(*domain, *events, *xs, dcfg);
   xpv::frontends::VifDriverConfig vcfg;
   vcfg.domid = cfg.domid;

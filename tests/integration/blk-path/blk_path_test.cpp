@@ -15,6 +15,7 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "xpv/blkback/queue.h"
@@ -79,23 +80,33 @@ class BlkPath : public ::testing::Test {
     // Backend side, from the refs and port the frontend would publish in xenstore.
     disk_ = std::make_unique<blkback::Disk>(blkback::Disk::open(image_, false));
     foreign_ = std::make_unique<domain::ForeignDomain>(domain::ForeignDomain::connect(3, "blkback", cfg.run_dir));
-    mapper_ = foreign_->make_mapper();
-    auto ring_map = mapper_->map(front_->ring_refs().at(0), false);
-    ASSERT_TRUE(ring_map);
-    auto back = ring::BlkifBackRing::attach(ring_map->writable());
-    ASSERT_TRUE(back);
-    queue_ = std::make_unique<blkback::BlkifQueue>("vbd3.51712", *disk_, *mapper_, std::move(*back),
-                                                   foreign_->bind(front_->event_channel()), bcfg);
-    queue_thread_ = std::thread([this] { queue_->run(); });
+    // One BlkifQueue (and data-plane thread) per ring, as xpv-blkback serves queue-<i>/.
+    for (std::uint32_t q = 0; q < front_->queues(); ++q) {
+      const auto& refs = front_->ring_refs(q);
+      ASSERT_EQ(refs.size(), 1u) << "single-page rings in this test";
+      // One GrantMapper per data-plane thread (mapper.h: a mapper has no lock), as
+      // xpv-blkback has one per queue.
+      mappers_.push_back(foreign_->make_mapper());
+      auto ring_map = mappers_.back()->map(refs.at(0), false);
+      ASSERT_TRUE(ring_map);
+      auto back = ring::BlkifBackRing::attach(ring_map->writable());
+      ASSERT_TRUE(back);
+      queues_.push_back(std::make_unique<blkback::BlkifQueue>(
+          "vbd3.51712." + std::to_string(q), *disk_, *mappers_.back(), std::move(*back),
+          foreign_->bind(front_->event_channel(q)), bcfg));
+      queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
+    }
     front_->connect({disk_->info().sectors, false, true, disk_->info().discard});
   }
   void stop_backend() {
-    if (queue_) queue_->stop();
-    if (queue_thread_.joinable()) queue_thread_.join();
-    queue_.reset();
-    mapper_.reset();
+    for (auto& q : queues_) q->stop();
+    for (auto& t : queue_threads_) t.join();
+    queue_threads_.clear();
+    queues_.clear();
+    mappers_.clear();
     foreign_.reset();
   }
+  blkback::BlkifQueue& queue(std::size_t q = 0) { return *queues_.at(q); }
   std::string image_bytes(off_t off, std::size_t n) {
     std::string s(n, '\0');
     int fd = ::open(image_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -120,9 +131,10 @@ class BlkPath : public ::testing::Test {
   std::unique_ptr<Blkfront> front_;
   std::unique_ptr<blkback::Disk> disk_;
   std::unique_ptr<domain::ForeignDomain> foreign_;
-  std::unique_ptr<gnttab::GrantMapper> mapper_;
-  std::unique_ptr<blkback::BlkifQueue> queue_;
-  std::thread io_thread_, events_thread_, queue_thread_;
+  std::vector<std::unique_ptr<gnttab::GrantMapper>> mappers_;  // one per queue
+  std::vector<std::unique_ptr<blkback::BlkifQueue>> queues_;
+  std::vector<std::thread> queue_threads_;
+  std::thread io_thread_, events_thread_;
 };
 
 TEST_F(BlkPath, WritesLandInTheImageAndReadBack) {
@@ -173,8 +185,8 @@ TEST_F(BlkPath, FlushAndDiscard) {
   EXPECT_EQ(image_bytes(99, 1), std::string(1, '\1'));
   EXPECT_EQ(image_bytes(100, 20000), std::string(20000, '\0'));
   EXPECT_EQ(image_bytes(20100, 1), std::string(1, '\1'));
-  EXPECT_EQ(queue_->counters().flushes.load(), 1u);
-  EXPECT_EQ(queue_->counters().discards.load(), 1u);
+  EXPECT_EQ(queue().counters().flushes.load(), 1u);
+  EXPECT_EQ(queue().counters().discards.load(), 1u);
 }
 
 TEST_F(BlkPath, ConcurrentCallersShareTheRing) {
@@ -193,6 +205,106 @@ TEST_F(BlkPath, ConcurrentCallersShareTheRing) {
   for (int t = 0; t < 4; ++t) {
     EXPECT_EQ(image_bytes((t * 32 + 31) * 32 * 1024 + 5, 1), std::string(1, static_cast<char>('a' + t)));
   }
+}
+
+TEST_F(BlkPath, TwoQueuesCarryConcurrentWriters) {
+  frontends::BlkfrontConfig f;
+  f.queues = 2;
+  start(f);
+  ASSERT_EQ(front_->queues(), 2u);
+  EXPECT_NE(front_->event_channel(0), front_->event_channel(1));
+  EXPECT_NE(front_->ring_refs(0).at(0), front_->ring_refs(1).at(0));
+  // Two threads write their own regions (different patterns, 44 KiB: one full direct request
+  // each time) at once; each thread keeps its queue, and consecutive threads get different ones.
+  constexpr int kThreads = 2, kWrites = 64;
+  constexpr std::size_t kChunk = 11 * 4096;
+  auto pattern = [](int t, int i, std::size_t k) {
+    return static_cast<std::uint8_t>(t * 131 + i * 7 + k * 13 + (k >> 9));
+  };
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<std::uint8_t> buf(kChunk);
+      for (int i = 0; i < kWrites; ++i) {
+        for (std::size_t k = 0; k < kChunk; ++k) buf[k] = pattern(t, i, k);
+        const std::uint64_t off = (std::uint64_t(i) * kThreads + t) * kChunk;
+        if (front_->write(off, buf) != static_cast<long>(kChunk)) ++failures;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  // Every queue carried requests, each answered on its own ring.
+  for (std::uint32_t q = 0; q < 2; ++q) {
+    EXPECT_GE(front_->queue_stats(q).requests, 1u) << "queue " << q;
+    EXPECT_EQ(front_->queue_stats(q).responses, front_->queue_stats(q).requests) << "queue " << q;
+    EXPECT_GE(queue(q).counters().writes.load(), 1u) << "backend queue " << q;
+  }
+  EXPECT_EQ(front_->stats().requests, std::uint64_t{kThreads} * kWrites);
+  // One flush (on this thread's queue) after every write was acknowledged.
+  EXPECT_EQ(front_->flush(), 0);
+  EXPECT_EQ(queue(0).counters().flushes.load() + queue(1).counters().flushes.load(), 1u);
+  // Read back through the frontend (this thread's queue) and straight from the image.
+  std::vector<std::uint8_t> back(kChunk), want(kChunk);
+  for (int i = 0; i < kWrites; ++i) {
+    for (int t = 0; t < kThreads; ++t) {
+      for (std::size_t k = 0; k < kChunk; ++k) want[k] = pattern(t, i, k);
+      const std::uint64_t off = (std::uint64_t(i) * kThreads + t) * kChunk;
+      ASSERT_EQ(front_->read(off, back), static_cast<long>(kChunk));
+      ASSERT_EQ(back, want) << "thread " << t << " write " << i;
+      ASSERT_EQ(image_bytes(static_cast<off_t>(off), kChunk),
+                std::string(reinterpret_cast<const char*>(want.data()), kChunk));
+    }
+  }
+  EXPECT_FALSE(front_->broken());
+}
+
+TEST_F(BlkPath, QueueCountOutOfRangeIsRefused) {
+  domain::DomainConfig cfg;
+  cfg.domid = 3;
+  cfg.name = "pv-disk-test";
+  cfg.memory_bytes = 8 << 20;
+  cfg.run_dir = dir_ + "/run";
+  shared_info_holder_ = std::make_unique<ForwardingSink>();
+  domain_ = std::make_unique<domain::Domain>(io_, cfg, *shared_info_holder_);
+  events_ = std::make_unique<frontends::GuestEvents>(domain_->pages(domain::Domain::kSharedInfoGfn, 1));
+  io_thread_ = std::thread([this] { io_.run(); });
+  for (std::uint32_t n : {0u, 17u}) {
+    frontends::BlkfrontConfig f;
+    f.queues = n;
+    EXPECT_THROW((Blkfront(*domain_, *events_, f)), std::invalid_argument) << n;
+  }
+  // The largest run of free pages the domain can hand out (alloc_pages is contiguous).
+  auto largest_free_run = [&] {
+    std::uint64_t lo = 0, hi = cfg.memory_bytes >> 12;
+    while (lo < hi) {  // ≤ 12 rounds
+      const std::uint64_t mid = (lo + hi + 1) / 2;
+      if (auto g = domain_->alloc_pages(mid)) {
+        domain_->free_pages(*g, mid);
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+  const std::uint64_t before = largest_free_run();
+  ASSERT_GT(before, 353u * 2) << "room for two direct-request queues (1 + 32 x 11 pages each)";
+  // 16 queues of direct requests (353 pages each) do not fit in 8 MiB: the queues made before
+  // the one that failed, and the half-made one, give back every page.
+  frontends::BlkfrontConfig big;
+  big.queues = 16;
+  EXPECT_THROW((Blkfront(*domain_, *events_, big)), std::runtime_error);
+  EXPECT_EQ(largest_free_run(), before);
+  frontends::BlkfrontConfig two;
+  two.queues = 2;
+  {
+    Blkfront b{*domain_, *events_, two};
+    EXPECT_EQ(b.queues(), 2u);
+    EXPECT_LE(largest_free_run(), before - 2 * 353);
+  }
+  EXPECT_EQ(largest_free_run(), before);
 }
 
 TEST_F(BlkPath, OutOfRangeIsRefusedByTheFrontend) {
@@ -237,7 +349,7 @@ TEST_F(BlkPath, Ext4OverFuseAndLoop) {
   // The same image, now straight from the host: the file system and the data are there.
   ASSERT_EQ(std::system(("mount -o ro,loop " + image_ + " " + fsdir).c_str()), 0);
   EXPECT_EQ(std::system(("sha256sum -c --quiet " + dir_ + "/sum").c_str()), 0);
-  EXPECT_GE(queue_->counters().flushes.load(), 1u);
+  EXPECT_GE(queue().counters().flushes.load(), 1u);
 }
 
 }  // namespace

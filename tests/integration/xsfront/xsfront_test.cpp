@@ -18,9 +18,11 @@ extern "C" {
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <atomic>
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -193,40 +195,54 @@ class XsFront : public ::testing::Test {
     return dom0_->read(fe_path(d, dev) + "/state").value_or("?");
   }
   // Backend: features, then InitWait.
+  // max_queues: the backend's multi-queue-max-queues, or no such node (nullopt).
   void offer(unsigned d, const std::string& dev, std::uint32_t indirect = 256,
-             std::uint32_t max_order = 0) {
+             std::uint32_t max_order = 0, std::optional<unsigned> max_queues = 1) {
     const std::string be = be_path(d, dev);
-    for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
-             {"feature-flush-cache", "1"}, {"feature-discard", "1"}, {"discard-granularity", "4096"},
-             {"discard-alignment", "0"}, {"discard-secure", "0"},
-             {"feature-max-indirect-segments", std::to_string(indirect)},
-             {"max-ring-page-order", std::to_string(max_order)}, {"multi-queue-max-queues", "1"},
-             {"feature-persistent", "0"}, {"state", "2"}}) {
-      ASSERT_TRUE(dom0_->write(be + "/" + k, v));
-    }
+    std::vector<std::pair<std::string, std::string>> nodes{
+        {"feature-flush-cache", "1"}, {"feature-discard", "1"}, {"discard-granularity", "4096"},
+        {"discard-alignment", "0"}, {"discard-secure", "0"},
+        {"feature-max-indirect-segments", std::to_string(indirect)},
+        {"max-ring-page-order", std::to_string(max_order)}, {"feature-persistent", "0"}};
+    if (max_queues) nodes.emplace_back("multi-queue-max-queues", std::to_string(*max_queues));
+    nodes.emplace_back("state", "2");
+    for (const auto& [k, v] : nodes) ASSERT_TRUE(dom0_->write(be + "/" + k, v));
   }
   // Backend: the frontend is Initialised — map its ring, bind its port, serve, say Connected.
   void connect_backend(unsigned d, const std::string& dev, const std::string& image, bool ro,
                        std::uint32_t indirect = 256) {
     const std::string fe = fe_path(d, dev);
-    auto ref = dom0_->read(fe + "/ring-ref");
-    auto port = dom0_->read(fe + "/event-channel");
-    ASSERT_TRUE(ref && port) << "the frontend published no ring-ref / event-channel";
+    // One ring (flat layout) or multi-queue-num-queues rings under queue-<i>/ (single-page rings
+    // in these tests), each served by its own BlkifQueue and thread, as xpv-blkback does.
+    unsigned nq = 1;
+    std::string prefix = fe + "/";
+    if (auto n = dom0_->read(fe + "/multi-queue-num-queues")) {
+      nq = static_cast<unsigned>(std::stoul(*n));
+      ASSERT_GE(nq, 2u) << "one queue is published in the flat layout";
+    }
     EXPECT_EQ(dom0_->read(fe + "/protocol").value_or(""), "x86_64-abi");
     disk_ = std::make_unique<blkback::Disk>(blkback::Disk::open(image, ro));
     foreign_ = std::make_unique<domain::ForeignDomain>(
         domain::ForeignDomain::connect(static_cast<std::uint16_t>(d), "blkback", run_));
-    mapper_ = foreign_->make_mapper();
-    auto ring_map = mapper_->map(static_cast<gnttab::GrantRef>(std::stoul(*ref)), false);
-    ASSERT_TRUE(ring_map);
-    auto back = ring::BlkifBackRing::attach(ring_map->writable());
-    ASSERT_TRUE(back);
-    blkback::QueueConfig qc;
-    qc.max_indirect_segments = indirect;
-    queue_ = std::make_unique<blkback::BlkifQueue>(
-        "vbd" + std::to_string(d) + "." + dev, *disk_, *mapper_, std::move(*back),
-        foreign_->bind(static_cast<std::uint32_t>(std::stoul(*port))), qc);
-    queue_thread_ = std::thread([this] { queue_->run(); });
+    for (unsigned q = 0; q < nq; ++q) {
+      const std::string dir = nq > 1 ? fe + "/queue-" + std::to_string(q) + "/" : fe + "/";
+      auto ref = dom0_->read(dir + "ring-ref");
+      auto port = dom0_->read(dir + "event-channel");
+      ASSERT_TRUE(ref && port) << "the frontend published no " << dir << "ring-ref / event-channel";
+      // One GrantMapper per data-plane thread (mapper.h: a mapper has no lock), as
+      // xpv-blkback has one per queue.
+      mappers_.push_back(foreign_->make_mapper());
+      auto ring_map = mappers_.back()->map(static_cast<gnttab::GrantRef>(std::stoul(*ref)), false);
+      ASSERT_TRUE(ring_map);
+      auto back = ring::BlkifBackRing::attach(ring_map->writable());
+      ASSERT_TRUE(back);
+      blkback::QueueConfig qc;
+      qc.max_indirect_segments = indirect;
+      queues_.push_back(std::make_unique<blkback::BlkifQueue>(
+          "vbd" + std::to_string(d) + "." + dev + "." + std::to_string(q), *disk_, *mappers_.back(),
+          std::move(*back), foreign_->bind(static_cast<std::uint32_t>(std::stoul(*port))), qc));
+      queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
+    }
     const std::string be = be_path(d, dev);
     ASSERT_TRUE(dom0_->write(be + "/sectors", std::to_string(disk_->info().sectors)));
     ASSERT_TRUE(dom0_->write(be + "/info", ro ? "4" : "0"));
@@ -235,10 +251,11 @@ class XsFront : public ::testing::Test {
     ASSERT_TRUE(dom0_->write(be + "/state", "4"));
   }
   void stop_backend() {
-    if (queue_) queue_->stop();
-    if (queue_thread_.joinable()) queue_thread_.join();
-    queue_.reset();
-    mapper_.reset();  // unmaps the ring
+    for (auto& q : queues_) q->stop();
+    for (auto& t : queue_threads_) t.join();
+    queue_threads_.clear();
+    queues_.clear();
+    mappers_.clear();  // unmaps the rings
     foreign_.reset();
     disk_.reset();
   }
@@ -282,9 +299,9 @@ class XsFront : public ::testing::Test {
   int introduced_ = 0, released_ = 0;
   std::unique_ptr<blkback::Disk> disk_;
   std::unique_ptr<domain::ForeignDomain> foreign_;
-  std::unique_ptr<gnttab::GrantMapper> mapper_;
-  std::unique_ptr<blkback::BlkifQueue> queue_;
-  std::thread queue_thread_;
+  std::vector<std::unique_ptr<gnttab::GrantMapper>> mappers_;  // one per queue
+  std::vector<std::unique_ptr<blkback::BlkifQueue>> queues_;
+  std::vector<std::thread> queue_threads_;
 };
 
 // A domain in this process (what xpv-front is made of) with its own RingClient, served by the real
@@ -378,10 +395,13 @@ TEST_F(XsFront, BadOptionsAreOneLine) {
            {"--domid", "3", "--name", "x"},
            {"--domid", "3", "--name", "x", "--memory", "0"},
            {"--domid", "3", "--name", "x", "--memory", "16", "--log-level", "loud"},
-           {"--domid", "3", "--name", "x", "--memory", "16", "--bogus"}}) {
+           {"--domid", "3", "--name", "x", "--memory", "16", "--bogus"},
+           {"--domid", "3", "--name", "x", "--memory", "16", "--blk-queues", "0"},
+           {"--domid", "3", "--name", "x", "--memory", "16", "--blk-queues", "17"},
+           {"--domid", "3", "--name", "x", "--memory", "16", "--blk-queues", "x"}}) {
     args.insert(args.begin(), XPV_FRONT_BIN);
     auto r = test::run(args, {});
-    EXPECT_EQ(r.rc, 2) << args[2];
+    EXPECT_EQ(r.rc, 2) << args[2] << " " << args.back();
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(r.err.rfind("xpv-front: ", 0), 0u) << r.err;
@@ -409,7 +429,7 @@ TEST_F(XsFront, BlockDeviceThroughXenbusFuseAndBackendClose) {
     ::close(fd);
   }
   EXPECT_EQ(image_bytes(image, 1 << 20, data.size()), std::string(data.data(), data.size()));
-  EXPECT_GE(queue_->counters().flushes.load(), 1u);
+  EXPECT_GE(queues_.at(0)->counters().flushes.load(), 1u);
   // The backend closes (toolstack detach): it lets go of the ring, says Closing; the frontend
   // unmounts, ends its grants and says Closed.
   stop_backend();
@@ -512,6 +532,142 @@ TEST_F(XsFront, MultiPageRingAndIndirectSegmentsAreNegotiated) {
   EXPECT_FALSE(dom0_->read(fe + "/ring-ref"));
   EXPECT_EQ(dom0_->read(fe + "/feature-persistent").value_or(""), "0");
   EXPECT_TRUE(dom0_->read(fe + "/event-channel"));
+}
+
+// Several threads write their own regions of the FUSE file at once, then each reads its region
+// back and fsyncs; then the image, read on the host, holds every byte.
+void write_from_threads(const std::string& file, const std::string& image, int threads) {
+  constexpr std::size_t kRegion = 512 * 1024, kIo = 64 * 1024;
+  auto byte = [](int t, std::size_t k) { return static_cast<char>(t * 37 + k * 11 + (k >> 12)); };
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) {
+        ++failures;
+        return;
+      }
+      std::vector<char> buf(kIo), back(kIo);
+      const off_t base = static_cast<off_t>((t + 1) * kRegion);
+      for (std::size_t o = 0; o < kRegion; o += kIo) {
+        for (std::size_t k = 0; k < kIo; ++k) buf[k] = byte(t, o + k);
+        if (::pwrite(fd, buf.data(), kIo, base + static_cast<off_t>(o)) != static_cast<ssize_t>(kIo)) ++failures;
+      }
+      for (std::size_t o = 0; o < kRegion; o += kIo) {
+        for (std::size_t k = 0; k < kIo; ++k) buf[k] = byte(t, o + k);
+        if (::pread(fd, back.data(), kIo, base + static_cast<off_t>(o)) != static_cast<ssize_t>(kIo) || back != buf) {
+          ++failures;
+        }
+      }
+      if (::fsync(fd) != 0) ++failures;
+      ::close(fd);
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  // What the image holds, read on the host.
+  int fd = ::open(image.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  std::vector<char> got(kRegion), want(kRegion);
+  for (int t = 0; t < threads; ++t) {
+    for (std::size_t k = 0; k < kRegion; ++k) want[k] = byte(t, k);
+    EXPECT_EQ(::pread(fd, got.data(), kRegion, static_cast<off_t>((t + 1) * kRegion)), static_cast<ssize_t>(kRegion));
+    EXPECT_EQ(got, want) << "thread " << t << "'s region";
+  }
+  ::close(fd);
+}
+
+TEST_F(XsFront, MultiQueueIsNegotiatedAndCarriesData) {
+  // The backend offers 4 queues; xpv-front asks for at most 2: multi-queue-num-queues = 2 and
+  // queue-0/, queue-1/ with ring-ref and event-channel each, no flat ring-ref (blkif.h).
+  const std::string image = make_image(16 << 20);
+  write_domain_nodes(5);
+  ASSERT_NO_FATAL_FAILURE(start_front(5, {"--blk-queues", "2"}));
+  ASSERT_NO_FATAL_FAILURE(introduce_front(5));
+  ASSERT_NO_FATAL_FAILURE(add_vbd(5, "51712", image, false));
+  ASSERT_NO_FATAL_FAILURE(offer(5, "51712", 256, 0, 4));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
+  const std::string fe = fe_path(5, "51712");
+  EXPECT_EQ(dom0_->read(fe + "/multi-queue-num-queues").value_or(""), "2");
+  for (const char* node : {"queue-0/ring-ref", "queue-1/ring-ref", "queue-0/event-channel", "queue-1/event-channel"}) {
+    EXPECT_TRUE(dom0_->read(fe + "/" + node)) << node;
+  }
+  EXPECT_NE(dom0_->read(fe + "/queue-0/event-channel").value_or("a"),
+            dom0_->read(fe + "/queue-1/event-channel").value_or("a"));
+  for (const char* node : {"ring-ref", "event-channel", "ring-page-order", "queue-2"}) {
+    EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be there";
+  }
+  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
+  ASSERT_EQ(queues_.size(), 2u);
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
+  const std::string file = disk_file(5, "51712");
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
+  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 4));
+  // Which FUSE worker thread (and so which queue) serves a request is libfuse's choice, so the
+  // split is reported, not asserted (blk_path_test asserts that two threads use two queues).
+  const auto q0 = queues_[0]->counters().writes.load(), q1 = queues_[1]->counters().writes.load();
+  RecordProperty("writes_queue0", std::to_string(q0));
+  RecordProperty("writes_queue1", std::to_string(q1));
+  EXPECT_GE(q0 + q1, 4u * 8u) << "4 threads x 8 writes of 64 KiB";
+  EXPECT_GE(queues_[0]->counters().flushes.load() + queues_[1]->counters().flushes.load(), 1u);
+}
+
+TEST_F(XsFront, WithoutMultiQueueTheFlatLayoutIsUsed) {
+  // A backend with no multi-queue-max-queues node serves one ring: xpv-front, though allowed 4
+  // queues, publishes ring-ref and event-channel in the device directory and no queue-<i>/.
+  const std::string image = make_image(16 << 20);
+  write_domain_nodes(5);
+  ASSERT_NO_FATAL_FAILURE(start_front(5, {"--blk-queues", "4"}));
+  ASSERT_NO_FATAL_FAILURE(introduce_front(5));
+  ASSERT_NO_FATAL_FAILURE(add_vbd(5, "51712", image, false));
+  ASSERT_NO_FATAL_FAILURE(offer(5, "51712", 256, 0, std::nullopt));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
+  const std::string fe = fe_path(5, "51712");
+  EXPECT_TRUE(dom0_->read(fe + "/ring-ref"));
+  EXPECT_TRUE(dom0_->read(fe + "/event-channel"));
+  for (const char* node : {"multi-queue-num-queues", "queue-0", "queue-0/ring-ref"}) {
+    EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be there";
+  }
+  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
+  ASSERT_EQ(queues_.size(), 1u);
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
+  const std::string file = disk_file(5, "51712");
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
+  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
+}
+
+TEST_F(XsFront, ASetupAfterACloseLeavesNoNodesOfTheEarlierLayout) {
+  // Set up with 2 queues; the backend closes and offers the device again without multi-queue
+  // (say, restarted with other options): the new setup is flat, and neither
+  // multi-queue-num-queues nor queue-<i>/ of the first one is left for the backend to misread.
+  const std::string image = make_image(16 << 20);
+  write_domain_nodes(5);
+  ASSERT_NO_FATAL_FAILURE(start_front(5, {"--blk-queues", "2"}));
+  ASSERT_NO_FATAL_FAILURE(introduce_front(5));
+  ASSERT_NO_FATAL_FAILURE(add_vbd(5, "51712", image, false));
+  ASSERT_NO_FATAL_FAILURE(offer(5, "51712", 256, 0, 2));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; }));
+  const std::string fe = fe_path(5, "51712"), be = be_path(5, "51712");
+  ASSERT_EQ(dom0_->read(fe + "/multi-queue-num-queues").value_or(""), "2");
+  ASSERT_TRUE(dom0_->write(be + "/state", "5"));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "6"; })) << front_state(5, "51712");
+  ASSERT_TRUE(dom0_->write(be + "/state", "6"));
+  ASSERT_TRUE(dom0_->rm(be + "/multi-queue-max-queues"));
+  ASSERT_TRUE(dom0_->write(be + "/state", "2"));
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "3"; })) << front_state(5, "51712");
+  EXPECT_TRUE(dom0_->read(fe + "/ring-ref"));
+  EXPECT_TRUE(dom0_->read(fe + "/event-channel"));
+  for (const char* node : {"multi-queue-num-queues", "queue-0", "queue-1"}) {
+    EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be left";
+  }
+  // And it works: the backend serves the one ring.
+  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
+  ASSERT_EQ(queues_.size(), 1u);
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
+  const std::string file = disk_file(5, "51712");
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
+  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
 }
 
 }  // namespace

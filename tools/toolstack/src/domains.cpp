@@ -271,8 +271,10 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
         argv.push_back(cfg.ramdisk);
       }
     } else {
-      // One netif queue per vcpu, as Linux's netfront has it (bounded by the backend).
+      // One netif and one blkif queue per vcpu, as Linux's netfront and blkfront have it
+      // (bounded by the backend).
       const std::vector<std::string> more{"--netns", rec.netns, "--net-queues",
+                                          std::to_string(std::clamp(cfg.vcpus, 1u, 16u)), "--blk-queues",
                                           std::to_string(std::clamp(cfg.vcpus, 1u, 16u))};
       argv.insert(argv.end(), more.begin(), more.end());
     }

@@ -1,31 +1,50 @@
-// Blkfront — xpv's own blkif frontend, the data path (its xenbus negotiation is separate):
-// turns blocking read/write/flush/discard calls from any thread (FUSE's worker threads) into
-// blkif requests on a shared ring in the domain's memory, with data in pre-granted pages of that
-// memory, and completes them from the domain's event handler.
+// Blkfront — xpv's own blkif frontend, the data path (its xenbus negotiation is separate): turns
+// blocking read/write/flush/discard calls from any thread (FUSE's worker threads) into blkif
+// requests on one or more shared rings in the domain's memory (one BlkfrontQueue each: ring,
+// event channel, slots with pre-granted data pages), completed from the domain's event handler.
 //
-//   caller thread: take a free slot → copy data into its granted pages → request → push
-//                  (notify the backend if the ring says so) → wait for the slot's completion
-//   event handler: pop responses → validate id → complete the slot → final check → repeat
+// Which queue a call uses: the calling thread's. Each thread that calls in is given an ordinal
+// once (a process-wide counter, on its first call); it uses queue ordinal % queues. That is
+// xpv's counterpart of Linux's blk-mq mapping a CPU to a hardware queue: the callers (FUSE
+// workers, bench threads) stand for the guest's CPUs here; consecutive threads land on
+// different queues, so N busy threads spread over N queues and each queue's lock is taken
+// mostly by its own threads, and one thread's requests stay on one ring. (Round-robin per
+// request would spread even one thread's requests, but every caller would contend for every
+// queue's lock and cache lines.) A thread whose queue is full waits for a slot on it even if
+// another queue has room.
 //
-// The data pages of each slot are granted to the backend once, at construction (the backend
-// maps and unmaps them per request; what Linux calls persistent grants is only the frontend
-// half). A response that names no outstanding request, or a bad ring index, breaks the device:
-// every later call returns -EIO (DESIGN.md §5 — the guest side distrusts the backend too).
+// Large I/O is split into requests of at most the queue's segments (11 direct, or the
+// negotiated indirect segments); partial sectors are read-modify-written (one at a time).
+//
+// Flush guarantee: flush() returns only after every write that was acknowledged (its write()
+// returned) before flush() was called is durable. It sends one BLKIF_OP_FLUSH_DISKCACHE on the
+// calling thread's queue, not one per queue: blkif orders nothing across rings (as with Linux,
+// a flush answered on queue A does not wait for writes still in flight on queue B), but writes
+// that were already acknowledged were completed by the backend, and xpv-blkback (O_DIRECT, and
+// fdatasync on the one image file for a flush, whichever queue it came on) makes them durable
+// with a flush on any one queue. Writes still in flight when flush() is called are not covered
+// (a block device's flush never covers those).
+//
+// A queue that the backend breaks (a response naming no outstanding request, a bad ring index)
+// breaks the whole device: every later call on any queue returns -EIO (DESIGN.md §5).
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <vector>
 
 #include "xpv/domain/domain.h"
+#include "xpv/frontends/blkfront_queue.h"
 #include "xpv/frontends/fuse_disk.h"
 #include "xpv/frontends/guest_events.h"
-#include "xpv/ring/blkif.h"
 
 namespace xpv::frontends {
+
+// The most queues a Blkfront has (xpv-front's --blk-queues range).
+inline constexpr std::uint32_t kBlkfrontMaxQueues = 16;
 
 struct BlkfrontGeometry {
   std::uint64_t sectors = 0;  // 512-byte sectors, from the backend's `sectors` node
@@ -35,28 +54,30 @@ struct BlkfrontGeometry {
 };
 
 struct BlkfrontConfig {
-  std::uint32_t ring_page_order = 0;     // 2^order ring pages (≤ backend's max-ring-page-order)
+  std::uint32_t ring_page_order = 0;     // 2^order ring pages per queue (≤ backend's max-ring-page-order)
   std::uint32_t indirect_segments = 0;   // 0: direct requests only (11 segments)
+  std::uint32_t queues = 1;              // 1..kBlkfrontMaxQueues (≤ backend's multi-queue-max-queues)
   domain::DomId backend = 0;
 };
 
 class Blkfront final : public BlockTarget {
  public:
-  // Allocates and grants the ring and data pages in `dom`, allocates the event channel (unbound
-  // for the backend) and registers its handler with `events`. Throws if the domain has no room.
+  // Creates config.queues BlkfrontQueues (rings, data pages, grants, event channels) in `dom`.
+  // Throws if the domain has no room or the config is out of range (nothing is left allocated).
   Blkfront(domain::Domain& dom, GuestEvents& events, BlkfrontConfig config);
   ~Blkfront() override;
   Blkfront(const Blkfront&) = delete;
   Blkfront& operator=(const Blkfront&) = delete;
 
-  // What the xenbus negotiation publishes (ring-ref / ring-refN, event-channel).
-  const std::vector<gnttab::GrantRef>& ring_refs() const noexcept { return ring_refs_; }
-  domain::Port event_channel() const noexcept { return port_; }
+  // What the xenbus negotiation publishes per queue (ring-ref / ring-refN, event-channel).
+  std::uint32_t queues() const noexcept { return static_cast<std::uint32_t>(queues_.size()); }
+  const std::vector<gnttab::GrantRef>& ring_refs(std::uint32_t queue = 0) const { return queues_.at(queue)->ring_refs(); }
+  domain::Port event_channel(std::uint32_t queue = 0) const { return queues_.at(queue)->event_channel(); }
   const BlkfrontConfig& config() const noexcept { return config_; }
 
-  // Called once the backend is Connected and its geometry is known.
+  // Called once the backend is Connected and its geometry is known (before any I/O).
   void connect(const BlkfrontGeometry& g);
-  bool broken() const noexcept;
+  bool broken() const noexcept { return broken_.load(std::memory_order_acquire); }
 
   // BlockTarget (any thread).
   std::uint64_t size_bytes() const override { return geometry_.sectors * 512; }
@@ -66,43 +87,19 @@ class Blkfront final : public BlockTarget {
   int flush() override;
   int discard(std::uint64_t offset, std::uint64_t length) override;
 
-  struct Stats {
-    std::uint64_t requests = 0, notifications = 0, responses = 0;
-  };
-  Stats stats() const;
+  using Stats = BlkfrontQueue::Stats;
+  Stats stats() const;                           // all queues summed
+  Stats queue_stats(std::uint32_t queue) const;  // one queue
 
  private:
-  struct Slot {
-    std::vector<std::uint64_t> gfns;               // data pages
-    std::vector<gnttab::GrantRef> refs;            // their grants (rw to the backend)
-    std::vector<std::uint64_t> indirect_gfns;      // pages of indirect descriptors
-    std::vector<gnttab::GrantRef> indirect_refs;
-    bool busy = false, done = false;
-    std::int16_t status = 0;
-  };
-
-  std::uint32_t max_segments() const noexcept;
-  // Sector-aligned I/O of whole sectors through one slot at a time; returns 0 or -errno.
+  BlkfrontQueue& my_queue() noexcept;  // the calling thread's
+  // Sector-aligned I/O of whole sectors, split into requests on the caller's queue; 0 or -errno.
   int io_sectors(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect);
-  int submit_and_wait(const ring::BlkifRequest& req, std::uint32_t slot);
-  std::uint32_t take_slot(std::unique_lock<std::mutex>& l);
-  void on_event();
 
-  domain::Domain& dom_;
-  GuestEvents& events_;
   BlkfrontConfig config_;
   BlkfrontGeometry geometry_;
-  std::uint64_t ring_gfn_ = 0;
-  std::vector<gnttab::GrantRef> ring_refs_;
-  domain::Port port_ = 0;
-
-  mutable std::mutex lock_;             // ring, slots, stats
-  std::condition_variable slot_free_;   // a slot was returned
-  std::condition_variable completed_;   // a slot completed
-  std::optional<ring::BlkifFrontRing> ring_;
-  std::vector<Slot> slots_;
-  bool broken_ = false;
-  Stats stats_;
+  std::atomic<bool> broken_{false};  // raised by any queue (before queues_: they refer to it)
+  std::vector<std::unique_ptr<BlkfrontQueue>> queues_;
   std::mutex rmw_;  // serialises read-modify-write of partial sectors
 };
 

@@ -3,9 +3,14 @@
 // block device"), with xpv's Blkfront as the data path and a FuseDisk as the disk's face:
 //
 //   backend InitWait  ─setup──► read feature-max-indirect-segments, max-ring-page-order,
-//     (we: Initialising)        feature-flush-cache, feature-discard; create the Blkfront;
-//                               publish ring-ref | ring-page-order + ring-ref<i>, event-channel,
-//                               protocol = x86_64-abi, feature-persistent = 0, state = 3
+//     (we: Initialising)        multi-queue-max-queues (absent: 1), feature-flush-cache,
+//                               feature-discard; create the Blkfront with
+//                               Q = min(backend's, max_queues) queues; one transaction: remove
+//                               ring nodes of an earlier setup; [ring-page-order]; Q = 1:
+//                               ring-ref | ring-ref<i>, event-channel; Q > 1:
+//                               multi-queue-num-queues = Q, queue-<q>/{ring-ref | ring-ref<i>,
+//                               event-channel}; protocol = x86_64-abi, feature-persistent = 0,
+//                               state = 3
 //   backend Connected ─connect► read sectors, info (bit 2 = read-only), sector-size; mount
 //     (we: Initialised)         <run_dir>/dom<N>/vbd/<devid>/disk (FUSE); state = 4
 //   backend Closing / Closed ─► unmount, destroy the Blkfront; state = 6
@@ -41,6 +46,7 @@ struct VbdDriverConfig {
   std::string run_dir = "/run/xpv";            // disks at <run_dir>/dom<N>/vbd/<devid>/disk
   std::uint32_t max_indirect_segments = 256;   // we ask for min(this, the backend's)
   std::uint32_t max_ring_page_order = 0;       // we use min(this, the backend's)
+  std::uint32_t max_queues = 1;                // we use min(this, the backend's multi-queue-max-queues, 16)
   std::chrono::milliseconds close_timeout{5000};  // shutdown: wait for the backend per device
 };
 

@@ -1,0 +1,104 @@
+// BlkfrontQueue — one blkif ring of a Blkfront (blkif.h "Multiple hardware queues/rings"): its
+// shared ring pages in the domain's memory, its event channel, its slots with their pre-granted
+// data pages, and the one-request-at-a-time-per-slot protocol on it:
+//
+//   caller thread: take a free slot → copy data into its granted pages → request → push
+//                  (notify the backend if the ring says so) → wait for the slot's completion →
+//                  copy read data out → free the slot
+//   event handler: pop responses → validate id → complete the slot → final check → repeat
+//
+// The data pages of each slot are granted to the backend once, at construction (the backend
+// maps and unmaps them per request; what Linux calls persistent grants is only the frontend
+// half). A response that names no outstanding request, or a bad ring index, breaks the queue and
+// raises the device's `broken` flag (shared by every queue of one Blkfront): every later request
+// on any queue returns -EIO (DESIGN.md §5 — the guest side distrusts the backend too).
+//
+// Threading: transfer()/simple() from any thread (the Blkfront's callers); on_event() on the
+// GuestEvents dispatcher thread. One mutex (lock_) guards the ring, the slots and the stats; it
+// is a leaf lock (nothing else is taken while it is held).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "xpv/domain/domain.h"
+#include "xpv/frontends/guest_events.h"
+#include "xpv/ring/blkif.h"
+
+namespace xpv::frontends {
+
+struct BlkfrontQueueConfig {
+  std::uint32_t ring_page_order = 0;     // 2^order ring pages (0..4)
+  std::uint32_t indirect_segments = 0;   // 0: direct requests only (11 segments)
+  domain::DomId backend = 0;
+};
+
+class BlkfrontQueue {
+ public:
+  // Allocates and grants the ring and data pages in `dom`, allocates the event channel (unbound
+  // for the backend) and registers its handler with `events`. `broken` is the device's flag.
+  // Throws if the domain has no room (whatever was allocated is given back first).
+  BlkfrontQueue(domain::Domain& dom, GuestEvents& events, BlkfrontQueueConfig config,
+                std::atomic<bool>& broken);
+  ~BlkfrontQueue();
+  BlkfrontQueue(const BlkfrontQueue&) = delete;
+  BlkfrontQueue& operator=(const BlkfrontQueue&) = delete;
+
+  const std::vector<gnttab::GrantRef>& ring_refs() const noexcept { return ring_refs_; }
+  domain::Port event_channel() const noexcept { return port_; }
+
+  // Most 512-byte sectors one transfer() carries (its segments × 8).
+  std::uint64_t max_sectors() const noexcept;
+  // One read or write request of 1..max_sectors() whole sectors from/into `buf` (any thread;
+  // blocks until answered). Returns 0, -EIO (error response or broken) or -EOPNOTSUPP.
+  int transfer(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect);
+  // One request without data (flush, discard): `req`'s id is set here (id sits at offset 8 in
+  // every blkif request layout). Same results.
+  int simple(ring::BlkifRequest req);
+
+  struct Stats {
+    std::uint64_t requests = 0, notifications = 0, responses = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Slot {
+    std::vector<std::uint64_t> gfns;               // data pages
+    std::vector<gnttab::GrantRef> refs;            // their grants (rw to the backend)
+    std::vector<std::uint64_t> indirect_gfns;      // pages of indirect descriptors
+    std::vector<gnttab::GrantRef> indirect_refs;
+    bool busy = false, done = false;
+    std::int16_t status = 0;
+  };
+
+  std::uint32_t max_segments() const noexcept;
+  void release() noexcept;  // gives back whatever the constructor got (also a partial set)
+  std::uint32_t take_slot();
+  void free_slot(std::uint32_t id);
+  int submit_and_wait(const ring::BlkifRequest& req, std::uint32_t slot);
+  void break_queue();  // lock_ held: this ring is unusable, and so is the device
+  void on_event();
+
+  domain::Domain& dom_;
+  GuestEvents& events_;
+  BlkfrontQueueConfig config_;
+  std::atomic<bool>& broken_;
+  std::uint64_t ring_gfn_ = 0;  // 0: not allocated
+  std::vector<gnttab::GrantRef> ring_refs_;
+  std::optional<domain::Port> port_alloc_;
+  domain::Port port_ = 0;
+
+  mutable std::mutex lock_;             // ring, slots, stats
+  std::condition_variable slot_free_;   // a slot was returned
+  std::condition_variable completed_;   // a slot completed (or the device broke)
+  std::optional<ring::BlkifFrontRing> ring_;
+  std::vector<Slot> slots_;
+  bool dead_ = false;  // this ring broke (waiters on it give up; other rings finish what is in flight)
+  Stats stats_;
+};
+
+}  // namespace xpv::frontends

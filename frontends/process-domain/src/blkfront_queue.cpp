@@ -1,0 +1,258 @@
+// One blkif ring of a Blkfront (see blkfront_queue.h).
+#include "xpv/frontends/blkfront_queue.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace xpv::frontends {
+
+using namespace xpv::ring;
+
+namespace {
+constexpr std::uint64_t kSector = 512;
+constexpr std::uint64_t kSectorsPerPage = kPageSize / kSector;
+}  // namespace
+
+std::uint32_t BlkfrontQueue::max_segments() const noexcept {
+  return config_.indirect_segments ? config_.indirect_segments : kBlkifMaxSegmentsPerRequest;
+}
+
+std::uint64_t BlkfrontQueue::max_sectors() const noexcept {
+  return std::uint64_t{max_segments()} * kSectorsPerPage;
+}
+
+BlkfrontQueue::BlkfrontQueue(domain::Domain& dom, GuestEvents& events, BlkfrontQueueConfig config,
+                             std::atomic<bool>& broken)
+    : dom_(dom), events_(events), config_(config), broken_(broken) {
+  if (config_.ring_page_order > 4) throw std::invalid_argument("blkfront: ring page order above 4");
+  if (config_.indirect_segments > kBlkifMaxIndirectSegments) {
+    throw std::invalid_argument("blkfront: more indirect segments than blkif allows");
+  }
+  auto& grants = dom_.grants();
+  auto grant = [&](std::uint64_t gfn, bool ro) {
+    auto r = grants.grant_access(config_.backend, gfn, ro);
+    if (!r) throw std::runtime_error("blkfront: grant table full");
+    return *r;
+  };
+  auto need_gfn = [&](std::uint64_t n, const char* what) {
+    auto g = dom_.alloc_pages(n);
+    if (!g) throw std::runtime_error(std::string("blkfront: the domain has no room for ") + what);
+    return *g;
+  };
+  try {
+    const std::uint64_t ring_pages = std::uint64_t{1} << config_.ring_page_order;
+    ring_gfn_ = need_gfn(ring_pages, "the ring");
+    auto front = BlkifFrontRing::init(dom_.pages(ring_gfn_, ring_pages));
+    if (!front) throw std::runtime_error("blkfront: cannot set up the ring");
+    ring_.emplace(std::move(*front));
+    for (std::uint64_t i = 0; i < ring_pages; ++i) ring_refs_.push_back(grant(ring_gfn_ + i, false));
+
+    slots_.resize(ring_->size());
+    const std::uint32_t segs = max_segments();
+    const std::uint32_t ind_pages = config_.indirect_segments ? blkif_indirect_pages(segs) : 0;
+    for (Slot& s : slots_) {
+      const std::uint64_t base = need_gfn(segs, "data pages");
+      for (std::uint32_t i = 0; i < segs; ++i) s.gfns.push_back(base + i);
+      for (std::uint32_t i = 0; i < segs; ++i) s.refs.push_back(grant(base + i, false));  // rw: reads land in them
+      if (ind_pages) {
+        const std::uint64_t ib = need_gfn(ind_pages, "indirect pages");
+        for (std::uint32_t i = 0; i < ind_pages; ++i) s.indirect_gfns.push_back(ib + i);
+        for (std::uint32_t i = 0; i < ind_pages; ++i) {
+          s.indirect_refs.push_back(grant(ib + i, true));  // the backend only reads descriptors
+        }
+      }
+    }
+    auto port = dom_.evtchn().alloc_unbound(config_.backend);
+    if (!port) throw std::runtime_error("blkfront: no event channel");
+    port_alloc_ = *port;
+    port_ = *port;
+    events_.set_handler(port_, [this] { on_event(); });
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+BlkfrontQueue::~BlkfrontQueue() { release(); }
+
+void BlkfrontQueue::release() noexcept {
+  if (port_alloc_) {
+    events_.clear_handler(*port_alloc_);
+    (void)dom_.evtchn().close(*port_alloc_);
+    port_alloc_.reset();
+  }
+  auto& grants = dom_.grants();
+  auto end = [&](gnttab::GrantRef r) {
+    if (!grants.end_access(r)) spdlog::warn("blkfront: grant {} still mapped by the backend; leaked", r);
+  };
+  for (Slot& s : slots_) {
+    for (auto r : s.refs) end(r);
+    for (auto r : s.indirect_refs) end(r);
+    if (!s.gfns.empty()) dom_.free_pages(s.gfns.front(), s.gfns.size());
+    if (!s.indirect_gfns.empty()) dom_.free_pages(s.indirect_gfns.front(), s.indirect_gfns.size());
+  }
+  slots_.clear();
+  for (auto r : ring_refs_) end(r);
+  ring_refs_.clear();
+  if (ring_gfn_) dom_.free_pages(ring_gfn_, std::uint64_t{1} << config_.ring_page_order);
+  ring_gfn_ = 0;
+}
+
+BlkfrontQueue::Stats BlkfrontQueue::stats() const {
+  std::lock_guard l(lock_);
+  return stats_;
+}
+
+void BlkfrontQueue::break_queue() {
+  dead_ = true;
+  broken_.store(true, std::memory_order_release);
+  completed_.notify_all();
+  slot_free_.notify_all();
+}
+
+std::uint32_t BlkfrontQueue::take_slot() {
+  std::unique_lock l(lock_);
+  for (;;) {
+    if (dead_ || broken_.load(std::memory_order_acquire)) return UINT32_MAX;
+    for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].busy) {
+        slots_[i].busy = true;
+        slots_[i].done = false;
+        return i;
+      }
+    }
+    slot_free_.wait(l);
+  }
+}
+
+void BlkfrontQueue::free_slot(std::uint32_t id) {
+  {
+    std::lock_guard l(lock_);
+    slots_[id].busy = false;
+  }
+  slot_free_.notify_one();
+}
+
+int BlkfrontQueue::submit_and_wait(const BlkifRequest& req, std::uint32_t slot) {
+  std::unique_lock l(lock_);
+  if (dead_ || broken_.load(std::memory_order_acquire)) return -EIO;
+  if (!ring_->produce_request(req)) {
+    break_queue();  // more requests than slots: cannot happen unless our bookkeeping broke
+    return -EIO;
+  }
+  ++stats_.requests;
+  if (ring_->push_requests()) {
+    ++stats_.notifications;
+    (void)dom_.evtchn().send(port_);
+  }
+  completed_.wait(l, [&] { return slots_[slot].done || dead_; });
+  if (!slots_[slot].done) return -EIO;
+  switch (slots_[slot].status) {
+    case kBlkifRspOkay: return 0;
+    case kBlkifRspEopnotsupp: return -EOPNOTSUPP;
+    default: return -EIO;
+  }
+}
+
+// GuestEvents dispatcher thread.
+void BlkfrontQueue::on_event() {
+  std::lock_guard l(lock_);
+  for (int rounds = 0; rounds < 64 && !dead_; ++rounds) {
+    for (;;) {
+      auto rsp = ring_->pop_response();
+      if (!rsp) {
+        if (rsp.error() != RingError::empty) break_queue();
+        break;
+      }
+      ++stats_.responses;
+      // The backend is not trusted either: the id must name a slot that waits for an answer.
+      if (rsp->id >= slots_.size() || !slots_[rsp->id].busy || slots_[rsp->id].done) {
+        spdlog::error("blkfront: response for id {:#x} names no outstanding request", rsp->id);
+        break_queue();
+        break;
+      }
+      Slot& s = slots_[rsp->id];
+      s.status = rsp->status;
+      s.done = true;
+    }
+    if (dead_) break;
+    auto more = ring_->final_check_for_responses();
+    if (!more) {
+      break_queue();
+      break;
+    }
+    if (!*more) break;
+  }
+  completed_.notify_all();
+}
+
+int BlkfrontQueue::transfer(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect) {
+  if (nsect == 0 || nsect > max_sectors()) return -EINVAL;
+  const auto nsegs = static_cast<std::uint32_t>((nsect + kSectorsPerPage - 1) / kSectorsPerPage);
+  const std::uint32_t id = take_slot();
+  if (id == UINT32_MAX) return -EIO;
+  // The slot is ours until free_slot(): its pages and descriptors are touched without lock_.
+  Slot& s = slots_[id];
+  const std::uint64_t bytes = nsect * kSector;
+  auto page_len = [&](std::uint32_t i) {
+    return std::min<std::uint64_t>(kPageSize, bytes - std::uint64_t{i} * kPageSize);
+  };
+  if (write) {
+    for (std::uint32_t i = 0; i < nsegs; ++i) {
+      std::memcpy(dom_.pages(s.gfns[i], 1).data(), buf + std::uint64_t{i} * kPageSize, page_len(i));
+    }
+  }
+  auto seg = [&](std::uint32_t i) {
+    const std::uint64_t left = nsect - std::uint64_t{i} * kSectorsPerPage;
+    BlkifRequestSegment g{};
+    g.gref = s.refs[i];
+    g.first_sect = 0;
+    g.last_sect = static_cast<std::uint8_t>(std::min<std::uint64_t>(left, kSectorsPerPage) - 1);
+    return g;
+  };
+  BlkifRequest req{};
+  if (nsegs <= kBlkifMaxSegmentsPerRequest) {
+    req.operation = write ? kBlkifOpWrite : kBlkifOpRead;
+    req.nr_segments = static_cast<std::uint8_t>(nsegs);
+    req.id = id;
+    req.sector_number = sector;
+    for (std::uint32_t i = 0; i < nsegs; ++i) req.seg[i] = seg(i);
+  } else {
+    BlkifRequestIndirect ind{};
+    ind.operation = kBlkifOpIndirect;
+    ind.indirect_op = write ? kBlkifOpWrite : kBlkifOpRead;
+    ind.nr_segments = static_cast<std::uint16_t>(nsegs);
+    ind.id = id;
+    ind.sector_number = sector;
+    for (std::uint32_t i = 0; i < nsegs; ++i) {
+      auto page = dom_.pages(s.indirect_gfns[i / kBlkifSegsPerIndirectFrame], 1);
+      const BlkifRequestSegment g = seg(i);
+      std::memcpy(page.data() + (i % kBlkifSegsPerIndirectFrame) * sizeof g, &g, sizeof g);
+    }
+    for (std::uint32_t p = 0; p < blkif_indirect_pages(nsegs); ++p) ind.indirect_grefs[p] = s.indirect_refs[p];
+    req = blkif_pack(ind);
+  }
+  const int rc = submit_and_wait(req, id);
+  if (rc == 0 && !write) {
+    for (std::uint32_t i = 0; i < nsegs; ++i) {
+      std::memcpy(buf + std::uint64_t{i} * kPageSize, dom_.pages(s.gfns[i], 1).data(), page_len(i));
+    }
+  }
+  free_slot(id);
+  return rc;
+}
+
+int BlkfrontQueue::simple(BlkifRequest req) {
+  const std::uint32_t id = take_slot();
+  if (id == UINT32_MAX) return -EIO;
+  req.id = id;
+  const int rc = submit_and_wait(req, id);
+  free_slot(id);
+  return rc;
+}
+
+}  // namespace xpv::frontends
