@@ -3,8 +3,11 @@
 //
 //   guest TX: tx ring ──pop (copies)──► validate slots ──map grants ro──► VnetHdr + iovec
 //             ──writev──► TAP (host stack)          responses in ring order, one per slot
-//   guest RX: TAP ──readv (VnetHdr + frame)──► wait for enough posted rx buffers ──grant COPY into
-//             them──► rx responses (+ GSO extra-info slot)     request-rx-copy is the only mode
+//   guest RX: with rx buffers for the largest packet (kRxDirectSlots) popped and mapped
+//             writable: TAP ──readv (VnetHdr + frame) straight into those pages──► rx responses
+//             (+ GSO extra-info slot); with fewer posted: TAP ──readv──► bounce buffer ──wait for
+//             enough rx buffers──► memcpy into them.   request-rx-copy is the only mode offered
+//             (netfront grants writable buffers; whether we copy or map is ours to choose)
 //
 // Fairness: a FairScheduler (fair_scheduler.h) decides which direction runs next; each turn
 // moves a bounded batch (quantum bytes, max packets), responses are pushed after every turn, so a
