@@ -294,6 +294,10 @@ class XsFront : public ::testing::Test {
   std::string run_;
   std::optional<test::Daemon> xsd_;
   std::unique_ptr<SyncClient> dom0_;
+  // The test plays the backend of domain 5's vbd 51712 over `queues` rings, then `threads` write
+  // through the FUSE file and the image must hold it all.
+  void serve_and_write(const std::string& image, std::size_t queues, int threads);
+
   std::optional<test::Proc> front_;
   std::mutex m_;
   int introduced_ = 0, released_ = 0;
@@ -578,6 +582,15 @@ void write_from_threads(const std::string& file, const std::string& image, int t
   ::close(fd);
 }
 
+void XsFront::serve_and_write(const std::string& image, std::size_t queues, int threads) {
+  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
+  ASSERT_EQ(queues_.size(), queues);
+  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
+  const std::string file = disk_file(5, "51712");
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
+  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, threads));
+}
+
 TEST_F(XsFront, MultiQueueIsNegotiatedAndCarriesData) {
   // The backend offers 4 queues; xpv-front asks for at most 2: multi-queue-num-queues = 2 and
   // queue-0/, queue-1/ with ring-ref and event-channel each, no flat ring-ref (blkif.h).
@@ -598,12 +611,7 @@ TEST_F(XsFront, MultiQueueIsNegotiatedAndCarriesData) {
   for (const char* node : {"ring-ref", "event-channel", "ring-page-order", "queue-2"}) {
     EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be there";
   }
-  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
-  ASSERT_EQ(queues_.size(), 2u);
-  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
-  const std::string file = disk_file(5, "51712");
-  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
-  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 4));
+  ASSERT_NO_FATAL_FAILURE(serve_and_write(image, 2, 4));
   // Which FUSE worker thread (and so which queue) serves a request is libfuse's choice, so the
   // split is reported, not asserted (blk_path_test asserts that two threads use two queues).
   const auto q0 = queues_[0]->counters().writes.load(), q1 = queues_[1]->counters().writes.load();
@@ -629,12 +637,7 @@ TEST_F(XsFront, WithoutMultiQueueTheFlatLayoutIsUsed) {
   for (const char* node : {"multi-queue-num-queues", "queue-0", "queue-0/ring-ref"}) {
     EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be there";
   }
-  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
-  ASSERT_EQ(queues_.size(), 1u);
-  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
-  const std::string file = disk_file(5, "51712");
-  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
-  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
+  ASSERT_NO_FATAL_FAILURE(serve_and_write(image, 1, 2));
 }
 
 TEST_F(XsFront, ASetupAfterACloseLeavesNoNodesOfTheEarlierLayout) {
@@ -662,12 +665,7 @@ TEST_F(XsFront, ASetupAfterACloseLeavesNoNodesOfTheEarlierLayout) {
     EXPECT_FALSE(dom0_->read(fe + "/" + node)) << node << " must not be left";
   }
   // And it works: the backend serves the one ring.
-  ASSERT_NO_FATAL_FAILURE(connect_backend(5, "51712", image, false));
-  ASSERT_EQ(queues_.size(), 1u);
-  ASSERT_TRUE(eventually([&] { return front_state(5, "51712") == "4"; }));
-  const std::string file = disk_file(5, "51712");
-  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }));
-  ASSERT_NO_FATAL_FAILURE(write_from_threads(file, image, 2));
+  ASSERT_NO_FATAL_FAILURE(serve_and_write(image, 1, 2));
 }
 
 }  // namespace

@@ -99,6 +99,17 @@ std::vector<std::uint8_t> tcp_frame(std::size_t len) {
   return f;
 }
 
+// The vnet header of a TCPv4 GSO frame from tcp_frame() (MSS 1448, checksum to be completed).
+VnetHdr tcpv4_gso_hdr() {
+  VnetHdr h{};
+  h.flags = kVnetFNeedsCsum;
+  h.gso_type = kVnetGsoTcpv4;
+  h.gso_size = 1448;
+  h.csum_start = 34;
+  h.csum_offset = 16;
+  return h;
+}
+
 class NetbackQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -280,12 +291,7 @@ TEST_F(NetbackQueueTest, RxFillsPostedBuffersWithGsoExtra) {
   for (std::uint16_t i = 0; i < 8; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
   fe_.rx_push();
   const auto frame = tcp_frame(9000);  // 3 pages
-  VnetHdr h{};
-  h.flags = kVnetFNeedsCsum;
-  h.gso_type = kVnetGsoTcpv4;
-  h.gso_size = 1448;
-  h.csum_start = 34;
-  h.csum_offset = 16;
+  const VnetHdr h = tcpv4_gso_hdr();
   host_write(h, frame);
   ASSERT_TRUE(queue_->poll_once());
   auto r = fe_.rx_responses();
@@ -324,12 +330,7 @@ TEST_F(NetbackQueueTest, RxStraightIntoHeldBuffersKeepsTheSlotLayout) {
   fe_.rx_push();
   // 1. A GSO packet of 3 pages: data in buffers 0, 2, 3; buffer 1's slot carries the extra.
   const auto gso = tcp_frame(9000);
-  VnetHdr h{};
-  h.flags = kVnetFNeedsCsum;
-  h.gso_type = kVnetGsoTcpv4;
-  h.gso_size = 1448;
-  h.csum_start = 34;
-  h.csum_offset = 16;
+  const VnetHdr h = tcpv4_gso_hdr();
   host_write(h, gso);
   ASSERT_TRUE(queue_->poll_once());
   auto r = fe_.rx_responses();
