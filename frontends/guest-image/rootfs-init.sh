@@ -37,21 +37,10 @@ for arg in $(cat /proc/cmdline); do
     xpv.repeat=*) REPEAT="${arg#xpv.repeat=}" ;;
     xpv.clients=*) CLIENTS="${arg#xpv.clients=}" ;;
     xpv.fio=*) FIO="${arg#xpv.fio=}" ;;
-    xpv.spurious=*) SPURIOUS="${arg#xpv.spurious=}" ;;
   esac
 done
 
-# Linux's event-channel storm guard (lateeoi, XSA-332): per xenbus device, how many events came,
-# how many found no work, and for how many jiffies their EOI was held back because of that.
-xenbus_stats() {
-  for d in /sys/bus/xen/devices/*; do
-    [ -r "$d/spurious_events" ] || continue
-    say "XPV-XENBUS-STATS $(basename "$d") events=$(cat "$d/events") spurious=$(cat "$d/spurious_events") eoi_delayed_jiffies=$(cat "$d/jiffies_eoi_delayed") threshold=$(cat "$d/spurious_threshold")"
-  done
-}
-
 finish() {
-  xenbus_stats
   say "XPV-DONE $RUN rc=$1"
   sync
   mount -o remount,ro / 2>/dev/null
@@ -63,20 +52,13 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS ${SPURIOUS:+SPURIOUS}; do
+for v in WAIT SIZE REPEAT CLIENTS; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
 case "$FIO" in ''|*[!A-Za-z0-9_-]*) fatal "xpv.fio=$FIO: not a job name" ;; esac
 
 hostname xpv-guest
-if [ -n "$SPURIOUS" ]; then
-  # A diagnostic knob: how many events without work a PV device may see in a row before Linux
-  # starts delaying their EOI (default 1).
-  for d in /sys/bus/xen/devices/*; do
-    [ -w "$d/spurious_threshold" ] && echo "$SPURIOUS" > "$d/spurious_threshold"
-  done
-fi
 ip link set lo up 2>/dev/null
 if [ -n "$IP" ]; then
   # netfront and virtio-net probe asynchronously: wait (bounded, 10 s) for eth0.
