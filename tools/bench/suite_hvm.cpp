@@ -631,7 +631,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
       out.push_back(res);
     }
   }
-  // The logs come back next to the JSON; the share is kept (and named) when anything failed.
+  // The logs come back next to the JSON.
   fs::path logs = share / "logs";
   if (!opts.json_path.empty() && fs::exists(logs)) {
     const fs::path p(opts.json_path);
@@ -645,12 +645,13 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     throw std::runtime_error("the hvm bench inside the testbed failed (exit " + std::to_string(rc) +
                              "); logs kept in " + share.string());
   }
-  if (complete && logs != share / "logs") {
+  // The share goes once its logs are copied out next to the JSON (else it is where the logs are,
+  // and it is named below).
+  if (logs != share / "logs") {
     std::error_code ec;
     fs::remove_all(share, ec);
-  } else if (!complete) {
-    say("some figures are missing (see each note); logs in " + logs.string());
   }
+  if (!complete) say("some figures are missing (see each note); logs in " + logs.string());
   say("logs: " + logs.string());
   return out;
 }
