@@ -36,6 +36,18 @@ bool register_suite(Suite suite) {
 
 const std::vector<Suite>& suites() { return registry(); }
 
+Captured shell_capture(const std::string& cmd) {
+  Captured c;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return c;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) c.out.append(buf, n);
+  const int st = ::pclose(p);
+  c.rc = st < 0 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+  return c;
+}
+
 int run_streaming(const std::vector<std::string>& argv, double timeout_s,
                   const std::function<void(std::string_view, Clock::time_point)>& on_output) {
   if (argv.empty()) throw std::runtime_error("run_streaming: empty argv");

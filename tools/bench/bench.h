@@ -55,6 +55,14 @@ inline double seconds_since(Clock::time_point t0) {
 int run_streaming(const std::vector<std::string>& argv, double timeout_s,
                   const std::function<void(std::string_view chunk, Clock::time_point at)>& on_output);
 
+// Runs a shell line (sh -c) and collects its stdout (add 2>&1 for stderr too); rc is its exit
+// status, 128+N after signal N, -1 if it could not be started.
+struct Captured {
+  int rc = -1;
+  std::string out;
+};
+Captured shell_capture(const std::string& cmd);
+
 // Writes the shared JSON shape; returns false (and prints why) if the file cannot be written.
 bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs);
 void print_table(const std::string& suite, const std::vector<Result>& rs);

@@ -47,15 +47,9 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 
 std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("cannot run: " + cmd);
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int rc = ::pclose(p);
-  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) throw std::runtime_error("failed (" + std::to_string(rc) + "): " + cmd);
-  return out;
+  auto c = xpv::bench::shell_capture(cmd);
+  if (c.rc != 0) throw std::runtime_error("failed (exit " + std::to_string(c.rc) + "): " + cmd);
+  return c.out;
 }
 
 // A FUSE target that reads and writes the image directly: the FUSE-only baseline.

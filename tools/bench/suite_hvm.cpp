@@ -74,16 +74,7 @@ int shell(const std::string& cmd) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
-std::string capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+std::string capture(const std::string& cmd) { return xpv::bench::shell_capture(cmd).out; }
 
 std::string last_lines(const std::string& text, std::size_t n) {
   std::vector<std::string> lines;

@@ -47,22 +47,9 @@ using namespace std::chrono_literals;
 
 int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 
-// Runs a shell line; its stdout and stderr, and the exit status (-1 if it could not run).
-struct Captured {
-  int rc = -1;
-  std::string out;
-};
-Captured capture(const std::string& cmd) {
-  Captured c;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return c;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) c.out.append(buf, n);
-  const int status = ::pclose(p);
-  c.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return c;
-}
+using xpv::bench::Captured;
+// A shell line's stdout and stderr together, and its exit status.
+Captured capture(const std::string& cmd) { return xpv::bench::shell_capture(cmd + " 2>&1"); }
 
 std::string last_line(const std::string& s) {
   std::string t = s;
@@ -85,7 +72,7 @@ class PrivateHost {
   ~PrivateHost() {
     (void)xpv("down --force");
     for (int round = 0; round < 3; ++round) {
-      const auto left = processes_mentioning(dir_);
+      const auto left = xpv::toolstack::processes_mentioning(dir_);
       if (left.empty()) break;
       for (pid_t p : left) ::kill(p, SIGKILL);
       std::this_thread::sleep_for(100ms);
@@ -107,20 +94,6 @@ class PrivateHost {
   const std::string& hostns() const { return hostns_; }
 
  private:
-  static std::vector<pid_t> processes_mentioning(const std::string& needle) {
-    std::vector<pid_t> pids;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/proc", ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-      const pid_t pid = std::stoi(n);
-      if (pid == ::getpid()) continue;
-      std::ifstream f(e.path() / "cmdline");
-      std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      if (cmd.find(needle) != std::string::npos) pids.push_back(pid);
-    }
-    return pids;
-  }
   std::string dir_, hostns_, self_;
 };
 

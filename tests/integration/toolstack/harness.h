@@ -105,26 +105,7 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// Pids of live processes whose command line contains `needle`.
-inline std::vector<pid_t> processes_mentioning(const std::string& needle) {
-  std::vector<pid_t> pids;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(n);
-    if (pid == ::getpid()) continue;
-    std::string cmd = slurp(e.path().string() + "/cmdline");
-    for (auto& c : cmd) {
-      if (c == '\0') c = ' ';
-    }
-    const std::string stat = slurp(e.path().string() + "/stat");
-    const auto close = stat.rfind(')');
-    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
-    if (cmd.find(needle) != std::string::npos) pids.push_back(pid);
-  }
-  return pids;
-}
+using toolstack::processes_mentioning;  // xpv/toolstack/host_cleanup.h
 
 class TestHost {
  public:

@@ -5,11 +5,14 @@
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "xpv/toolstack/fs.h"
@@ -61,6 +64,29 @@ std::vector<std::string> detach_loops_under(const std::string& dir) {
     }
   }
   return done;
+}
+
+std::vector<pid_t> processes_mentioning(const std::string& needle) {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(n));
+    if (pid == ::getpid()) continue;
+    // /proc files are small and report size 0: read them as streams.
+    auto slurp = [](const std::filesystem::path& f) {
+      std::ifstream in(f);
+      return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    std::string cmd = slurp(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    const std::string stat = slurp(e.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
+    if (cmd.find(needle) != std::string::npos) pids.push_back(pid);
+  }
+  return pids;
 }
 
 std::vector<std::string> unmount_under(const std::string& dir) {

@@ -2,6 +2,8 @@
 // files, FUSE mounts left by a domain process that died, its run directory.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -14,6 +16,10 @@ std::vector<std::string> detach_loops_under(const std::string& dir);
 // Lazily unmounts (MNT_DETACH) every mount point at or below `dir`, deepest first. Returns one
 // line per mount point.
 std::vector<std::string> unmount_under(const std::string& dir);
+
+// Pids of live (not zombie) processes other than this one whose command line contains `needle`:
+// what is left of a run that used the directory `needle` (tests and benches kill these).
+std::vector<pid_t> processes_mentioning(const std::string& needle);
 
 // unmount_under, then removes `dir` recursively. Never follows a mount (they are gone first).
 void remove_domain_dir(const std::string& dir);
