@@ -45,8 +45,9 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
     asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
   });
   if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
-  spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments)", kBase,
-               options_.max_queues, options_.max_ring_page_order, options_.max_indirect_segments);
+  spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments, poll ≤ {} µs)",
+               kBase, options_.max_queues, options_.max_ring_page_order, options_.max_indirect_segments,
+               options_.poll_max_us);
 }
 
 Backend::~Backend() { shutdown(); }
@@ -356,6 +357,7 @@ void Backend::connect(Device& d, bool resume) {
     }
     QueueConfig cfg;
     cfg.max_indirect_segments = options_.max_indirect_segments;
+    cfg.poll_max = std::chrono::microseconds(options_.poll_max_us);
     cfg.flush = true;
     cfg.discard = read(d.be_path + "/feature-discard") == "1";
     const Key key = d.key;

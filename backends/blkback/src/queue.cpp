@@ -55,7 +55,8 @@ BlkifQueue::BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& 
       evtchn_(std::move(evtchn)),
       config_(config),
       io_(std::max<unsigned>(ring_.size(), 8)),
-      shadow_(shadow) {
+      shadow_(shadow),
+      poll_(config_.poll_max) {
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
   stop_ = std::move(*s);
@@ -86,7 +87,10 @@ BlkifQueue::~BlkifQueue() {
   }
 }
 
-void BlkifQueue::stop() noexcept { (void)stop_.notify(); }
+void BlkifQueue::stop() noexcept {
+  stop_requested_.store(true, std::memory_order_release);  // seen by a spinning thread
+  (void)stop_.notify();                                     // wakes a sleeping one
+}
 
 void BlkifQueue::disable(const char* why) noexcept {
   if (!disabled_.exchange(true, std::memory_order_acq_rel)) {
@@ -333,7 +337,7 @@ void BlkifQueue::retire() noexcept {
   }
 }
 
-void BlkifQueue::drain_ring() noexcept {
+void BlkifQueue::drain_ring(bool arm) noexcept {
   for (int rounds = 0; rounds < 1024; ++rounds) {
     // The ring refuses more than size() unanswered requests (RING_REQUEST_PROD_OVERFLOW), so
     // the slot of every request it hands out is free.
@@ -365,7 +369,7 @@ void BlkifQueue::drain_ring() noexcept {
         }
       }
     }
-    if (disabled()) return;
+    if (disabled() || !arm) return;
     // Nothing more right now: re-arm req_event and look once more (no lost wake-up).
     auto more = ring_.final_check_for_requests();
     if (!more) {
@@ -376,9 +380,11 @@ void BlkifQueue::drain_ring() noexcept {
   }
 }
 
-bool BlkifQueue::poll_once() noexcept {
+bool BlkifQueue::poll_once() noexcept { return step(/*arm=*/true); }
+
+bool BlkifQueue::step(bool arm) noexcept {
   io_.reap([this](std::uint64_t user, int res) { complete(static_cast<std::uint32_t>(user), res); });
-  if (!disabled() && draining_) drain_ring();
+  if (!disabled() && draining_) drain_ring(arm);
   if (io_.in_flight() > 0) {
     if (auto s = io_.submit(); !s) disable("io_uring submit failed");
   }
@@ -387,27 +393,62 @@ bool BlkifQueue::poll_once() noexcept {
   return !disabled();
 }
 
+// Something for step() to do: a completion, or (while taking requests) a request in the ring.
+bool BlkifQueue::work_ready() noexcept {
+  if (io_.completions_ready()) return true;
+  if (!draining_) return false;
+  if (stop_requested_.load(std::memory_order_relaxed)) return true;
+  auto n = ring_.unconsumed_requests();
+  return !n || *n != 0;  // a broken index is work too: step() disables the queue
+}
+
 void BlkifQueue::run() noexcept {
   pollfd fds[3] = {{evtchn_->wait_fd(), POLLIN, 0}, {io_.completion_fd(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
   bool stopping = false;
+  // Completions are looked for in the CQ ring; the eventfd is turned on only to sleep.
+  io_.signal_completions(false);
   while (true) {
-    if (!poll_once()) break;
+    if (!step(/*arm=*/false)) break;
+    if (!stopping && stop_requested_.load(std::memory_order_acquire)) {
+      stopping = true;  // finish what is in flight, answer it, then leave
+      draining_ = false;
+      continue;
+    }
     if (stopping && io_.in_flight() == 0) break;
+    if (poll_.spin([this] { return work_ready(); })) {
+      counters_.poll_hits.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    // Going to sleep: ask for a kick (req_event) and a completion signal, then look once more
+    // so that nothing that came before either was armed is slept through.
+    if (draining_) {
+      auto more = ring_.final_check_for_requests();
+      if (!more) {
+        disable(to_string(more.error()));
+        break;
+      }
+      if (*more) continue;
+    }
+    io_.signal_completions(true);
+    if (io_.completions_ready()) {
+      io_.signal_completions(false);
+      continue;
+    }
+    counters_.poll_misses.fetch_add(1, std::memory_order_relaxed);
     if (::poll(fds, stopping ? 2 : 3, -1) < 0 && errno != EINTR) {
       disable("poll failed");
       break;
     }
+    io_.signal_completions(false);
+    poll_.after_sleep();
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     if (fds[0].revents) (void)evtchn_->consume();
     if (fds[1].revents) {
       std::uint64_t n;
       (void)!::read(io_.completion_fd(), &n, sizeof n);
     }
-    if (!stopping && fds[2].revents) {
-      stopping = true;  // finish what is in flight, answer it, then leave
-      draining_ = false;
-    }
   }
+  io_.signal_completions(true);
   // Disabled: wait for the kernel to finish with the guest's pages, answer nothing more.
   for (int i = 0; i < 100000 && io_.in_flight() > 0; ++i) {
     (void)io_.submit_and_wait(1);

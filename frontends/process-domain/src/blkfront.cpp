@@ -20,6 +20,7 @@ Blkfront::Blkfront(domain::Domain& dom, GuestEvents& events, BlkfrontConfig conf
     throw std::invalid_argument("blkfront: queues must be 1.." + std::to_string(kBlkfrontMaxQueues));
   }
   BlkfrontQueueConfig q;
+  q.poll_max = config_.poll_max;
   q.ring_page_order = config_.ring_page_order;
   q.indirect_segments = config_.indirect_segments;
   q.backend = config_.backend;

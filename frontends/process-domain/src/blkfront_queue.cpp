@@ -27,7 +27,7 @@ std::uint64_t BlkfrontQueue::max_sectors() const noexcept {
 
 BlkfrontQueue::BlkfrontQueue(domain::Domain& dom, GuestEvents& events, BlkfrontQueueConfig config,
                              std::atomic<bool>& broken)
-    : dom_(dom), events_(events), config_(config), broken_(broken) {
+    : dom_(dom), events_(events), config_(config), broken_(broken), poll_(config.poll_max) {
   if (config_.ring_page_order > 4) throw std::invalid_argument("blkfront: ring page order above 4");
   if (config_.indirect_segments > kBlkifMaxIndirectSegments) {
     throw std::invalid_argument("blkfront: more indirect segments than blkif allows");
@@ -52,6 +52,7 @@ BlkfrontQueue::BlkfrontQueue(domain::Domain& dom, GuestEvents& events, BlkfrontQ
     for (std::uint64_t i = 0; i < ring_pages; ++i) ring_refs_.push_back(grant(ring_gfn_ + i, false));
 
     slots_.resize(ring_->size());
+    wake_ = std::vector<std::condition_variable>(ring_->size());
     const std::uint32_t segs = max_segments();
     const std::uint32_t ind_pages = config_.indirect_segments ? blkif_indirect_pages(segs) : 0;
     for (Slot& s : slots_) {
@@ -110,7 +111,7 @@ BlkfrontQueue::Stats BlkfrontQueue::stats() const {
 void BlkfrontQueue::break_queue() {
   dead_ = true;
   broken_.store(true, std::memory_order_release);
-  completed_.notify_all();
+  for (auto& w : wake_) w.notify_all();
   slot_free_.notify_all();
 }
 
@@ -149,7 +150,32 @@ int BlkfrontQueue::submit_and_wait(const BlkifRequest& req, std::uint32_t slot) 
     ++stats_.notifications;
     (void)dom_.evtchn().send(port_);
   }
-  completed_.wait(l, [&] { return slots_[slot].done || dead_; });
+  auto answered = [&] { return slots_[slot].done || dead_; };
+  // Spin first: a fast backend answers within microseconds, sooner than a notification and two
+  // thread wake-ups would bring the answer here.
+  const auto window = poll_.window();
+  const auto began = AdaptivePoll::Clock::now();
+  if (window.count() > 0) {
+    l.unlock();
+    const bool hit = AdaptivePoll::spin_until(began + window, [&] {
+      std::lock_guard g(lock_);
+      // Someone asleep relies on a notification for the next answer: re-arm for it (popping
+      // moved rsp_cons past the event index that sleeper set) and wake whoever is answered.
+      if (reap_locked() && sleepers_ > 0) arm_locked();
+      return answered();
+    });
+    l.lock();
+    if (hit && slots_[slot].done) ++stats_.polled;
+  }
+  if (!answered()) {
+    arm_locked();
+    ++sleepers_;
+    slots_[slot].sleeping = true;
+    wake_[slot].wait(l, answered);
+    slots_[slot].sleeping = false;
+    --sleepers_;
+    poll_.adjust(AdaptivePoll::Clock::now() - began);
+  }
   if (!slots_[slot].done) return -EIO;
   switch (slots_[slot].status) {
     case kBlkifRspOkay: return 0;
@@ -158,36 +184,47 @@ int BlkfrontQueue::submit_and_wait(const BlkifRequest& req, std::uint32_t slot) 
   }
 }
 
-// GuestEvents dispatcher thread.
-void BlkfrontQueue::on_event() {
-  std::lock_guard l(lock_);
-  for (int rounds = 0; rounds < 64 && !dead_; ++rounds) {
-    for (;;) {
-      auto rsp = ring_->pop_response();
-      if (!rsp) {
-        if (rsp.error() != RingError::empty) break_queue();
-        break;
-      }
-      ++stats_.responses;
-      // The backend is not trusted either: the id must name a slot that waits for an answer.
-      if (rsp->id >= slots_.size() || !slots_[rsp->id].busy || slots_[rsp->id].done) {
-        spdlog::error("blkfront: response for id {:#x} names no outstanding request", rsp->id);
-        break_queue();
-        break;
-      }
-      Slot& s = slots_[rsp->id];
-      s.status = rsp->status;
-      s.done = true;
+bool BlkfrontQueue::reap_locked() {
+  bool any = false;
+  while (!dead_) {
+    auto rsp = ring_->pop_response();
+    if (!rsp) {
+      if (rsp.error() != RingError::empty) break_queue();
+      break;
     }
-    if (dead_) break;
-    auto more = ring_->final_check_for_responses();
-    if (!more) {
+    ++stats_.responses;
+    // The backend is not trusted either: the id must name a slot that waits for an answer.
+    if (rsp->id >= slots_.size() || !slots_[rsp->id].busy || slots_[rsp->id].done) {
+      spdlog::error("blkfront: response for id {:#x} names no outstanding request", rsp->id);
       break_queue();
       break;
     }
-    if (!*more) break;
+    Slot& s = slots_[rsp->id];
+    s.status = rsp->status;
+    s.done = true;
+    if (s.sleeping) wake_[rsp->id].notify_one();  // only the caller this answer is for
+    any = true;
   }
-  completed_.notify_all();
+  return any;
+}
+
+void BlkfrontQueue::arm_locked() {
+  for (int rounds = 0; rounds < 64 && !dead_; ++rounds) {
+    auto more = ring_->final_check_for_responses();
+    if (!more) {
+      break_queue();
+      return;
+    }
+    if (!*more) return;
+    reap_locked();
+  }
+}
+
+// GuestEvents dispatcher thread.
+void BlkfrontQueue::on_event() {
+  std::lock_guard l(lock_);
+  reap_locked();
+  arm_locked();
 }
 
 int BlkfrontQueue::transfer(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect) {

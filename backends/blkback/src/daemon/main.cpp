@@ -1,6 +1,6 @@
 // xpv-blkback — the blkif backend daemon (one per host, serving every domain's vbds).
 //   xpv-blkback [--xenstore PATH] [--run-dir D] [--foreground] [--pid-file F] [--log-level L]
-//               [--log-file F] [--max-queues N] [--max-ring-page-order N]
+//               [--log-file F] [--max-queues N] [--max-ring-page-order N] [--poll-max-us N]
 // Connects to xpv-xenstored as dom0 and runs Backend (backend.h) until SIGTERM/SIGINT. Without
 // --foreground it daemonizes first and the launching process waits until the daemon is serving —
 // or prints the daemon's startup error and exits 1 — as xpv-xenstored does. On SIGTERM/SIGINT the
@@ -16,6 +16,11 @@ int main(int argc, char** argv) {
       [&](CLI::App& app) {
         app.add_option("--max-ring-page-order", opts.max_ring_page_order, "max-ring-page-order offered")
             ->check(CLI::Range(0u, 4u))
+            ->capture_default_str();
+        app.add_option("--poll-max-us", opts.poll_max_us,
+                       "longest adaptive busy-wait of a queue thread for the next request or completion "
+                       "before it sleeps; while it spins the frontend sends no notifications (0: never spin)")
+            ->check(CLI::Range(0u, 1000u))
             ->capture_default_str();
       });
 }

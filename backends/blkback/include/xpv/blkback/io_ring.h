@@ -57,6 +57,12 @@ class IoRing {
 
   // Readable (eventfd counter) whenever completions were posted. Consume it before reaping.
   int completion_fd() const noexcept { return event_.get(); }
+  // Completions posted and not reaped yet (a look at the shared CQ ring, no syscall).
+  bool completions_ready() const noexcept { return io_uring_cq_ready(&ring_) > 0; }
+  // Whether completions signal completion_fd(): off while the owner polls the CQ itself (no
+  // wake-up to pay for later). Turning it back on does not signal what came meanwhile: check
+  // completions_ready() after it.
+  void signal_completions(bool on) noexcept { (void)io_uring_cq_eventfd_toggle(&ring_, on); }
   unsigned in_flight() const noexcept { return in_flight_; }
   unsigned space() noexcept { return io_uring_sq_space_left(&ring_); }
 

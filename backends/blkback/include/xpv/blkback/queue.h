@@ -31,11 +31,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "xpv/adaptive_poll.h"
 #include "xpv/blkback/disk.h"
 #include "xpv/blkback/io_ring.h"
 #include "xpv/blkback/shadow_ring.h"
@@ -51,6 +53,10 @@ struct QueueConfig {
   std::uint32_t max_indirect_segments = 256;
   bool flush = true;    // feature-flush-cache
   bool discard = true;  // feature-discard (also needs a disk that can punch holes)
+  // Longest busy-wait for the next request or completion before the thread sleeps (adaptive,
+  // see xpv/adaptive_poll.h); while it spins, the frontend is asked for no notifications.
+  // 0: never spin (every request is kicked, every completion wakes the thread).
+  std::chrono::nanoseconds poll_max{32000};
 };
 
 // Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
@@ -63,6 +69,8 @@ struct QueueCounters {
   std::atomic<std::uint64_t> held{0};
   // Requests taken from the shadow file rather than the ring (a restart's redo).
   std::atomic<std::uint64_t> redone_from_shadow{0};
+  // Waits that ended while spinning (no notification, no sleep) / that had to sleep after all.
+  std::atomic<std::uint64_t> poll_hits{0}, poll_misses{0};
 };
 
 class BlkifQueue {
@@ -100,7 +108,11 @@ class BlkifQueue {
   struct Pending;
   enum class Admit { queued, answered, ring_busy };
 
-  void drain_ring() noexcept;
+  // `arm`: end by re-arming req_event (RING_FINAL_CHECK_FOR_REQUESTS); run() leaves it off
+  // while it polls the ring itself and arms only before it sleeps.
+  void drain_ring(bool arm) noexcept;
+  bool step(bool arm) noexcept;
+  bool work_ready() noexcept;
   Admit admit(const ring::BlkifRequest& req, std::uint32_t slot) noexcept;
   Admit admit_rw(const ring::BlkifRequest& req, Pending& p) noexcept;
   Admit admit_indirect(const ring::BlkifRequest& req, Pending& p) noexcept;
@@ -131,7 +143,9 @@ class BlkifQueue {
   bool respond_pending_ = false;
   bool draining_ = true;  // false once stopping: take nothing more from the ring
   std::atomic<bool> disabled_{false};
+  std::atomic<bool> stop_requested_{false};
   QueueCounters counters_;
+  AdaptivePoll poll_;
   std::uint64_t guest_errors_logged_ = 0;
 };
 

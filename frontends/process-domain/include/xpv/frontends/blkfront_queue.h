@@ -3,9 +3,12 @@
 // data pages, and the one-request-at-a-time-per-slot protocol on it:
 //
 //   caller thread: take a free slot → copy data into its granted pages → request → push
-//                  (notify the backend if the ring says so) → wait for the slot's completion →
-//                  copy read data out → free the slot
-//   event handler: pop responses → validate id → complete the slot → final check → repeat
+//                  (notify the backend if the ring says so) → spin for a while, popping
+//                  responses itself (AdaptivePoll; rsp_event stays unarmed, so a fast backend
+//                  sends no notification) → else arm rsp_event and sleep on the slot's own
+//                  condition variable → copy read data out → free the slot
+//   event handler: pop responses → validate id → complete the slot (waking only its caller) →
+//                  final check → repeat
 //
 // The data pages of each slot are granted to the backend once, at construction (the backend
 // maps and unmaps them per request; what Linux calls persistent grants is only the frontend
@@ -19,12 +22,14 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <vector>
 
+#include "xpv/adaptive_poll.h"
 #include "xpv/domain/domain.h"
 #include "xpv/frontends/guest_events.h"
 #include "xpv/ring/blkif.h"
@@ -35,6 +40,10 @@ struct BlkfrontQueueConfig {
   std::uint32_t ring_page_order = 0;     // 2^order ring pages (0..4)
   std::uint32_t indirect_segments = 0;   // 0: direct requests only (11 segments)
   domain::DomId backend = 0;
+  // Longest busy-wait of a caller for its response before it sleeps (adaptive, shared by the
+  // queue's callers; xpv/adaptive_poll.h). While callers spin, rsp_event is left unarmed, so the
+  // backend sends no notification and the event thread is not woken. 0: always sleep.
+  std::chrono::nanoseconds poll_max{32000};
 };
 
 class BlkfrontQueue {
@@ -62,6 +71,7 @@ class BlkfrontQueue {
 
   struct Stats {
     std::uint64_t requests = 0, notifications = 0, responses = 0;
+    std::uint64_t polled = 0;  // answers a caller found while spinning (no notification, no sleep)
   };
   Stats stats() const;
 
@@ -72,6 +82,7 @@ class BlkfrontQueue {
     std::vector<std::uint64_t> indirect_gfns;      // pages of indirect descriptors
     std::vector<gnttab::GrantRef> indirect_refs;
     bool busy = false, done = false;
+    bool sleeping = false;  // its caller waits on wake_[id]
     std::int16_t status = 0;
   };
 
@@ -82,6 +93,11 @@ class BlkfrontQueue {
   int submit_and_wait(const ring::BlkifRequest& req, std::uint32_t slot);
   void break_queue();  // lock_ held: this ring is unusable, and so is the device
   void on_event();
+  // lock_ held: pops every response there is and completes its slot (false: nothing popped).
+  // Does not re-arm rsp_event: see arm_locked().
+  bool reap_locked();
+  // lock_ held: makes sure the backend will notify the next response (a sleeper needs it).
+  void arm_locked();
 
   domain::Domain& dom_;
   GuestEvents& events_;
@@ -94,9 +110,11 @@ class BlkfrontQueue {
 
   mutable std::mutex lock_;             // ring, slots, stats
   std::condition_variable slot_free_;   // a slot was returned
-  std::condition_variable completed_;   // a slot completed (or the device broke)
+  std::vector<std::condition_variable> wake_;  // per slot: it completed (or the ring broke)
   std::optional<ring::BlkifFrontRing> ring_;
   std::vector<Slot> slots_;
+  AdaptivePoll poll_;     // under lock_; the window callers spin for
+  unsigned sleepers_ = 0;  // callers asleep on wake_ (each armed rsp_event before sleeping)
   bool dead_ = false;  // this ring broke (waiters on it give up; other rings finish what is in flight)
   Stats stats_;
 };
