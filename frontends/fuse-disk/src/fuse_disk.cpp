@@ -1,4 +1,4 @@
-#define FUSE_USE_VERSION 35
+#define FUSE_USE_VERSION 312
 #include "xpv/frontends/fuse_disk.h"
 
 #include <fcntl.h>
@@ -22,6 +22,10 @@ struct FuseDisk::Impl {
 };
 
 namespace {
+
+// Worker threads of the FUSE loop, and requests the kernel may have outstanding with us: the
+// deepest queue a user of the file gets (the PV disk below has up to 16 × 32 slots).
+constexpr unsigned kMaxThreads = 64;
 
 FuseDisk::Impl& self() {
   return *static_cast<FuseDisk::Impl*>(fuse_get_context()->private_data);
@@ -116,6 +120,10 @@ void* op_init(fuse_conn_info* conn, fuse_config* cfg) {
   cfg->negative_timeout = 3600;
   conn->max_write = 1 << 20;
   conn->max_read = 1 << 20;
+  // Requests the kernel keeps in flight to us (its defaults, 12 and 9, would cap a queue-depth-32
+  // workload at 12 whatever the disk behind us can do).
+  conn->max_background = kMaxThreads;
+  conn->congestion_threshold = kMaxThreads * 3 / 4;
   conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   return fuse_get_context()->private_data;
 }
@@ -157,12 +165,16 @@ FuseDisk::FuseDisk(std::string mountpoint, std::string name, BlockTarget& target
                              ": cannot mount (is /dev/fuse available and the directory empty?)");
   }
   loop_ = std::thread([f = impl_->f, mp = mountpoint_] {
-    fuse_loop_config cfg{};
-    cfg.clone_fd = 1;
-    cfg.max_idle_threads = 16;
-    if (int rc = fuse_loop_mt(f, &cfg); rc != 0 && rc != SIGTERM) {
+    // libfuse's default of at most 10 worker threads would be the disk's queue depth: every
+    // request a worker serves blocks it until the PV answer comes.
+    fuse_loop_config* cfg = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(cfg, 1);
+    fuse_loop_cfg_set_idle_threads(cfg, 16);
+    fuse_loop_cfg_set_max_threads(cfg, kMaxThreads);
+    if (int rc = fuse_loop_mt(f, cfg); rc != 0 && rc != SIGTERM) {
       spdlog::debug("{}: FUSE loop ended with {}", mp, rc);
     }
+    fuse_loop_cfg_destroy(cfg);
   });
 }
 

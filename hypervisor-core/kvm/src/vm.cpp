@@ -212,6 +212,30 @@ void Vm::set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn) 
   trap_ = std::move(fn);
 }
 
+void Vm::set_msr_write_trap(std::uint32_t msr, std::function<bool(unsigned, std::uint64_t)> fn) {
+  const int user_msr = ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_X86_USER_SPACE_MSR);
+  if (user_msr <= 0 || ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_X86_MSR_FILTER) <= 0) {
+    throw std::runtime_error(fmt::format(
+        "this KVM cannot hand MSR {:#x} writes to the VMM (no KVM_CAP_X86_USER_SPACE_MSR / KVM_CAP_X86_MSR_FILTER; Linux >= 5.10 has them)",
+        msr));
+  }
+  kvm_enable_cap cap{};
+  cap.cap = KVM_CAP_X86_USER_SPACE_MSR;
+  cap.args[0] = KVM_MSR_EXIT_REASON_FILTER;
+  if (ioctl(vm_fd_.get(), KVM_ENABLE_CAP, &cap) < 0) fail_setup("KVM_ENABLE_CAP KVM_CAP_X86_USER_SPACE_MSR");
+  // Default allow; one range of one MSR whose write bit is 0 (denied → exit with reason FILTER).
+  std::uint8_t deny_write = 0;
+  kvm_msr_filter filter{};
+  filter.flags = KVM_MSR_FILTER_DEFAULT_ALLOW;
+  filter.ranges[0].flags = KVM_MSR_FILTER_WRITE;
+  filter.ranges[0].nmsrs = 1;
+  filter.ranges[0].base = msr;
+  filter.ranges[0].bitmap = &deny_write;
+  if (ioctl(vm_fd_.get(), KVM_X86_SET_MSR_FILTER, &filter) < 0) fail_setup("KVM_X86_SET_MSR_FILTER");
+  msr_trap_index_ = msr;
+  msr_trap_ = std::move(fn);
+}
+
 void Vm::signal_msi(unsigned vcpu, std::uint8_t vector) noexcept {
   // MSI address: 0xfee00000 | destination APIC id << 12 (physical mode); data: fixed, edge, vector.
   kvm_msi msi{};
@@ -565,6 +589,16 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
         std::span<std::uint8_t> d(m.data, len);
         if (m.is_write) mmio_.write(m.phys_addr, d);
         else mmio_.read(m.phys_addr, d);
+        break;
+      }
+      case KVM_EXIT_X86_WRMSR:
+      case KVM_EXIT_X86_RDMSR: {
+        // Only the trapped MSR's writes are filtered to us; anything else faults as on hardware.
+        bool ok = false;
+        if (reason == KVM_EXIT_X86_WRMSR && msr_trap_ && run->msr.index == msr_trap_index_) {
+          ok = msr_trap_(v.id, run->msr.data);
+        }
+        run->msr.error = ok ? 0 : 1;
         break;
       }
       case KVM_EXIT_HLT:

@@ -161,6 +161,15 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
                    regs.rsi, regs.rdx, regs.r10, regs.r8, rc);
     }
   });
+  // Kernels older than XSA-466 ask for a hypercall page through this MSR instead of having stubs.
+  try {
+    vm.set_msr_write_trap(xen::kHypercallPageMsr,
+                          [this](unsigned vcpu, std::uint64_t value) { return fill_hypercall_page(vcpu, value); });
+    msr_trap_ = true;
+  } catch (const std::runtime_error& e) {
+    msr_trap_error_ = e.what();
+    spdlog::debug("xen: no hypercall page for older kernels: {}", msr_trap_error_);
+  }
   // The VM's resample thread outlives this object: it reaches the platform through live_.
   live_ = std::make_shared<std::atomic<xen::Platform*>>(platform_.get());
   vm.add_resample_line(kPlatformGsi, [live = live_] {
@@ -246,13 +255,50 @@ void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end) {
   auto image = vm_.memory().translate(begin, end - begin);
   if (!image) throw std::runtime_error(fmt::format("kernel image [{:#x}, {:#x}) is not in guest RAM", begin, end));
   auto sites = xen::find_hypercall_stubs(*image);
-  if (!sites) {
-    throw std::runtime_error(fmt::format("this kernel cannot run on xpv's Xen platform without KVM_CAP_XEN_HVM: {}",
-                                         sites.error()));
+  if (sites) {
+    xen::patch_hypercall_stubs(*image, *sites, xen::kHypercallPort);
+    spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}", begin + sites->amd,
+                 begin + sites->intel, xen::kHypercallPort);
+    return;
   }
-  xen::patch_hypercall_stubs(*image, *sites, xen::kHypercallPort);
-  spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}", begin + sites->amd, begin + sites->intel,
-               xen::kHypercallPort);
+  const auto page = xen::find_hypercall_page_placeholder(*image);
+  if (!page) {
+    throw std::runtime_error(fmt::format(
+        "this kernel cannot run on xpv's Xen platform without KVM_CAP_XEN_HVM: {}, and no hypercall-page "
+        "placeholder either (neither a Linux with XSA-466's stubs nor an older one)",
+        sites.error()));
+  }
+  if (!msr_trap_) {
+    throw std::runtime_error(fmt::format(
+        "this kernel calls Xen through the hypercall page (placeholder at {:#x}), which it asks for with MSR {:#x}: {}",
+        begin + *page, xen::kHypercallPageMsr, msr_trap_error_));
+  }
+  spdlog::info("xen: no XSA-466 hypercall stubs; the kernel's hypercall page placeholder is at {:#x} and is filled "
+               "with port-I/O stubs when it writes MSR {:#x}",
+               begin + *page, xen::kHypercallPageMsr);
+}
+
+// vCPU thread (a WRMSR exit). False: the write faults (#GP), as Xen refuses a bad page index.
+bool XenDomain::fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept {
+  try {
+    auto gpa = xen::hypercall_page_address(value);
+    if (!gpa) {
+      spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: {} → #GP", vcpu, xen::kHypercallPageMsr, value, gpa.error());
+      return false;
+    }
+    auto page = vm_.memory().translate(*gpa, 4096);
+    if (!page) {
+      spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: the page is not guest RAM → #GP", vcpu, xen::kHypercallPageMsr,
+                   value);
+      return false;
+    }
+    const auto bytes = xen::build_hypercall_page(xen::kHypercallPort);
+    std::memcpy(page->data(), bytes.data(), bytes.size());
+    spdlog::info("xen: vCPU {}: hypercall page at {:#x} filled with port-I/O stubs", vcpu, *gpa);
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 std::uint64_t XenDomain::hypercalls() const noexcept {

@@ -56,7 +56,7 @@ Expected<StubSites, std::string> find_hypercall_stubs(std::span<const std::uint8
   if (count == 0)
     return fail(std::string(
         "no Xen hypercall stub pair (vmmcall+jmp and vmcall+jmp 16 bytes apart) in the kernel "
-        "image: a kernel without XSA-466 needs the hypercall page instead"));
+        "image"));
   return fail(fmt::format(
       "{} candidate Xen hypercall stub pairs in the kernel image (amd/intel at {:#x}/{:#x} and "
       "{:#x}/{:#x}, ...): refusing to guess which to rewrite",
@@ -98,6 +98,36 @@ std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port) {
     e[7] = kRet;
   }
   return page;
+}
+
+Expected<std::uint64_t, std::string> hypercall_page_address(std::uint64_t value) {
+  const std::uint64_t index = value & 0xfff;
+  if (index >= kHypercallPages) {
+    return fail(fmt::format("hypercall page {} asked for; Xen's CPUID offers {}", index, kHypercallPages));
+  }
+  return value & ~std::uint64_t{0xfff};
+}
+
+std::optional<std::size_t> find_hypercall_page_placeholder(std::span<const std::uint8_t> image) {
+  constexpr std::size_t kPage = 4096;
+  auto entry_ok = [](const std::uint8_t* e) {
+    int rets = 0;
+    for (std::size_t i = 0; i < kHypercallPageEntryBytes; ++i) {
+      if (e[i] == kRet) ++rets;
+      else if (e[i] != kInt3 && e[i] != kNop) return false;
+    }
+    return rets == 1;
+  };
+  for (std::size_t at = 0; at + kPage <= image.size(); at += kPage) {
+    const std::uint8_t* p = image.data() + at;
+    if (!entry_ok(p)) continue;
+    bool same = true;
+    for (std::size_t e = kHypercallPageEntryBytes; same && e < kPage; e += kHypercallPageEntryBytes) {
+      same = std::memcmp(p, p + e, kHypercallPageEntryBytes) == 0;
+    }
+    if (same) return at;
+  }
+  return std::nullopt;
 }
 
 }  // namespace xpv::xen

@@ -1,16 +1,19 @@
 // A tiny 64-bit guest on this host's /dev/kvm issues hypercalls through xpv's port-I/O trap (the
 // convention the rewritten Linux stubs use: nr in rax, args in rdi rsi rdx r10 r8, `out %al,
 // $0xe8`): unknown numbers, unknown subcommands, bad pointers and bad ports get Xen's error codes
-// in rax, a valid call still works after them, and the VM runs on to its own clean stop.
+// in rax, a valid call still works after them, and the VM runs on to its own clean stop. The
+// hypercall-page MSR (older kernels): the page is filled and called through; a bad index faults.
 // Skipped with the reason when /dev/kvm cannot be used.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/vm.h"
 #include "xpv/vmm/xen_domain.h"
+#include "xpv/xen/stubs.h"
 #include "xpv/test/kvm.h"
 
 namespace xpv::vmm {
@@ -42,19 +46,31 @@ struct Code {
   void hypercall() { b.insert(b.end(), {0xe6, xen::kHypercallPort}); }                       // out %al, $port
   void store_rax(std::uint32_t addr) { b.insert(b.end(), {0x48, 0x89, 0x04, 0x25}); imm32(addr); }  // mov %rax, addr
   void stop() { b.insert(b.end(), {0xfa, 0xf4, 0xeb, 0xfd}); }  // cli; hlt; jmp back to hlt
+  void wrmsr(std::uint32_t msr, std::uint32_t lo) {  // mov $msr, %ecx; mov $lo, %eax; xor %edx, %edx; wrmsr
+    b.push_back(0xb9);
+    imm32(msr);
+    mov_eax(lo);
+    b.insert(b.end(), {0x31, 0xd2, 0x0f, 0x30});
+  }
+  void call_abs(std::uint32_t addr) { mov_eax(addr); b.insert(b.end(), {0xff, 0xd0}); }  // mov $addr, %eax; call *%rax
 };
 
-constexpr std::uint32_t kResults = 0x3000;  // one u64 per call
-constexpr std::uint32_t kArgs = 0x2000;     // argument structs
-constexpr std::uint32_t kUnmapped = 0x7f00'0000;  // no page maps it (identity map covers only RAM up to 4 GiB… and RAM is 32 MiB)
+struct TinyRun {
+  kvm::StopReason stop = kvm::StopReason::none;
+  std::string message;
+};
 
-TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
-  std::string why;
-  if (!kvm_usable(why)) GTEST_SKIP() << why;
+// Runs `c` at 0x100000 in long mode on a 1-vCPU, 32 MiB Xen domain until it stops (60 s
+// watchdog); prepare() fills guest memory first, inspect() looks at the VM before teardown.
+TinyRun run_tiny(const Code& c, const std::function<void(kvm::Vm&)>& prepare,
+                 const std::function<void(kvm::Vm&, XenDomain&)>& inspect) {
+  TinyRun out;
   char tmpl[] = "/tmp/xpv-xenvm-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  if (mkdtemp(tmpl) == nullptr) {
+    ADD_FAILURE() << "mkdtemp";
+    return out;
+  }
   const std::string run_dir = tmpl;
-
   kvm::VmConfig cfg;
   cfg.vcpus = 1;
   cfg.memory_bytes = 32ull << 20;
@@ -65,59 +81,73 @@ TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
   xcfg.run_dir = run_dir;
   xcfg.max_grant_frames = 4;
   add_xen_device_memory(cfg, xcfg);
-  std::vector<std::int64_t> got;
-  kvm::StopReason stop = kvm::StopReason::none;
-  std::string stop_message;
   {
     kvm::Vm vm(cfg);
     kvm::PciHost pci;
     XenDomain xen(vm, pci, xcfg);
-    ASSERT_TRUE(kvm::write_long_mode_tables(vm.memory()));
-
-    Code c;
-    auto call = [&](auto setup) {
-      setup();
-      c.hypercall();
-      c.store_rax(kResults + 8 * static_cast<std::uint32_t>(got.size()));
-      got.push_back(0);
-    };
-    call([&] { c.mov_eax(63); });                                                   // 0: no such hypercall
-    call([&] { c.mov_rax_minus1(); });                                              // 1: nr = 2^64-1
-    call([&] { c.mov_eax(17); c.mov_edi(0x9999); });                                // 2: xen_version, unknown cmd
-    call([&] { c.mov_eax(17); c.mov_edi(1); c.mov_rsi(kUnmapped); });               // 3: extraversion into nowhere
-    call([&] { c.mov_eax(32); c.mov_edi(4); c.mov_rsi(kArgs); });                   // 4: EVTCHNOP_send, port 4000
-    call([&] { c.mov_eax(32); c.mov_edi(4); c.mov_rsi(kUnmapped); });               // 5: EVTCHNOP_send, bad pointer
-    call([&] { c.mov_eax(34); c.mov_edi(0x7777); c.mov_rsi(kArgs); });              // 6: hvm_op, unknown op
-    call([&] { c.mov_eax(12); c.mov_edi(0x5555); c.mov_rsi(kArgs); });              // 7: memory_op, unknown cmd
-    call([&] { c.mov_eax(17); c.mov_edi(0); });                                     // 8: XENVER_version, valid
-    c.stop();
+    EXPECT_TRUE(kvm::write_long_mode_tables(vm.memory()));
     auto code = vm.memory().translate(0x100000, c.b.size());
-    ASSERT_TRUE(code);
-    std::memcpy(code->data(), c.b.data(), c.b.size());
-    const std::uint32_t port = 4000;
-    std::memcpy(vm.memory().translate(kArgs, 4)->data(), &port, 4);
+    EXPECT_TRUE(code);
+    if (code) std::memcpy(code->data(), c.b.data(), c.b.size());
+    prepare(vm);
     kvm::LinuxBootEntry e;
     e.rip = 0x100000;
     vm.boot_cpu_long_mode(e);
-
     std::atomic<bool> done{false};
     std::thread dog([&] {  // bounded: a broken stop path fails the test instead of hanging it
       for (int i = 0; i < 600 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (!done.load()) vm.request_stop(kvm::StopReason::error, "test watchdog: guest did not stop in 60 s");
     });
-    stop = vm.run();
+    out.stop = vm.run();
     done.store(true);
     dog.join();
-    stop_message = vm.stop_message();
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      std::memcpy(&got[i], vm.memory().translate(kResults + 8 * i, 8)->data(), 8);
-    }
-    EXPECT_EQ(xen.platform().calls(17), 3u) << "each xen_version call reached the dispatcher";
-    EXPECT_EQ(xen.platform().calls(32), 2u);
+    out.message = vm.stop_message();
+    inspect(vm, xen);
   }
   std::filesystem::remove_all(run_dir);
+  return out;
+}
 
-  ASSERT_EQ(stop, kvm::StopReason::poweroff) << "the guest ran on to its own halt: " << stop_message;
+constexpr std::uint32_t kResults = 0x3000;  // one u64 per call
+constexpr std::uint32_t kArgs = 0x2000;     // argument structs
+constexpr std::uint32_t kUnmapped = 0x7f00'0000;  // no page maps it (identity map covers only RAM up to 4 GiB… and RAM is 32 MiB)
+
+TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  std::vector<std::int64_t> got;
+  Code c;
+  auto call = [&](auto setup) {
+    setup();
+    c.hypercall();
+    c.store_rax(kResults + 8 * static_cast<std::uint32_t>(got.size()));
+    got.push_back(0);
+  };
+  call([&] { c.mov_eax(63); });                                                   // 0: no such hypercall
+  call([&] { c.mov_rax_minus1(); });                                              // 1: nr = 2^64-1
+  call([&] { c.mov_eax(17); c.mov_edi(0x9999); });                                // 2: xen_version, unknown cmd
+  call([&] { c.mov_eax(17); c.mov_edi(1); c.mov_rsi(kUnmapped); });               // 3: extraversion into nowhere
+  call([&] { c.mov_eax(32); c.mov_edi(4); c.mov_rsi(kArgs); });                   // 4: EVTCHNOP_send, port 4000
+  call([&] { c.mov_eax(32); c.mov_edi(4); c.mov_rsi(kUnmapped); });               // 5: EVTCHNOP_send, bad pointer
+  call([&] { c.mov_eax(34); c.mov_edi(0x7777); c.mov_rsi(kArgs); });              // 6: hvm_op, unknown op
+  call([&] { c.mov_eax(12); c.mov_edi(0x5555); c.mov_rsi(kArgs); });              // 7: memory_op, unknown cmd
+  call([&] { c.mov_eax(17); c.mov_edi(0); });                                     // 8: XENVER_version, valid
+  c.stop();
+  const auto r = run_tiny(
+      c,
+      [](kvm::Vm& vm) {
+        const std::uint32_t port = 4000;
+        std::memcpy(vm.memory().translate(kArgs, 4)->data(), &port, 4);
+      },
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          std::memcpy(&got[i], vm.memory().translate(kResults + 8 * i, 8)->data(), 8);
+        }
+        EXPECT_EQ(xen.platform().calls(17), 3u) << "each xen_version call reached the dispatcher";
+        EXPECT_EQ(xen.platform().calls(32), 2u);
+      });
+
+  ASSERT_EQ(r.stop, kvm::StopReason::poweroff) << "the guest ran on to its own halt: " << r.message;
   ASSERT_EQ(got.size(), 9u);
   constexpr std::int64_t kEnosys = -38, kEfault = -14, kEinval = -22;
   EXPECT_EQ(got[0], kEnosys);
@@ -129,6 +159,62 @@ TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
   EXPECT_EQ(got[6], kEnosys);
   EXPECT_EQ(got[7], kEnosys);
   EXPECT_EQ(got[8], (4 << 16) | 17) << "Xen 4.17, after all the bad calls";
+}
+
+// A kernel older than XSA-466 asks for the hypercall page with WRMSR 0x40000000 and then calls
+// entry nr at page + nr*32: the VMM fills the page with port-I/O stubs, so the call reaches the
+// dispatcher with the right number.
+constexpr std::uint32_t kHypercallPageGpa = 0x5000;
+
+TEST(XenHypercallGuest, TheHypercallPageMsrGivesAPageToCallThrough) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  Code c;
+  c.wrmsr(xen::kHypercallPageMsr, kHypercallPageGpa);
+  c.mov_edi(0);  // XENVER_version
+  c.call_abs(kHypercallPageGpa + 17 * 32);
+  c.store_rax(kResults);
+  c.mov_edi(0x9999);  // an unknown xen_version command through the page: Xen's error
+  c.call_abs(kHypercallPageGpa + 17 * 32);
+  c.store_rax(kResults + 8);
+  c.stop();
+  std::int64_t version = 0, unknown = 0;
+  std::array<std::uint8_t, 4096> page{};
+  bool trapped = false;
+  const auto r = run_tiny(
+      c, [](kvm::Vm&) {},
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        trapped = xen.hypercall_page_msr();
+        std::memcpy(&version, vm.memory().translate(kResults, 8)->data(), 8);
+        std::memcpy(&unknown, vm.memory().translate(kResults + 8, 8)->data(), 8);
+        std::memcpy(page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
+        EXPECT_EQ(xen.platform().calls(17), 2u);
+      });
+  if (!trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
+  ASSERT_EQ(r.stop, kvm::StopReason::poweroff) << r.message;
+  EXPECT_EQ(page, xen::build_hypercall_page(xen::kHypercallPort));
+  EXPECT_EQ(version, (4 << 16) | 17);
+  EXPECT_EQ(unknown, -38);
+}
+
+TEST(XenHypercallGuest, AHypercallPageIndexBeyondTheOfferFaultsAndWritesNothing) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  Code c;
+  c.wrmsr(xen::kHypercallPageMsr, kHypercallPageGpa | 1);  // page 1: CPUID offers one page
+  c.stop();
+  std::array<std::uint8_t, 4096> page{};
+  bool trapped = false;
+  const auto r = run_tiny(
+      c, [](kvm::Vm&) {},
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        trapped = xen.hypercall_page_msr();
+        std::memcpy(page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
+      });
+  if (!trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
+  // The #GP finds no IDT in this guest, so it ends as a triple fault; it never reaches the hlt.
+  EXPECT_EQ(r.stop, kvm::StopReason::triple_fault) << r.message;
+  EXPECT_EQ(page, (std::array<std::uint8_t, 4096>{})) << "nothing was written for the refused write";
 }
 
 }  // namespace

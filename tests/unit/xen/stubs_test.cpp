@@ -148,6 +148,68 @@ TEST(XenStubs, HypercallPageEntriesAreMovOutRet) {
   EXPECT_EQ(build_hypercall_page(0x42)[32 * 7 + 6], 0x42);
 }
 
+TEST(XenStubs, HypercallPageMsrValueIsAFrameAndAnIndex) {
+  auto a = hypercall_page_address(0x1234'5000);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, 0x1234'5000u);
+  auto high = hypercall_page_address(0x7'0000'0000'0000);
+  ASSERT_TRUE(high);
+  EXPECT_EQ(*high, 0x7'0000'0000'0000u);
+  auto bad = hypercall_page_address(0x5000 | 1);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("hypercall page 1"), std::string::npos) << bad.error();
+  EXPECT_FALSE(hypercall_page_address(0x5fff));
+}
+
+// A page of 128 identical 32-byte entries, each `entry`.
+Bytes placeholder_page(const Bytes& entry) {
+  Bytes page;
+  for (int i = 0; i < 128; ++i) page.insert(page.end(), entry.begin(), entry.end());
+  return page;
+}
+
+TEST(XenStubs, FindsAnOlderKernelsHypercallPagePlaceholder) {
+  Bytes ret_int3(32, 0xcc);  // Linux 6.x before XSA-466: ret, then int3 padding
+  ret_int3[0] = 0xc3;
+  Bytes nops_ret(32, 0x90);  // older: nop padding, then ret
+  nops_ret[31] = 0xc3;
+  for (const Bytes& entry : {ret_int3, nops_ret}) {
+    Bytes img(3 * 4096, 0x00);
+    const Bytes page = placeholder_page(entry);
+    std::copy(page.begin(), page.end(), img.begin() + 8192);
+    auto at = find_hypercall_page_placeholder(img);
+    ASSERT_TRUE(at);
+    EXPECT_EQ(*at, 8192u);
+  }
+}
+
+TEST(XenStubs, NearMissesAreNotAHypercallPagePlaceholder) {
+  Bytes ret_int3(32, 0xcc);
+  ret_int3[0] = 0xc3;
+  const Bytes page = placeholder_page(ret_int3);
+  {
+    Bytes img(3 * 4096, 0x00);  // not page-aligned
+    std::copy(page.begin(), page.end(), img.begin() + 0x800);
+    EXPECT_FALSE(find_hypercall_page_placeholder(img));
+  }
+  {
+    Bytes img = page;  // one entry differs
+    img[77 * 32 + 5] = 0x90;
+    EXPECT_FALSE(find_hypercall_page_placeholder(img));
+  }
+  {
+    Bytes two_rets = ret_int3;  // two rets per entry
+    two_rets[16] = 0xc3;
+    EXPECT_FALSE(find_hypercall_page_placeholder(placeholder_page(two_rets)));
+  }
+  EXPECT_FALSE(find_hypercall_page_placeholder(Bytes(4096, 0xcc))) << "int3 only: no ret";
+  EXPECT_FALSE(find_hypercall_page_placeholder(Bytes(4095, 0xc3))) << "shorter than a page";
+  EXPECT_FALSE(find_hypercall_page_placeholder({}));
+  // The page xpv writes is no placeholder (it has code in each entry).
+  const auto filled = build_hypercall_page(0xe8);
+  EXPECT_FALSE(find_hypercall_page_placeholder(Bytes(filled.begin(), filled.end())));
+}
+
 // ---- the real kernel ----
 
 std::filesystem::path find_kernel() {

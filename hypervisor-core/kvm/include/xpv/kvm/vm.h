@@ -123,6 +123,12 @@ class Vm {
   // Setup only (before run()); one trap port.
   void set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn);
 
+  // Guest WRMSRs of `msr` exit to userspace (KVM_CAP_X86_USER_SPACE_MSR with an MSR filter that
+  // denies only that write) and are handed to fn(vcpu, value) on the vCPU thread; fn returns
+  // false to make the write fault (#GP). Every other MSR stays KVM's. Setup only (before run());
+  // one MSR. Throws std::runtime_error naming what this KVM lacks (Linux < 5.10).
+  void set_msr_write_trap(std::uint32_t msr, std::function<bool(unsigned vcpu, std::uint64_t value)> fn);
+
   // An edge-triggered fixed interrupt to vCPU `vcpu`'s local APIC (KVM_SIGNAL_MSI; APIC id =
   // vCPU index). Any thread.
   void signal_msi(unsigned vcpu, std::uint8_t vector) noexcept;
@@ -178,6 +184,8 @@ class Vm {
   int trap_port_ = -1;
   bool sync_regs_ = false;  // KVM_CAP_SYNC_REGS covers the general registers (trap write-back)
   std::function<void(VcpuContext&)> trap_;
+  std::uint32_t msr_trap_index_ = 0;
+  std::function<bool(unsigned, std::uint64_t)> msr_trap_;
   std::uint32_t resample_gsi_ = 0;
   std::function<void()> on_eoi_;
   UniqueFd irqfd_, resamplefd_, resample_stop_;

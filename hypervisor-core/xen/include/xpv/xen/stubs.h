@@ -18,12 +18,18 @@
 //   c3               ret
 // followed by 24 bytes of cc (int3), for i = 0..127.
 //
+// Such a kernel carries its own placeholder for that page — page-aligned, 128 identical 32-byte
+// entries of one `ret` (c3) padded with int3 (cc) or nop (90) bytes, in whatever order — which
+// find_hypercall_page_placeholder() recognises, so that the VMM can tell "uses the hypercall
+// page" from "has no way to call Xen that xpv can trap".
+//
 // All functions are pure (no guest, no KVM) and run on the main thread while loading the kernel.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -53,5 +59,18 @@ void patch_hypercall_stubs(std::span<std::uint8_t> image, const StubSites& sites
 
 // The 4 KiB hypercall page for kernels that use the hypercall-page MSR (layout above).
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port);
+
+// The MSR Xen's CPUID leaf 0x40000002 names (ebx) and how many pages it offers (eax).
+inline constexpr std::uint32_t kHypercallPageMsr = 0x4000'0000;
+inline constexpr std::uint32_t kHypercallPages = 1;
+
+// A write of `value` to kHypercallPageMsr: bits 63:12 are the page's guest frame, bits 11:0 the
+// index of the hypercall page wanted (Xen's rule). Returns the page's guest-physical address, or
+// why the write must fault (index ≥ kHypercallPages).
+Expected<std::uint64_t, std::string> hypercall_page_address(std::uint64_t value);
+
+// Offset of the first hypercall-page placeholder (layout above) in `image`, whose offset 0 is
+// page-aligned in guest memory; nullopt when there is none.
+std::optional<std::size_t> find_hypercall_page_placeholder(std::span<const std::uint8_t> image);
 
 }  // namespace xpv::xen

@@ -60,7 +60,9 @@ class XenDomain {
   XenDomain& operator=(const XenDomain&) = delete;
 
   // Rewrites the guest kernel's hypercall stubs found in guest memory [begin, end) (the loaded
-  // kernel image). Throws with a clear message when they cannot be located.
+  // kernel image). A kernel without them that carries a hypercall-page placeholder (pre-XSA-466
+  // Linux) is left as it is: it gets the page when it writes the hypercall-page MSR. Throws with
+  // a clear message when neither is found, or the page is needed and this KVM cannot trap the MSR.
   void patch_kernel(std::uint64_t begin, std::uint64_t end);
 
   // Blocks until a dom0 client sends unpause on the control socket (xpv-vmm --paused: the
@@ -70,6 +72,8 @@ class XenDomain {
   xen::Platform& platform() noexcept { return *platform_; }
   domain::Domain& domain() noexcept { return *domain_; }
   std::uint64_t hypercalls() const noexcept;
+  // Whether guest writes of the hypercall-page MSR reach the VMM (this KVM can filter MSRs).
+  bool hypercall_page_msr() const noexcept { return msr_trap_; }
   // "hypercalls=N memory_op=… evtchn.send=… sched.poll=… upcalls=… intx_eois=…" (--stats).
   std::string describe_counters() const;
 
@@ -89,6 +93,10 @@ class XenDomain {
   std::unique_ptr<platform_pci::PlatformIoBar> bar0_;
   std::unique_ptr<platform_pci::PlatformMmioBar> bar1_;
   std::shared_ptr<std::atomic<xen::Platform*>> live_;
+  // Hypercall-page MSR (stubs.h): trapped when this KVM can; else why not.
+  bool fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept;
+  bool msr_trap_ = false;
+  std::string msr_trap_error_;
   std::mutex unpause_mu_;
   std::condition_variable unpause_cv_;
   bool unpaused_ = false;
