@@ -127,6 +127,17 @@ void VbdConnection::teardown() noexcept {
     if (q->thread.joinable()) q->thread.join();
   }
   for (auto& q : queues_) {
+    if (q->queue) {
+      // What this queue did in its life: the log line an operator reads after a run.
+      const QueueCounters& c = q->queue->counters();
+      auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+      spdlog::info("{}: requests {} (reads {}, writes {}, flushes {}, discards {}; errors {}, unsupported {}); "
+                   "sectors read {} written {}; batches {}, notifications {}, wakeups {}, held {}; "
+                   "polling: {} waits ended spinning, {} slept",
+                   q->queue->name(), n(c.requests), n(c.reads), n(c.writes), n(c.flushes), n(c.discards),
+                   n(c.errors), n(c.unsupported), n(c.sectors_read), n(c.sectors_written), n(c.batches),
+                   n(c.notifications), n(c.wakeups), n(c.held), n(c.poll_hits), n(c.poll_misses));
+    }
     q->queue.reset();  // waits for the kernel to finish with the guest's pages
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
     q->ring_handles.clear();

@@ -166,6 +166,24 @@ TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
 // dispatcher with the right number.
 constexpr std::uint32_t kHypercallPageGpa = 0x5000;
 
+struct PageRun {
+  TinyRun run;
+  bool trapped = false;                // this KVM hands the MSR write to the VMM
+  std::array<std::uint8_t, 4096> page{};  // kHypercallPageGpa afterwards
+};
+
+PageRun run_page_guest(const Code& c, const std::function<void(kvm::Vm&, XenDomain&)>& more) {
+  PageRun out;
+  out.run = run_tiny(
+      c, [](kvm::Vm&) {},
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        out.trapped = xen.hypercall_page_msr();
+        std::memcpy(out.page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
+        more(vm, xen);
+      });
+  return out;
+}
+
 TEST(XenHypercallGuest, TheHypercallPageMsrGivesAPageToCallThrough) {
   std::string why;
   if (!kvm_usable(why)) GTEST_SKIP() << why;
@@ -179,20 +197,14 @@ TEST(XenHypercallGuest, TheHypercallPageMsrGivesAPageToCallThrough) {
   c.store_rax(kResults + 8);
   c.stop();
   std::int64_t version = 0, unknown = 0;
-  std::array<std::uint8_t, 4096> page{};
-  bool trapped = false;
-  const auto r = run_tiny(
-      c, [](kvm::Vm&) {},
-      [&](kvm::Vm& vm, XenDomain& xen) {
-        trapped = xen.hypercall_page_msr();
-        std::memcpy(&version, vm.memory().translate(kResults, 8)->data(), 8);
-        std::memcpy(&unknown, vm.memory().translate(kResults + 8, 8)->data(), 8);
-        std::memcpy(page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
-        EXPECT_EQ(xen.platform().calls(17), 2u);
-      });
-  if (!trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
-  ASSERT_EQ(r.stop, kvm::StopReason::poweroff) << r.message;
-  EXPECT_EQ(page, xen::build_hypercall_page(xen::kHypercallPort));
+  const auto r = run_page_guest(c, [&](kvm::Vm& vm, XenDomain& xen) {
+    std::memcpy(&version, vm.memory().translate(kResults, 8)->data(), 8);
+    std::memcpy(&unknown, vm.memory().translate(kResults + 8, 8)->data(), 8);
+    EXPECT_EQ(xen.platform().calls(17), 2u);
+  });
+  if (!r.trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
+  ASSERT_EQ(r.run.stop, kvm::StopReason::poweroff) << r.run.message;
+  EXPECT_EQ(r.page, xen::build_hypercall_page(xen::kHypercallPort));
   EXPECT_EQ(version, (4 << 16) | 17);
   EXPECT_EQ(unknown, -38);
 }
@@ -203,18 +215,11 @@ TEST(XenHypercallGuest, AHypercallPageIndexBeyondTheOfferFaultsAndWritesNothing)
   Code c;
   c.wrmsr(xen::kHypercallPageMsr, kHypercallPageGpa | 1);  // page 1: CPUID offers one page
   c.stop();
-  std::array<std::uint8_t, 4096> page{};
-  bool trapped = false;
-  const auto r = run_tiny(
-      c, [](kvm::Vm&) {},
-      [&](kvm::Vm& vm, XenDomain& xen) {
-        trapped = xen.hypercall_page_msr();
-        std::memcpy(page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
-      });
-  if (!trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
+  const auto r = run_page_guest(c, [](kvm::Vm&, XenDomain&) {});
+  if (!r.trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
   // The #GP finds no IDT in this guest, so it ends as a triple fault; it never reaches the hlt.
-  EXPECT_EQ(r.stop, kvm::StopReason::triple_fault) << r.message;
-  EXPECT_EQ(page, (std::array<std::uint8_t, 4096>{})) << "nothing was written for the refused write";
+  EXPECT_EQ(r.run.stop, kvm::StopReason::triple_fault) << r.run.message;
+  EXPECT_EQ(r.page, (std::array<std::uint8_t, 4096>{})) << "nothing was written for the refused write";
 }
 
 }  // namespace
