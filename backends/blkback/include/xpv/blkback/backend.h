@@ -63,7 +63,7 @@ struct BackendOptions {
   unsigned max_queues = 1;            // multi-queue-max-queues
   unsigned max_ring_page_order = 4;   // max-ring-page-order
   std::uint32_t max_indirect_segments = 256;
-  unsigned poll_max_us = 32;          // QueueConfig::poll_max of every queue (0: never spin)
+  unsigned poll_max_us = 100;         // QueueConfig::poll_max of every queue (0: never spin)
 };
 
 class Backend {

@@ -55,8 +55,9 @@ struct QueueConfig {
   bool discard = true;  // feature-discard (also needs a disk that can punch holes)
   // Longest busy-wait for the next request or completion before the thread sleeps (adaptive,
   // see xpv/adaptive_poll.h); while it spins, the frontend is asked for no notifications.
-  // 0: never spin (every request is kicked, every completion wakes the thread).
-  std::chrono::nanoseconds poll_max{32000};
+  // 0: never spin (every request is kicked, every completion wakes the thread). 100 µs, not
+  // QEMU's 32: it must outlast a disk round trip to pay (backends/README.md).
+  std::chrono::nanoseconds poll_max{100000};
 };
 
 // Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.

@@ -59,7 +59,7 @@ struct BlkfrontConfig {
   std::uint32_t indirect_segments = 0;   // 0: direct requests only (11 segments)
   std::uint32_t queues = 1;              // 1..kBlkfrontMaxQueues (≤ backend's multi-queue-max-queues)
   domain::DomId backend = 0;
-  std::chrono::nanoseconds poll_max{32000};  // per queue: BlkfrontQueueConfig::poll_max
+  std::chrono::nanoseconds poll_max{100000};  // per queue: BlkfrontQueueConfig::poll_max
 };
 
 class Blkfront final : public BlockTarget {

@@ -43,7 +43,7 @@ struct BlkfrontQueueConfig {
   // Longest busy-wait of a caller for its response before it sleeps (adaptive, shared by the
   // queue's callers; xpv/adaptive_poll.h). While callers spin, rsp_event is left unarmed, so the
   // backend sends no notification and the event thread is not woken. 0: always sleep.
-  std::chrono::nanoseconds poll_max{32000};
+  std::chrono::nanoseconds poll_max{100000};
 };
 
 class BlkfrontQueue {
