@@ -15,6 +15,8 @@
 // Threading: one per data-plane thread; not shared.
 #pragma once
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -42,12 +44,18 @@ class AdaptivePoll {
   }
 
   // Calls ready() until it returns true (→ true) or `until` has passed (→ ready()'s last word).
+  // Every 16 looks the thread also offers its CPU (sched_yield): a spinner must not keep the
+  // thread it waits for — or the one that will send the next request — off a core (these
+  // machines have two).
   template <class Ready>
   static bool spin_until(Clock::time_point until, Ready&& ready) {
     for (std::uint32_t i = 0;; ++i) {
       if (ready()) return true;
       __builtin_ia32_pause();
-      if ((i & 15) == 15 && Clock::now() >= until) return ready();
+      if ((i & 15) == 15) {
+        if (Clock::now() >= until) return ready();
+        ::sched_yield();
+      }
     }
   }
 
