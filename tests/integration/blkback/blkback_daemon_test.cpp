@@ -715,12 +715,26 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
 }
 
 TEST_F(BlkbackDaemon, DaemonModeReportsStartupErrorsAndWritesItsPidFile) {
+  // The fixture's daemon must hold the run dir's lock before the second one tries (it takes it
+  // before it watches xenstore; under a loaded ctest -j the second one once won the race).
+  for (int i = 0; i < 1000 && log().find("watching /local/domain/0/backend/vbd") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_NE(log().find("watching /local/domain/0/backend/vbd"), std::string::npos) << log();
   // A second instance on the same run dir is refused, through the launcher, with one line.
   const std::string pid_file = dir_ + "/second.pid";
   {
     Child second({XPV_BLKBACK_BIN, "--xenstore", xs_sock_, "--run-dir", run_, "--pid-file", pid_file},
                  dir_ + "/second.log");
-    EXPECT_EQ(second.wait(10s), 1);
+    const int rc = second.wait(10s);
+    EXPECT_EQ(rc, 1);
+    if (rc == 0) {
+      // It was not refused and runs as a daemon: stop it, or it outlives the test.
+      std::ifstream pf(pid_file);
+      pid_t pid = 0;
+      pf >> pid;
+      if (pid > 0) ::kill(pid, SIGTERM);
+    }
   }
   std::ifstream f(dir_ + "/second.log");
   std::string line;
