@@ -12,7 +12,9 @@
 // While the thread spins it leaves the other side's notification off (for a ring: it does not
 // re-arm req_event), so the other side does not pay for a kick either; that is the caller's job.
 //
-// Threading: one per data-plane thread; not shared.
+// Threading: no lock of its own. A data-plane thread owns one (xpv-blkback's queues); threads
+// that share one guard it with their own lock and spin with spin_until() outside it (the
+// process-domain BlkfrontQueue).
 #pragma once
 
 #include <sched.h>
@@ -30,7 +32,6 @@ class AdaptivePoll {
   explicit AdaptivePoll(std::chrono::nanoseconds max = std::chrono::nanoseconds{0}) noexcept : max_(max) {}
 
   std::chrono::nanoseconds window() const noexcept { return window_; }
-  std::chrono::nanoseconds max() const noexcept { return max_; }
 
   // Spins until ready() returns true (→ true) or the window has passed (→ false). Records when the
   // spin began so that after_sleep() can tell how long the whole wait was.
