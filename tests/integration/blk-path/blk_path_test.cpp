@@ -24,6 +24,7 @@
 #include "xpv/frontends/blkfront.h"
 #include "xpv/frontends/fuse_disk.h"
 #include "xpv/frontends/guest_events.h"
+#include "xpv/test/loop_device.h"
 
 namespace xpv {
 namespace {
@@ -323,29 +324,18 @@ TEST_F(BlkPath, Ext4OverFuseAndLoop) {
   std::filesystem::create_directories(mnt);
   std::filesystem::create_directories(fsdir);
   frontends::FuseDisk fuse(mnt, "xvda", *front_);
-  std::string loop;
-  {
-    FILE* p = ::popen(("losetup --find --show " + fuse.file_path() + " 2>/dev/null").c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char line[64] = {};
-    if (std::fgets(line, sizeof line, p)) loop = line;
-    ::pclose(p);
-    while (!loop.empty() && loop.back() == '\n') loop.pop_back();
-  }
+  test::LoopDevice loop(fuse.file_path());
   if (loop.empty()) GTEST_SKIP() << "no free loop device";
-  struct Cleanup {
-    std::string loop, fsdir;
-    ~Cleanup() {
-      (void)!std::system(("umount " + fsdir + " 2>/dev/null").c_str());
-      (void)!std::system(("losetup -d " + loop).c_str());
-    }
-  } cleanup{loop, fsdir};
-  ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop + " >/dev/null 2>&1").c_str()), 0);
-  ASSERT_EQ(std::system(("mount " + loop + " " + fsdir).c_str()), 0);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)!std::system(("umount " + dir + " 2>/dev/null").c_str()); }
+  } unmount{fsdir};
+  ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop.path() + " >/dev/null 2>&1").c_str()), 0);
+  ASSERT_EQ(std::system(("mount " + loop.path() + " " + fsdir).c_str()), 0);
   ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + fsdir + "/f bs=64k count=64 conv=fsync status=none").c_str()), 0);
   ASSERT_EQ(std::system(("sha256sum " + fsdir + "/f > " + dir_ + "/sum").c_str()), 0);
   ASSERT_EQ(std::system(("umount " + fsdir).c_str()), 0);
-  ASSERT_EQ(std::system(("losetup -d " + loop).c_str()), 0);
+  ASSERT_EQ(loop.detach(), 0);
   // The same image, now straight from the host: the file system and the data are there.
   ASSERT_EQ(std::system(("mount -o ro,loop " + image_ + " " + fsdir).c_str()), 0);
   EXPECT_EQ(std::system(("sha256sum -c --quiet " + dir_ + "/sum").c_str()), 0);

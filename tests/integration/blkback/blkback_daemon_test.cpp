@@ -34,6 +34,7 @@
 #include "xpv/frontends/fuse_disk.h"
 #include "xpv/frontends/guest_events.h"
 #include "xpv/ring/blkif.h"
+#include "xpv/test/loop_device.h"
 #include "xpv/xenbus/client/sync_client.h"
 
 extern char** environ;
@@ -817,25 +818,16 @@ TEST_F(BlkbackDaemon, Ext4OverFuseAndLoop) {
   const std::string mnt = dir_ + "/fuse", fsdir = dir_ + "/fs";
   std::filesystem::create_directories(mnt);
   std::filesystem::create_directories(fsdir);
-  std::string loop;
   {
     frontends::FuseDisk fuse(mnt, "xvda", *g.front);
-    FILE* p = ::popen(("losetup --find --show " + fuse.file_path() + " 2>/dev/null").c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char line[64] = {};
-    if (std::fgets(line, sizeof line, p)) loop = line;
-    ::pclose(p);
-    while (!loop.empty() && loop.back() == '\n') loop.pop_back();
+    test::LoopDevice loop(fuse.file_path());
     if (loop.empty()) GTEST_SKIP() << "no free loop device";
-    struct Cleanup {
-      std::string loop, fsdir;
-      ~Cleanup() {
-        (void)!std::system(("umount " + fsdir + " 2>/dev/null").c_str());
-        (void)!std::system(("losetup -d " + loop + " 2>/dev/null").c_str());
-      }
-    } cleanup{loop, fsdir};
-    ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop + " >/dev/null 2>&1").c_str()), 0);
-    ASSERT_EQ(std::system(("mount " + loop + " " + fsdir).c_str()), 0);
+    struct Unmount {
+      std::string dir;
+      ~Unmount() { (void)!std::system(("umount " + dir + " 2>/dev/null").c_str()); }
+    } unmount{fsdir};
+    ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop.path() + " >/dev/null 2>&1").c_str()), 0);
+    ASSERT_EQ(std::system(("mount " + loop.path() + " " + fsdir).c_str()), 0);
     ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + fsdir + "/f bs=64k count=64 conv=fsync status=none").c_str()), 0);
     ASSERT_EQ(std::system(("sha256sum " + fsdir + "/f > " + dir_ + "/sum").c_str()), 0);
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "xpv/frontends/fuse_disk.h"
+#include "xpv/test/loop_device.h"
 #include "xpv/unique_fd.h"
 
 namespace xpv::frontends {
@@ -217,33 +218,24 @@ TEST_F(FuseDiskTest, LoopDeviceWithExt4OnTop) {
   mount(t);
   const std::string mnt = dir_ + "-mnt";
   std::filesystem::create_directory(mnt);
-  std::string loop;
-  {
-    FILE* p = ::popen(("losetup --find --show " + disk_->file_path() + " 2>/dev/null").c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char line[64] = {};
-    if (std::fgets(line, sizeof line, p)) loop = line;
-    ::pclose(p);
-    while (!loop.empty() && loop.back() == '\n') loop.pop_back();
-  }
+  test::LoopDevice loop(disk_->file_path());
   if (loop.empty()) {
     std::filesystem::remove(mnt);
     GTEST_SKIP() << "no free loop device";
   }
   struct Cleanup {
-    std::string loop, mnt;
+    std::string mnt;
     ~Cleanup() {
       run("umount " + mnt);
-      run("losetup -d " + loop);
       std::error_code ec;
       std::filesystem::remove(mnt, ec);
     }
-  } cleanup{loop, mnt};
-  ASSERT_EQ(run("mkfs.ext4 -q -F " + loop), 0);
-  ASSERT_EQ(run("mount " + loop + " " + mnt), 0);
+  } cleanup{mnt};
+  ASSERT_EQ(run("mkfs.ext4 -q -F " + loop.path()), 0);
+  ASSERT_EQ(run("mount " + loop.path() + " " + mnt), 0);
   ASSERT_EQ(run("sh -c 'echo pv-root > " + mnt + "/hello && sync " + mnt + "/hello'"), 0);
   ASSERT_EQ(run("umount " + mnt), 0);
-  ASSERT_EQ(run("mount -o ro " + loop + " " + mnt), 0);
+  ASSERT_EQ(run("mount -o ro " + loop.path() + " " + mnt), 0);
   std::ifstream f(mnt + "/hello");
   std::string s;
   std::getline(f, s);

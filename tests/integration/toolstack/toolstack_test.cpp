@@ -9,11 +9,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <thread>
 
 #include "harness.h"
 #include "xpv/toolstack/process.h"
+#include "xpv/test/loop_device.h"
 #include "xpv/xenbus/client/sync_client.h"
 
 namespace xpv::test {
@@ -511,39 +513,24 @@ TEST_F(RealFront, Ext4OnAPvDiskSurvivesDestroyAndCreate) {
   const std::string mnt = h.dir + "/mnt";
   fs::create_directories(mnt);
   auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
-  auto attach_loop = [&]() {
-    std::string loop;
-    FILE* p = ::popen(("losetup --find --show " + disk + " 2>/dev/null").c_str(), "r");
-    if (p) {
-      char line[64] = {};
-      if (std::fgets(line, sizeof line, p)) loop = line;
-      ::pclose(p);
-    }
-    while (!loop.empty() && loop.back() == '\n') loop.pop_back();
-    return loop;
-  };
-  struct Cleanup {
+  std::optional<test::LoopDevice> loop;  // declared before `unmount`: unmounted first
+  struct Unmount {
     std::string mnt;
-    std::string loop;
-    ~Cleanup() {
-      (void)!std::system(("umount " + mnt + " 2>/dev/null").c_str());
-      if (!loop.empty()) (void)!std::system(("losetup -d " + loop + " 2>/dev/null").c_str());
-    }
-  } cleanup{mnt, ""};
+    ~Unmount() { (void)!std::system(("umount " + mnt + " 2>/dev/null").c_str()); }
+  } unmount{mnt};
 
   r = h.run({"create", cfg});
   ASSERT_EQ(r.rc, 0) << r.err;
   ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
-  cleanup.loop = attach_loop();
-  if (cleanup.loop.empty()) GTEST_SKIP() << "no free loop device";
-  ASSERT_EQ(sh("mkfs.ext4 -q -F " + cleanup.loop), 0);
-  ASSERT_EQ(sh("mount " + cleanup.loop + " " + mnt), 0);
+  loop.emplace(disk);
+  if (loop->empty()) GTEST_SKIP() << "no free loop device";
+  ASSERT_EQ(sh("mkfs.ext4 -q -F " + loop->path()), 0);
+  ASSERT_EQ(sh("mount " + loop->path() + " " + mnt), 0);
   ASSERT_EQ(sh("dd if=/dev/urandom of=" + mnt + "/a bs=64k count=32 conv=fsync"), 0);
   ASSERT_EQ(sh("sh -c 'echo pv-disk > " + mnt + "/b && sync " + mnt + "/b'"), 0);
   ASSERT_EQ(sh("sh -c 'cd " + mnt + " && sha256sum a b > " + h.dir + "/sums'"), 0);
   ASSERT_EQ(sh("umount " + mnt), 0);
-  ASSERT_EQ(sh("losetup -d " + cleanup.loop), 0);
-  cleanup.loop.clear();
+  ASSERT_EQ(loop->detach(), 0);
   r = h.run({"destroy", "store"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_FALSE(fs::exists(disk));
@@ -551,13 +538,12 @@ TEST_F(RealFront, Ext4OnAPvDiskSurvivesDestroyAndCreate) {
   r = h.run({"create", cfg});
   ASSERT_EQ(r.rc, 0) << r.err;
   ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
-  cleanup.loop = attach_loop();
-  ASSERT_FALSE(cleanup.loop.empty());
-  ASSERT_EQ(sh("mount -o ro " + cleanup.loop + " " + mnt), 0);
+  loop.emplace(disk);
+  ASSERT_FALSE(loop->empty());
+  ASSERT_EQ(sh("mount -o ro " + loop->path() + " " + mnt), 0);
   EXPECT_EQ(sh("sh -c 'cd " + mnt + " && sha256sum -c --quiet " + h.dir + "/sums'"), 0);
   ASSERT_EQ(sh("umount " + mnt), 0);
-  ASSERT_EQ(sh("losetup -d " + cleanup.loop), 0);
-  cleanup.loop.clear();
+  ASSERT_EQ(loop->detach(), 0);
   r = h.run({"destroy", "store"});
   EXPECT_EQ(r.rc, 0) << r.err;
 }
