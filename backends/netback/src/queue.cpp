@@ -21,6 +21,7 @@ namespace {
 constexpr std::size_t kPage = kXenPageSize;
 constexpr std::size_t kHdrCopy = 256;  // header bytes gathered for offload parsing
 constexpr int kTurnsPerPoll = 32;      // turns before re-checking the stop fd and event channels
+constexpr int kDrainBatch = 64;        // TAP reads per look while the guest is behind
 }  // namespace
 
 template <class... Args>
@@ -48,7 +49,8 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
       tap_(tap_fd),
       cfg_(cfg),
       sched_(cfg.fair),
-      limiter_(cfg.rate_bytes, cfg.rate_usec) {
+      limiter_(cfg.rate_bytes, cfg.rate_usec),
+      rx_queue_(cfg.rx_queue, kMaxRxBytes) {
   if (!tx_evtchn_) throw std::invalid_argument("netback: no event channel");
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
@@ -62,7 +64,6 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   tx_maps_.reserve(kXenNetifNrSlotsMin);
   tx_iov_.reserve(kXenNetifNrSlotsMin + 1);
   tx_hdr_.resize(kHdrCopy);
-  rx_buf_.resize(kMaxRxBytes);
   rx_held_.reserve(kRxDirectSlots);
   rx_iov_.reserve(kRxDirectSlots + 1);
   if (cfg_.resume) {
@@ -286,19 +287,19 @@ bool NetbackQueue::tx_turn() noexcept {
 
 // ---- guest RX ------------------------------------------------------------------------------------
 
-bool NetbackQueue::rx_fill() noexcept {
-  if (rx_pending_) return true;
-  if (!tap_readable_) return false;
-  iovec iov[2] = {{&rx_vnet_, sizeof rx_vnet_}, {rx_buf_.data(), rx_buf_.size()}};
-  const ssize_t n = ::readv(tap_, iov, 2);
-  if (n < 0) {
-    tap_readable_ = false;  // EAGAIN (or an error: poll tells us when to try again)
-    return false;
+void NetbackQueue::rx_ingest(int max) noexcept {
+  for (int i = 0; i < max && tap_readable_; ++i) {
+    if (const std::size_t d = rx_queue_.make_room(); d > 0) {
+      counters_.rx_overflow.fetch_add(d, std::memory_order_relaxed);
+    }
+    const auto iov = rx_queue_.ingress_iov();
+    const ssize_t n = ::readv(tap_, iov.data(), static_cast<int>(iov.size()));
+    if (n < 0) {
+      tap_readable_ = false;  // EAGAIN (or an error: poll tells us when to try again)
+      return;
+    }
+    if (static_cast<std::size_t>(n) > sizeof(VnetHdr)) rx_queue_.commit(static_cast<std::size_t>(n));
   }
-  if (static_cast<std::size_t>(n) <= sizeof(VnetHdr)) return rx_fill();
-  rx_len_ = static_cast<std::size_t>(n) - sizeof(VnetHdr);
-  rx_pending_ = true;
-  return true;
 }
 
 bool NetbackQueue::rx_has_work() noexcept {
@@ -310,10 +311,11 @@ bool NetbackQueue::rx_has_work() noexcept {
       disable(to_string(n.error()));
       return false;
     }
-    // Not yet enough for the pending packet: stay asleep until more come or time runs out.
-    return timed_out || *n >= rx_need_;
+    // Not yet enough for the head packet: stay asleep until more come or time runs out, but
+    // keep draining the TAP (the backlog belongs in rx_queue_, see the header).
+    return timed_out || *n >= rx_need_ || tap_readable_;
   }
-  return rx_pending_ || tap_readable_;
+  return !rx_queue_.empty() || tap_readable_;
 }
 
 std::size_t NetbackQueue::rx_available() noexcept {
@@ -427,21 +429,24 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
 
 NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   bytes = 0;
-  if (!rx_pending_ && tap_readable_ && rx_available() >= kRxDirectSlots && rx_hold(kRxDirectSlots)) {
+  if (rx_queue_.empty() && tap_readable_ && rx_available() >= kRxDirectSlots && rx_hold(kRxDirectSlots)) {
     bool all_mapped = true;
     for (std::size_t i = 0; i < kRxDirectSlots; ++i) all_mapped = all_mapped && !rx_held_[i].page.empty();
     if (all_mapped) return rx_direct(bytes);
   }
   if (disabled()) return Step::none;
-  // The buffered path (fewer buffers posted than the largest packet needs, or one of them
-  // unusable): the packet waits in rx_buf_ until buffers for *it* are there.
-  if (!rx_fill()) return Step::none;
+  // The queued path (packets already waiting, fewer buffers posted than the largest packet
+  // needs, or one of them unusable): the next packet by flow order waits for buffers for *it*.
+  if (rx_queue_.empty()) rx_ingest(1);
+  const RxFlowQueue::Packet* p = rx_queue_.front();
+  if (p == nullptr) return Step::none;
+  rx_len_ = p->len;
   auto drop = [&] {
-    rx_pending_ = false;
+    rx_queue_.pop();
     counters_.rx_dropped.fetch_add(1, std::memory_order_relaxed);
     return Step::dropped;
   };
-  auto off = netif_from_vnet(rx_vnet_, cfg_.rx_gso);
+  auto off = netif_from_vnet(p->vnet, cfg_.rx_gso);
   if (!off) return drop();
   const std::size_t data_slots = std::max<std::size_t>(1, (rx_len_ + kPage - 1) / kPage);
   const std::size_t extra = off->gso_type ? 1 : 0;
@@ -455,11 +460,15 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
-      return Step::blocked;
+    } else if (now - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
+      // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
+      counters_.rx_dropped.fetch_add(rx_queue_.clear(), std::memory_order_relaxed);
+      return Step::dropped;
     }
-    if (now - rx_stall_since_ < std::uint64_t{cfg_.rx_stall_ms} * 1000) return Step::blocked;
-    // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
-    return drop();
+    // Take what waits in the TAP into the flow queue, so that the backlog is scheduled by flow
+    // and not in the TAP's arrival order.
+    rx_ingest(kDrainBatch);
+    return Step::blocked;
   }
   rx_stalled_ = false;
   if (!rx_hold(need)) return Step::none;
@@ -471,7 +480,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     if (h.page.empty()) {
       failed = true;
     } else {
-      std::memcpy(h.page.data(), rx_buf_.data() + at, len);
+      rx_queue_.copy(*p, at, h.page.first(len));
     }
   }
   if (failed) {
@@ -479,7 +488,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     counters_.rx_errors.fetch_add(1, std::memory_order_relaxed);
   }
   rx_respond(*off, data_slots, failed);
-  rx_pending_ = false;
+  rx_queue_.pop();
   if (failed) return Step::dropped;
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
@@ -669,9 +678,10 @@ void NetbackQueue::run() noexcept {
       fds[n++] = {tx_evtchn_->wait_fd(), POLLIN, 0};
       const int rx_at = rx_evtchn_ ? n : -1;
       if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
-      // The TAP is only read while a packet can be taken (bounded buffering).
+      // The TAP is read whenever it has packets: while the guest is behind they go into the
+      // bounded flow queue (see the header), never pile up in the TAP's FIFO.
       const int tap_at = n;
-      fds[n++] = {tap_, static_cast<short>(rx_stalled_ || rx_pending_ ? 0 : POLLIN), 0};
+      fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
       const std::uint64_t now = now_us();
       if (!busy_ && cfg_.share != nullptr) {

@@ -13,11 +13,15 @@
 // moves a bounded batch (quantum bytes, max packets), responses are pushed after every turn, so a
 // bulk TX stream cannot starve RX or the other way round.
 //
-// Bounded buffering (the XSA-392 lesson): netback holds at most ONE packet read from the TAP.
-// While the frontend has not posted enough rx buffers for it, the TAP is not read (the kernel's
-// queue in front of the TAP is bounded and drops, counted by the host); once the packet has
-// waited rx_stall_ms the queue drops it and every packet it reads while the frontend still posts
-// no buffers, counting each in rx_dropped.
+// Flow-fair, bounded buffering (the XSA-392 lesson): while the frontend has not posted buffers for
+// the next packet, netback keeps reading the TAP into an RxFlowQueue (rx_flow_queue.h) instead of
+// leaving the backlog in the TAP's FIFO, where the packets of a sparse flow (the ACKs of the
+// guest's own sending stream) would wait behind megabytes of a bulk one. That queue is bounded
+// (RxFlowConfig::pool_bytes); making room drops from the fattest flow (counted in rx_overflow).
+// Packets are delivered from it by deficit round robin over flows, new flows first; with buffers
+// posted and nothing queued, packets go straight from the TAP into the guest's pages. Once the
+// frontend has posted no buffers for the head packet for rx_stall_ms, everything queued and every
+// packet read while it still posts none is dropped, counting each in rx_dropped.
 //
 // Guest faults, in DESIGN.md §5's tiers:
 //   malformed packet (size < 14, a slot with offset+size past its page, more than
@@ -60,6 +64,7 @@
 #include "xpv/netback/fair_share.h"
 #include "xpv/netback/offload.h"
 #include "xpv/netback/rate_limiter.h"
+#include "xpv/netback/rx_flow_queue.h"
 #include "xpv/ring/netif.h"
 
 namespace xpv::netback {
@@ -73,6 +78,7 @@ struct NetbackConfig {
   FairShare* share = nullptr;
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
   std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
+  RxFlowConfig rx_queue;             // the host→guest backlog while the guest is behind
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
   bool resume = false;
@@ -86,6 +92,7 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_packets{0}, rx_bytes{0};   // host → guest, delivered
   std::atomic<std::uint64_t> rx_dropped{0};                // no buffers in time / too big / bad offload
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
+  std::atomic<std::uint64_t> rx_overflow{0};               // dropped from the fattest flow: backlog full
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
@@ -138,7 +145,7 @@ class NetbackQueue {
   bool rx_turn() noexcept;
   Step tx_one(std::size_t& bytes) noexcept;
   Step rx_one(std::size_t& bytes) noexcept;
-  bool rx_fill() noexcept;  // read one packet into the pending buffer; false: none
+  void rx_ingest(int max) noexcept;  // reads up to `max` packets from the TAP into rx_queue_
   Step rx_direct(std::size_t& bytes) noexcept;  // read one packet straight into held buffers
   bool rx_hold(std::size_t n) noexcept;         // at least n requests popped and mapped
   std::size_t rx_available() noexcept;          // held + unconsumed rx requests (0 on error)
@@ -179,13 +186,12 @@ class NetbackQueue {
 
   // RX state.
   VnetHdr rx_vnet_{};
-  std::vector<std::uint8_t> rx_buf_;
-  std::size_t rx_len_ = 0;        // bytes of the pending packet (0: none)
-  bool rx_pending_ = false;
+  RxFlowQueue rx_queue_;          // read from the TAP, not delivered yet
+  std::size_t rx_len_ = 0;        // bytes of the packet being answered
   bool tap_readable_ = true;
-  bool rx_stalled_ = false;       // the pending packet waits for rx buffers
+  bool rx_stalled_ = false;       // the head of rx_queue_ waits for rx buffers
   std::uint64_t rx_stall_since_ = 0;
-  ring::RingIdx rx_need_ = 0;     // rx requests the pending packet needs
+  ring::RingIdx rx_need_ = 0;     // more rx requests the head packet needs
   bool rx_resp_pending_ = false;
   // Rx requests popped from the ring and mapped (writable), not answered yet, in ring order:
   // the buffers the next packets go into. At most kRxDirectSlots; page empty if the grant could
