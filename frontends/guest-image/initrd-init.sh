@@ -2,7 +2,8 @@
 # xpv guest image — the initramfs /init (frontends/guest-image/initrd-init.sh; README.md there
 # documents the cmdline protocol and the markers). PID 1 until switch_root.
 #
-#   mount proc/sys/devtmpfs → insmod /etc/xpv/modules (dependency order) → wait for root= (bounded)
+#   mount proc/sys/devtmpfs → insmod /etc/xpv/modules (dependency order; NAME.PARAM=VALUE on the
+#   kernel command line passed to module NAME, as modprobe does) → wait for root= (bounded)
 #   → mount it ext4 rw at /newroot → move /dev /proc /sys → switch_root to its /sbin/init.
 # Any failure: one "XPV-FATAL initrd: ..." line on every console, then poweroff -f.
 /bin/busybox mkdir -p /proc /sys /dev /newroot /sbin /usr/bin /usr/sbin
@@ -43,13 +44,25 @@ case "$ROOT" in
   *) fatal "root=$ROOT: only /dev/NAME is supported" ;;
 esac
 
+# Module parameters on the kernel command line ("xen_netfront.max_queues=1"): insmod, unlike
+# modprobe, does not look there, so they are collected here as "module param=value" lines, the
+# module's name with '-' read as '_' (the kernel's own spelling).
+MODPARAMS=$(tr ' ' '\n' < /proc/cmdline | awk -F. 'NF > 1 && $1 ~ /^[A-Za-z0-9_-]+$/ && index($0, "=") > length($1) + 2 {
+  m = $1; gsub("-", "_", m); print m, substr($0, length($1) + 2) }')
+modparams() {
+  [ -n "$MODPARAMS" ] || return 0
+  echo "$MODPARAMS" | awk -v m="$1" 'BEGIN { gsub("-", "_", m) } $1 == m { printf "%s%s", sep, $2; sep = " " }'
+}
+
 KVER=$(cat /etc/xpv/kernel-version)
 [ "$KVER" = "$(uname -r)" ] || say "xpv-initrd: warning: modules are for $KVER, the kernel is $(uname -r)"
 while read -r name rel; do
   [ -n "$name" ] || continue
   grep -q "^$name " /proc/modules && continue
-  if err=$(insmod "/lib/modules/$KVER/$rel" 2>&1); then
-    say "xpv-initrd: loaded $name"
+  params=$(modparams "$name")
+  # shellcheck disable=SC2086  # one word per parameter
+  if err=$(insmod "/lib/modules/$KVER/$rel" $params 2>&1); then
+    say "xpv-initrd: loaded $name${params:+ ($params)}"
   else
     say "xpv-initrd: not loaded: $name (${err##*: })"
   fi

@@ -111,8 +111,12 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("xen-platform-pci 0000:00:03.0"), std::string::npos) << s;
     if (std::string(mode) == "vector") {
       EXPECT_NE(s.find("Xen HVM callback vector for event delivery is enabled"), std::string::npos) << s;
+      EXPECT_NE(s.find("xpv-initrd: loaded xen_netfront"), std::string::npos) << s;
+      EXPECT_EQ(s.find("xpv-initrd: loaded xen_netfront ("), std::string::npos) << "no parameter was given\n" << s;
     } else {
       EXPECT_EQ(s.find("Xen HVM callback vector for event delivery is enabled"), std::string::npos) << s;
+      // xen-netfront.max_queues=1 on its command line (hvm_session.sh) reached insmod.
+      EXPECT_NE(s.find("xpv-initrd: loaded xen_netfront (max_queues=1)"), std::string::npos) << s;
     }
     EXPECT_NE(s.find("blkfront: xvda:"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-NET eth0 10.0."), std::string::npos) << "netfront's eth0 is up\n" << s;
