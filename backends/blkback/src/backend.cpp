@@ -324,7 +324,9 @@ void Backend::connect(Device& d, bool resume) {
         throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
       }
       nq = *n;
-      multi = true;
+      // One queue: the flat layout, whether or not the key is there — Linux's netfront writes
+      // multi-queue-num-queues = 1 with flat keys, and Linux's backends read it that way.
+      multi = nq > 1;
     }
     if (auto p = read(fe + "/protocol"); p && *p != "x86_64-abi") {
       throw std::runtime_error(fmt::format("{}/protocol '{}': only x86_64-abi is served", fe, *p));

@@ -342,7 +342,9 @@ void Backend::connect(Device& d, bool resume) {
         throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
       }
       nq = static_cast<unsigned>(*n);
-      multi = true;
+      // One queue: the flat layout, whether or not the key is there — Linux's netfront writes
+      // multi-queue-num-queues = 1 with flat keys, and Linux's backends read it that way.
+      multi = nq > 1;
     }
     // Linux netback's rules: rx-copy is the only receive mode; rx-notify is mandatory.
     if (!flag("request-rx-copy")) throw std::runtime_error(fmt::format("{}/request-rx-copy is not 1: only rx-copy is served", fe));

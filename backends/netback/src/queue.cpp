@@ -311,9 +311,10 @@ bool NetbackQueue::rx_has_work() noexcept {
       disable(to_string(n.error()));
       return false;
     }
-    // Not yet enough for the head packet: stay asleep until more come or time runs out, but
-    // keep draining the TAP (the backlog belongs in rx_queue_, see the header).
-    return timed_out || *n >= rx_need_ || tap_readable_;
+    // Not yet enough for the head packet: stay asleep until more come or time runs out (then
+    // what is queued is dropped), but keep draining the TAP (the backlog belongs in rx_queue_,
+    // see the header). Timed out with nothing queued and nothing to read: no work.
+    return *n >= rx_need_ || tap_readable_ || (timed_out && !rx_queue_.empty());
   }
   return !rx_queue_.empty() || tap_readable_;
 }
@@ -421,6 +422,7 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
     }
   }
   rx_respond(*off, data_slots, /*failed=*/false);
+  rx_stalled_ = false;  // the frontend takes packets again
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
   bytes = rx_len_;
@@ -696,7 +698,7 @@ void NetbackQueue::run() noexcept {
           const std::uint64_t at = limiter_.next_window_us();
           timeout = static_cast<int>(std::min<std::uint64_t>(at > now ? (at - now + 999) / 1000 : 0, 1000));
         }
-        if (rx_stalled_) {
+        if (rx_stalled_ && !rx_queue_.empty()) {  // wake up to drop what waits, once its time is up
           const std::uint64_t at = rx_stall_since_ + std::uint64_t{cfg_.rx_stall_ms} * 1000;
           const int t = static_cast<int>(std::min<std::uint64_t>(at > now ? (at - now + 999) / 1000 : 0, 1000));
           timeout = timeout < 0 ? t : std::min(timeout, t);

@@ -341,9 +341,10 @@ class BlkbackDaemon : public ::testing::Test {
     g.front = std::make_unique<Blkfront>(*g.dom, *g.events, cfg);
     auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
       std::vector<std::pair<std::string, std::string>> nodes;
-      // Flat layout for one queue, multi-queue-num-queues + queue-<q>/ for several (blkif.h).
+      // Flat layout for one queue, queue-<q>/ for several (blkif.h); multi-queue-num-queues even
+      // for one (Linux's netfront writes it so; connect_raw below leaves it out).
       const bool mq = g.front->queues() > 1;
-      if (mq) nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(g.front->queues()));
+      nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(g.front->queues()));
       if (cfg.ring_page_order != 0) nodes.emplace_back(f + "/ring-page-order", std::to_string(cfg.ring_page_order));
       for (std::uint32_t q = 0; q < g.front->queues(); ++q) {
         const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;

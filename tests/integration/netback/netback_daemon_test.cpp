@@ -447,6 +447,8 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
              {fe + "/tx-ring-ref", std::to_string(f.tx_ring_ref())}, {fe + "/rx-ring-ref", std::to_string(f.rx_ring_ref())},
              {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
              {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
+             // One queue announced as Linux's netfront does: the key = 1 and the flat layout.
+             {fe + "/multi-queue-num-queues", "1"},
              {fe + "/state", "3"}, {be + "/frontend", fe}, {be + "/frontend-id", "200"}, {be + "/online", "1"},
              {be + "/handle", "0"}, {be + "/mac", "00:16:3e:00:40:02"}, {be + "/state", "1"}}) {
       ASSERT_TRUE(xs.write(p, v)) << p;

@@ -428,6 +428,39 @@ TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
   EXPECT_EQ(fe_.notifications(), 1u);
 }
 
+// Past the stall time with everything dropped and nothing more to read, the queue has no work:
+// its thread sleeps until the TAP, the frontend or stop() wakes it (it used to spin at 100 % of a
+// CPU — in the testbed, one of L1's two — for as long as the frontend posted no buffers).
+TEST_F(NetbackQueueTest, RxPastTheStallTimeWithNothingToDoSleeps) {
+  NetbackConfig cfg;
+  cfg.rx_stall_ms = 0;
+  start(cfg);
+  const auto frame = tcp_frame(1000);
+  for (int i = 0; i < 3; ++i) host_write({}, frame);
+  std::thread t([this] { queue_->run(); });
+  for (int i = 0; i < 500 && queue_->counters().rx_dropped.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::uint64_t before = queue_->counters().wakeups.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::uint64_t during = queue_->counters().wakeups.load() - before;
+  // Buffers come back: the next packet is delivered (the stall is over).
+  fe_.post_rx(0, fe_.grant(100, false));
+  fe_.rx_push();
+  host_write({}, frame);
+  std::vector<NetifRxResponse> r;
+  for (int i = 0; i < 500 && r.empty(); ++i) {
+    r = fe_.rx_responses();
+    if (r.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  queue_->stop();
+  t.join();
+  EXPECT_EQ(queue_->counters().rx_dropped.load(), 3u);
+  EXPECT_LE(during, 5u) << "the thread woke " << during << " times in 300 ms with nothing to do";
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status, 1000);
+}
+
 TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 60000;
