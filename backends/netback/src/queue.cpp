@@ -492,6 +492,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   rx_respond(*off, data_slots, failed);
   rx_queue_.pop();
   if (failed) return Step::dropped;
+  counters_.rx_queued.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
   bytes = rx_len_;

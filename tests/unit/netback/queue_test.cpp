@@ -529,6 +529,7 @@ TEST_F(NetbackQueueTest, RxASparseFlowOvertakesABulkBacklogWhileTheGuestIsBehind
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(fe_.rx_responses().size(), 27u);
   EXPECT_EQ(queue_->counters().rx_packets.load(), 31u);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 31u);
   EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
 }
 

@@ -93,6 +93,7 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_dropped{0};                // no buffers in time / too big / bad offload
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
   std::atomic<std::uint64_t> rx_overflow{0};               // dropped from the fattest flow: backlog full
+  std::atomic<std::uint64_t> rx_queued{0};                 // delivered from the flow queue (not straight)
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
