@@ -326,10 +326,7 @@ TEST_F(BlkPath, Ext4OverFuseAndLoop) {
   frontends::FuseDisk fuse(mnt, "xvda", *front_);
   test::LoopDevice loop(fuse.file_path());
   if (loop.empty()) GTEST_SKIP() << "no free loop device";
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { (void)!std::system(("umount " + dir + " 2>/dev/null").c_str()); }
-  } unmount{fsdir};
+  test::UnmountAtExit unmount{fsdir};
   ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop.path() + " >/dev/null 2>&1").c_str()), 0);
   ASSERT_EQ(std::system(("mount " + loop.path() + " " + fsdir).c_str()), 0);
   ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + fsdir + "/f bs=64k count=64 conv=fsync status=none").c_str()), 0);

@@ -514,10 +514,7 @@ TEST_F(RealFront, Ext4OnAPvDiskSurvivesDestroyAndCreate) {
   fs::create_directories(mnt);
   auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
   std::optional<test::LoopDevice> loop;  // declared before `unmount`: unmounted first
-  struct Unmount {
-    std::string mnt;
-    ~Unmount() { (void)!std::system(("umount " + mnt + " 2>/dev/null").c_str()); }
-  } unmount{mnt};
+  test::UnmountAtExit unmount{mnt};
 
   r = h.run({"create", cfg});
   ASSERT_EQ(r.rc, 0) << r.err;

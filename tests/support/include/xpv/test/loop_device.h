@@ -42,4 +42,10 @@ class LoopDevice {
   std::string path_;
 };
 
+// `umount DIR` when it goes out of scope (declare it after the LoopDevice it mounts: unmounted first).
+struct UnmountAtExit {
+  std::string dir;
+  ~UnmountAtExit() { (void)!std::system(("umount " + dir + " 2>/dev/null").c_str()); }
+};
+
 }  // namespace xpv::test
