@@ -391,6 +391,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
     s.queue.share = &share_;
+    s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;
     d.conn = std::make_unique<VifConnection>(d.name, domain(d.key.first), rings, s, [this, key, generation](unsigned q) {
       // Queue thread: report to the control thread (a disabled queue closes the vif).

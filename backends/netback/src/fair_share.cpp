@@ -17,10 +17,10 @@ std::uint64_t FairShare::min_other_backlogged(const Account* self) const noexcep
   return m;
 }
 
-FairShare::Account* FairShare::join() {
+FairShare::Account* FairShare::join(std::uint64_t group) {
   std::lock_guard lock(mu_);
   const std::uint64_t m = min_other_backlogged(nullptr);
-  accounts_.push_back(Account{m == kNone ? 0 : m, false});
+  accounts_.push_back(Account{m == kNone ? 0 : m, false, group});
   return &accounts_.back();
 }
 
@@ -62,7 +62,11 @@ void FairShare::charge(Account* a, std::size_t bytes) noexcept {
   if (bytes == 0) return;
   {
     std::lock_guard lock(mu_);
-    a->served += bytes;
+    std::uint64_t busy = 0;  // accounts of a's group with work (a itself included)
+    if (a->group != 0) {
+      for (const Account& x : accounts_) busy += x.group == a->group && x.backlog ? 1 : 0;
+    }
+    a->served += static_cast<std::uint64_t>(bytes) * std::max<std::uint64_t>(busy, 1);
     ++generation_;
   }
   changed_.notify_all();

@@ -56,8 +56,8 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
   stop_ = std::move(*s);
   if (cfg_.share != nullptr) {
-    share_acc_[0] = cfg_.share->join();
-    share_acc_[1] = cfg_.share->join();
+    share_acc_[0] = cfg_.share->join(cfg_.share_group);
+    share_acc_[1] = cfg_.share->join(cfg_.share_group);
   }
   // Everything the data path needs is allocated here, never on it.
   tx_slots_.reserve(tx_.size());

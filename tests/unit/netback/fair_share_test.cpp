@@ -132,3 +132,54 @@ TEST(FairShare, ChargingNothingChangesNothing) {
 
 }  // namespace
 }  // namespace xpv::netback
+
+namespace xpv::netback {
+namespace {
+
+// Weights: a vif is a group. One whose traffic is spread over three busy accounts (queues) gets,
+// all of them together, what a vif with one busy account gets — not three times as much.
+TEST(FairShare, AVifOnMoreQueuesGetsNoMoreThanAVifOnOne) {
+  FairShare s(kLead);
+  FairShare::Account* wide[3] = {s.join(7), s.join(7), s.join(7)};
+  FairShare::Account* narrow = s.join(9);
+  for (auto* a : wide) s.set_backlog(a, true);
+  s.set_backlog(narrow, true);
+  // Every account always has work; each step, the first that may go moves 100 bytes (the queue
+  // threads' turns, serialised), so the ledger alone decides the split.
+  std::uint64_t moved_wide = 0, moved_narrow = 0;
+  FairShare::Account* order[4] = {wide[0], wide[1], wide[2], narrow};
+  for (int step = 0, next = 0; step < 4000; ++step) {
+    for (int i = 0; i < 4; ++i) {
+      FairShare::Account* a = order[(next + i) % 4];
+      if (!s.may_go(a)) continue;
+      s.charge(a, 100);
+      (a == narrow ? moved_narrow : moved_wide) += 100;
+      next = (next + i + 1) % 4;
+      break;
+    }
+  }
+  ASSERT_GT(moved_narrow, 0u);
+  const double ratio = static_cast<double>(moved_wide) / static_cast<double>(moved_narrow);
+  EXPECT_GT(ratio, 0.8) << moved_wide << " vs " << moved_narrow;
+  EXPECT_LT(ratio, 1.25) << moved_wide << " vs " << moved_narrow << " (ungrouped it would be 3)";
+  // Within the wide vif its accounts stay level with each other.
+  EXPECT_LE(std::max({wide[0]->served, wide[1]->served, wide[2]->served}) -
+                std::min({wide[0]->served, wide[1]->served, wide[2]->served}),
+            kLead + 300);
+}
+
+// When only one account of a group has work, it weighs what an ungrouped account weighs.
+TEST(FairShare, ALoneBusyAccountOfAGroupCountsOnce) {
+  FairShare s(kLead);
+  auto* a = s.join(5);
+  auto* b = s.join(5);  // idle
+  s.set_backlog(a, true);
+  s.charge(a, 100);
+  EXPECT_EQ(a->served, 100u);
+  s.set_backlog(b, true);
+  s.charge(a, 100);  // now two of its group are busy: each byte counts twice
+  EXPECT_EQ(a->served, 300u);
+}
+
+}  // namespace
+}  // namespace xpv::netback

@@ -9,7 +9,11 @@
 // between vifs. FairShare is the ledger the threads share so that none runs ahead:
 //
 //   account  = one direction of one queue (join() per queue: two accounts)
-//   served   = bytes that account moved (its virtual time)
+//   group    = the accounts of one vif (join(group)); 0: an account of its own
+//   served   = bytes that account moved (its virtual time), each byte counted k times where k is
+//              how many accounts of its group have work at the time: a vif whose traffic is on
+//              four queues then moves, all four together, what a vif on one queue moves
+//              (weights: each vif one share, split among its busy accounts)
 //   backlog  = the account has work right now (the queue thread says so before each turn)
 //
 //   before a turn, for each backlogged direction:   may_go(a) ⇔ served(a) ≤ min served of the
@@ -44,6 +48,7 @@ class FairShare {
   struct Account {
     std::uint64_t served = 0;
     bool backlog = false;
+    std::uint64_t group = 0;
   };
 
   // `lead`: how many bytes one account may be ahead of the slowest other backlogged one.
@@ -51,15 +56,17 @@ class FairShare {
   FairShare(const FairShare&) = delete;
   FairShare& operator=(const FairShare&) = delete;
 
-  // A new account (stable address until leave()), idle, starting at the current minimum.
-  Account* join();
+  // A new account (stable address until leave()), idle, starting at the current minimum; the
+  // accounts of one `group` (nonzero) share one weight (see `served` above).
+  Account* join(std::uint64_t group = 0);
   void leave(Account* a) noexcept;
 
   // The owning thread reports whether `a` has work now; see the activation rule above.
   void set_backlog(Account* a, bool backlog) noexcept;
   // May `a` (backlogged) take a turn now?
   bool may_go(const Account* a) const noexcept;
-  // `bytes` moved in `a`'s turn: its served grows; waiters look again.
+  // `bytes` moved in `a`'s turn: its served grows (by bytes × the busy accounts of its group);
+  // waiters look again.
   void charge(Account* a, std::size_t bytes) noexcept;
   // Blocks until an account is charged or goes idle, or `limit` passed. Returns false on timeout.
   bool wait(std::chrono::microseconds limit) noexcept;

@@ -76,6 +76,7 @@ struct NetbackConfig {
   // The ledger shared with every other queue thread of this xpv-netback (fair_share.h); null:
   // this queue's two directions take turns with each other only.
   FairShare* share = nullptr;
+  std::uint64_t share_group = 0;  // this vif's group in `share` (nonzero: one weight per vif)
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
   std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
   RxFlowConfig rx_queue;             // the host→guest backlog while the guest is behind
