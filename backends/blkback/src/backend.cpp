@@ -1,4 +1,5 @@
 #include "xpv/blkback/backend.h"
+#include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -316,24 +317,15 @@ void Backend::connect(Device& d, bool resume) {
   std::vector<QueueRings> rings;
   const std::uint64_t generation = next_generation_++;
   try {
-    unsigned nq = 1;
-    bool multi = false;
-    if (auto v = read(fe + "/multi-queue-num-queues")) {
-      auto n = parse_uint(*v, options_.max_queues);
-      if (!n || *n == 0) {
-        throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
-      }
-      nq = *n;
-      // One queue: the flat layout, whether or not the key is there — Linux's netfront writes
-      // multi-queue-num-queues = 1 with flat keys, and Linux's backends read it that way.
-      multi = nq > 1;
-    }
+    const auto layout = xenbus::queue_layout(read(fe + "/multi-queue-num-queues"), options_.max_queues);
+    if (!layout) throw std::runtime_error(fmt::format("{}/multi-queue-num-queues {}", fe, layout.error()));
+    const unsigned nq = layout->queues;
     if (auto p = read(fe + "/protocol"); p && *p != "x86_64-abi") {
       throw std::runtime_error(fmt::format("{}/protocol '{}': only x86_64-abi is served", fe, *p));
     }
     const auto root_order = read(fe + "/ring-page-order");
     for (unsigned q = 0; q < nq; ++q) {
-      const std::string dir = multi ? fmt::format("{}/queue-{}", fe, q) : fe;
+      const std::string dir = layout->dir(fe, q);
       QueueRings r;
       auto order_s = read(dir + "/ring-page-order");
       if (!order_s) order_s = root_order;

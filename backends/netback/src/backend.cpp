@@ -1,4 +1,5 @@
 #include "xpv/netback/backend.h"
+#include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
 #include <linux/if.h>
@@ -334,23 +335,14 @@ void Backend::connect(Device& d, bool resume) {
   const std::uint64_t generation = next_generation_++;
   try {
     auto flag = [&](const char* node) { return read(fe + "/" + node) == "1"; };
-    unsigned nq = 1;
-    bool multi = false;
-    if (auto v = read(fe + "/multi-queue-num-queues")) {
-      auto n = parse_uint(*v, options_.max_queues);
-      if (!n || *n == 0) {
-        throw std::runtime_error(fmt::format("{}/multi-queue-num-queues '{}': expected 1..{}", fe, *v, options_.max_queues));
-      }
-      nq = static_cast<unsigned>(*n);
-      // One queue: the flat layout, whether or not the key is there — Linux's netfront writes
-      // multi-queue-num-queues = 1 with flat keys, and Linux's backends read it that way.
-      multi = nq > 1;
-    }
+    const auto layout = xenbus::queue_layout(read(fe + "/multi-queue-num-queues"), options_.max_queues);
+    if (!layout) throw std::runtime_error(fmt::format("{}/multi-queue-num-queues {}", fe, layout.error()));
+    const unsigned nq = layout->queues;
     // Linux netback's rules: rx-copy is the only receive mode; rx-notify is mandatory.
     if (!flag("request-rx-copy")) throw std::runtime_error(fmt::format("{}/request-rx-copy is not 1: only rx-copy is served", fe));
     if (!flag("feature-rx-notify")) throw std::runtime_error(fmt::format("{}/feature-rx-notify is not 1: it is mandatory", fe));
     for (unsigned q = 0; q < nq; ++q) {
-      const std::string dir = multi ? fmt::format("{}/queue-{}", fe, q) : fe;
+      const std::string dir = layout->dir(fe, q);
       auto number = [&](const std::string& node) -> std::optional<std::uint32_t> {
         auto v = read(dir + "/" + node);
         if (!v) return std::nullopt;

@@ -1,0 +1,38 @@
+// queue_layout: where a multi-queue frontend's nodes are, by Linux's backends' rule.
+#include "xpv/xenbus/queue_layout.h"
+
+#include <gtest/gtest.h>
+
+namespace xpv::xenbus {
+namespace {
+
+const std::string kFe = "/local/domain/3/device/vif/0";
+
+TEST(QueueLayout, NoKeyOrOneMeansOneQueueInTheFrontendDirectory) {
+  for (const auto& v : {std::optional<std::string>{}, std::optional<std::string>{"1"}}) {
+    auto l = queue_layout(v, 4);
+    ASSERT_TRUE(l);
+    EXPECT_EQ(l->queues, 1u);
+    EXPECT_FALSE(l->per_queue_dirs);
+    EXPECT_EQ(l->dir(kFe, 0), kFe) << "Linux's netfront writes the key = 1 with flat nodes";
+  }
+}
+
+TEST(QueueLayout, SeveralQueuesHaveTheirOwnDirectories) {
+  auto l = queue_layout("3", 4);
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->queues, 3u);
+  EXPECT_EQ(l->dir(kFe, 0), kFe + "/queue-0");
+  EXPECT_EQ(l->dir(kFe, 2), kFe + "/queue-2");
+}
+
+TEST(QueueLayout, BadCountsAreRefusedWithTheValue) {
+  for (const char* v : {"0", "5", "", "2x", "-1", "99999999999", " 2"}) {
+    auto l = queue_layout(std::string(v), 4);
+    ASSERT_FALSE(l) << v;
+    EXPECT_EQ(l.error(), "'" + std::string(v) + "': expected 1..4");
+  }
+}
+
+}  // namespace
+}  // namespace xpv::xenbus
