@@ -118,6 +118,12 @@ case "$RUN" in
     say "XPV-SELFTEST-FILE /root/selftest.txt $(wc -c < /root/selftest.txt)"
     say "XPV-WAIT $WAIT"
     sleep "$WAIT"
+    # Written after the wait: the host may have restarted the backends meanwhile, and the disk
+    # must still take (synced) writes without a reboot.
+    echo "xpv-after-wait-ok" | dd of=/root/after-wait.txt conv=fsync 2>/dev/null ||
+      fatal "cannot write /root/after-wait.txt after the wait"
+    sync
+    say "XPV-AFTER-WAIT-FILE /root/after-wait.txt $(wc -c < /root/after-wait.txt)"
     finish 0
     ;;
   iperf3)

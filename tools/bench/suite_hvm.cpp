@@ -5,7 +5,7 @@
 //   host: xpv image build (cached) ── XPV_BENCH_IMAGE ──► xpv testbed --share S -- xpv bench hvm
 //   L1 (XPV_TESTBED set, this same file's inner()):
 //     xpv:  xpv up (xenstored, blkback, netback; run/log dirs in L1's tmpfs /tmp), then two boots of
-//           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "intx" (see kUpcall), root.ext4 (a fresh copy
+//           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "intx" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
 //             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=64
@@ -188,7 +188,17 @@ fs::path fresh_disk(const Inner& in, const std::string& name) {
   return disk;
 }
 
-constexpr const char* kUpcall = "intx";
+// The upcall mode of xpv's guest: XPV_BENCH_HVM_UPCALL (vector | callback | intx; it reaches L1
+// like every XPV_* variable), "intx" by default (see XpvVm).
+std::string bench_upcall() {
+  const char* v = std::getenv("XPV_BENCH_HVM_UPCALL");
+  if (v == nullptr || *v == '\0') return "intx";
+  const std::string u = v;
+  if (u != "vector" && u != "callback" && u != "intx") {
+    throw std::runtime_error("XPV_BENCH_HVM_UPCALL='" + u + "': must be vector, callback or intx");
+  }
+  return u;
+}
 
 class XpvVm : public Vm {
  public:
@@ -197,7 +207,7 @@ class XpvVm : public Vm {
     const fs::path cfg = in.work / (name + ".cfg");
     // INTx upcalls: in the testbed, L1's kernel has panicked inside its KVM with vector-mode guests
     // (3 of about 6 boots on 2026-11-30; tools/testbed/README.md), never so far with INTx ones.
-    std::ofstream(cfg) << "name = \"" << name << "\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\nupcall = \"" << kUpcall
+    std::ofstream(cfg) << "name = \"" << name << "\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\nupcall = \"" << bench_upcall()
                        << "\"\n"
                        << "kernel = \"" << (in.image / "vmlinuz").string() << "\"\n"
                        << "ramdisk = \"" << (in.image / "initrd.cpio").string() << "\"\n"
@@ -519,6 +529,7 @@ Result metric(const std::string& name, const std::string& unit, std::optional<do
 }
 
 std::vector<Result> inner(const xpv::bench::Options& opts) {
+  (void)bench_upcall();  // a bad value fails here, before any boot
   const char* image = std::getenv("XPV_BENCH_IMAGE");
   if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
   Inner in;
@@ -548,7 +559,7 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   };
   const std::string net = "one testbed session (nested KVM under TCG: only the ratio means something); iperf3 -t " +
                           std::to_string(in.iperf_s) + " from L1 to the guest's server " + kGuestIp +
-                          "; xpv: HVM guest (" + kUpcall + " upcalls), xen-netfront ↔ xpv-netback vif; QEMU 7.2 "
+                          "; xpv: HVM guest (" + bench_upcall() + " upcalls), xen-netfront ↔ xpv-netback vif; QEMU 7.2 "
                           "-enable-kvm: virtio-net on a TAP, " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd" +
                           retried("xpv", x.net.retried) + retried("QEMU", r.net.retried);
   const std::string disk_common = "bonnie++ -s " + std::to_string(in.bonnie_mib) + " MiB -r " +
@@ -586,6 +597,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   // The image: `xpv image build` (a cache hit after the first time). Its root.ext4 is only ever
   // copied (inside L1), never booted.
+  (void)bench_upcall();  // a bad value fails here, before the testbed starts
   say("building the guest image (xpv image build)");
   const std::string image_line = capture(q(self) + " image build");
   std::string image = image_line.substr(0, image_line.find('\n'));

@@ -76,8 +76,12 @@ int main(int argc, char** argv) {
   std::string which;
   auto* destroy = app.add_subcommand("destroy", "tear a domain down now");
   destroy->add_option("domain", which, "name or id")->required();
-  auto* console = app.add_subcommand("console", "attach to an HVM domain's serial console (Ctrl-] detaches)");
+  auto* console = app.add_subcommand("console", "attach to an HVM domain's serial or PV console (Ctrl-] detaches)");
   console->add_option("domain", which, "name or id")->required();
+  std::string console_type = "serial";
+  console->add_option("-t,--type", console_type, "serial (COM1) or pv (the Xen PV console, hvc0), as xl console -t")
+      ->check(CLI::IsMember({"serial", "pv"}))
+      ->capture_default_str();
   auto* shutdown = app.add_subcommand("shutdown", "ask a domain to stop (SIGTERM), then destroy it");
   shutdown->add_option("domain", which, "name or id")->required();
   int shutdown_timeout_s = 20;
@@ -135,7 +139,7 @@ int main(int argc, char** argv) {
     else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*destroy) ts::cmd_destroy(ctx, which);
-    else if (*console) ts::cmd_console(ctx, which);
+    else if (*console) ts::cmd_console(ctx, which, console_type);
     else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));
     else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
     else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);

@@ -28,6 +28,8 @@ constexpr int kKickSignal = SIGUSR1;
 
 // The vCPU thread's kvm_run, for the kick signal handler (async-signal-safe: one store).
 thread_local kvm_run* t_run = nullptr;
+// The vCPU (Vm::Vcpu) this thread runs, if any.
+thread_local const void* t_vcpu = nullptr;
 
 void on_kick(int) { if (t_run != nullptr) t_run->immediate_exit = 1; }
 
@@ -51,6 +53,20 @@ struct Cpuid2Header {
 static_assert(sizeof(Cpuid2Header) == 8);
 constexpr unsigned long kGetSupportedCpuid = _IOWR(KVMIO, 0x05, Cpuid2Header);
 constexpr unsigned long kSetCpuid2 = _IOW(KVMIO, 0x90, Cpuid2Header);
+// struct kvm_msrs has the same problem (16 bytes in C++, 8 in C): one entry after an 8-byte header.
+struct Msrs1 {
+  std::uint32_t nmsrs;  // @0
+  std::uint32_t pad;    // @4
+  kvm_msr_entry entry;  // @8
+};
+static_assert(sizeof(Msrs1) == 8 + sizeof(kvm_msr_entry));
+constexpr unsigned long kSetMsrs = _IOW(KVMIO, 0x89, Cpuid2Header);
+
+// Hyper-V SynIC (TLFS): SINT0's MSR and its flag bits.
+constexpr std::uint32_t kHvMsrSint0 = 0x4000'0090;
+constexpr std::uint64_t kHvSintMasked = 1ull << 16;
+constexpr std::uint64_t kHvSintAutoEoi = 1ull << 17;
+constexpr auto kAutoEoiWait = std::chrono::seconds(1);
 
 std::vector<std::uint8_t> cpuid_buffer(std::uint32_t n) {
   std::vector<std::uint8_t> buf(sizeof(Cpuid2Header) + n * sizeof(kvm_cpuid_entry2));
@@ -77,6 +93,9 @@ struct Vm::Vcpu {
   // Monitor samples (see vm.h): generation answered and whether it was halted with IF=0.
   std::atomic<std::uint64_t> sample_gen{0};
   std::atomic<bool> halted_off{false};
+  // Auto-EOI vector (set_auto_eoi_vector): the generation this vCPU has applied; SynIC activated.
+  std::atomic<std::uint64_t> auto_eoi_gen{0};
+  bool synic_active = false;  // vCPU thread only
   ~Vcpu() {
     if (run != nullptr) munmap(run, run_size);
   }
@@ -174,6 +193,7 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
 
   // Registers back to the vCPU through kvm_run after a port-I/O trap (see TrapContext).
   sync_regs_ = (ioctl(kvm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
+  synic_cap_ = ioctl(vm_fd_.get(), KVM_CHECK_EXTENSION, KVM_CAP_HYPERV_SYNIC) > 0;
 
   // Supported CPUID (grows until KVM stops saying E2BIG).
   for (std::uint32_t n = 64; n <= 4096; n *= 2) {
@@ -565,9 +585,68 @@ Result<void> Vm::handle_io(Vcpu& v) noexcept {
   return {};
 }
 
+Result<void> Vm::set_auto_eoi_vector(std::uint8_t vector) noexcept {
+  if (vector != 0 && vector < 16) return err(fmt::format("auto-EOI vector {:#x}: vectors 0x10..0xff only", vector));
+  std::lock_guard lk(auto_eoi_mu_);
+  if (auto_eoi_vector_.load() == vector) return {};
+  if (!synic_cap_) {
+    return err("this KVM has no Hyper-V SynIC (KVM_CAP_HYPERV_SYNIC), which xpv-vmm needs to deliver an "
+               "interrupt that takes no EOI (Xen's global callback vector)");
+  }
+  auto_eoi_vector_.store(vector, std::memory_order_release);
+  const std::uint64_t gen = auto_eoi_gen_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  for (auto& v : vcpus_) {
+    if (t_vcpu == v.get()) {
+      if (auto r = apply_auto_eoi(*v); !r) return r;
+    }
+  }
+  // The other vCPUs apply it at the top of their loop, before they enter the guest again: a kick
+  // makes each leave KVM_RUN (or not enter it), and the generation was bumped before the kick.
+  kick_all();
+  const auto deadline = std::chrono::steady_clock::now() + kAutoEoiWait;
+  for (auto& v : vcpus_) {
+    while (v->started.load() && v->auto_eoi_gen.load(std::memory_order_acquire) < gen &&
+           stop_reason_.load() == StopReason::none) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return err(fmt::format("auto-EOI vector {:#x}: vCPU {} did not take it within {} s", vector, v->id,
+                               kAutoEoiWait.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  return {};
+}
+
+Result<void> Vm::apply_auto_eoi(Vcpu& v) noexcept {
+  const std::uint64_t gen = auto_eoi_gen_.load(std::memory_order_acquire);
+  const std::uint8_t vector = auto_eoi_vector_.load(std::memory_order_acquire);
+  if (!v.synic_active && vector != 0) {
+    kvm_enable_cap cap{};
+    cap.cap = KVM_CAP_HYPERV_SYNIC;
+    if (ioctl(v.fd.get(), KVM_ENABLE_CAP, &cap) < 0) {
+      return err(fmt::format("vCPU {}: KVM_ENABLE_CAP KVM_CAP_HYPERV_SYNIC: {}", v.id, std::strerror(errno)));
+    }
+    v.synic_active = true;
+  }
+  if (v.synic_active) {
+    Msrs1 m{};
+    m.nmsrs = 1;
+    m.entry.index = kHvMsrSint0;
+    m.entry.data = vector != 0 ? (vector | kHvSintAutoEoi) : kHvSintMasked;
+    if (ioctl(v.fd.get(), kSetMsrs, &m) != 1) {
+      return err(fmt::format("vCPU {}: KVM_SET_MSRS SynIC SINT0 = {:#x}: refused", v.id, m.entry.data));
+    }
+  }
+  v.auto_eoi_gen.store(gen, std::memory_order_release);
+  return {};
+}
+
 Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
   kvm_run* run = v.run;
   while (stop_reason_.load() == StopReason::none) {
+    if (v.auto_eoi_gen.load(std::memory_order_relaxed) != auto_eoi_gen_.load(std::memory_order_acquire)) {
+      if (auto r = apply_auto_eoi(v); !r) return r;
+    }
     const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
     if (rc < 0) {
       if (errno == EINTR || errno == EAGAIN) {
@@ -637,6 +716,7 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
 void Vm::vcpu_thread(Vcpu& v) noexcept {
   try {
     t_run = v.run;
+    t_vcpu = &v;
     // Unblock the kick signal in this thread (the monitor may have blocked it elsewhere).
     sigset_t set;
     sigemptyset(&set);
@@ -650,6 +730,7 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
     request_stop(StopReason::error, fmt::format("vCPU {}: unknown exception", v.id));
   }
   t_run = nullptr;
+  t_vcpu = nullptr;
 }
 
 StopReason Vm::run() noexcept {

@@ -3,7 +3,7 @@
 //   xpv-vmm --kernel K [--initrd I] [--cmdline S] [--vcpus N] [--memory MiB]
 //           [--console stdio|socket:PATH] [--stats]
 //           [--xen --domid N --name NAME [--run-dir DIR] [--upcall vector|callback|intx]
-//            [--max-grant-frames N]]
+//            [--max-grant-frames N] [--pv-console stdio|socket:PATH [--pv-console-log FILE]]]
 //
 // --xen presents the Xen HVM platform (xen_domain.h): the guest's PV drivers find Xen, its
 // hypercalls trap to xpv, and dom0 services reach it through /run/xpv/dom<N>.sock.
@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
+#include <span>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -58,7 +60,7 @@ int exit_code(xpv::kvm::StopReason r) {
 
 int run(int argc, char** argv) {
   CLI::App app{"xpv-vmm — a KVM VMM that boots Linux directly (bzImage or vmlinux)"};
-  std::string kernel, initrd, console_spec = "stdio", console_log;
+  std::string kernel, initrd, console_spec = "stdio", console_log, pv_console_spec, pv_console_log;
   std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
   unsigned vcpus = 1, memory_mib = 512;
   bool stats = false;
@@ -78,10 +80,14 @@ int run(int argc, char** argv) {
   app.add_option("--name", xcfg.name, "domain name (--xen)");
   app.add_option("--run-dir", xcfg.run_dir, "where dom<N>.sock is created (--xen)")->capture_default_str();
   app.add_option("--upcall", upcall,
-                 "event upcall offered to the guest: vector (per-vCPU upcall vector) or intx (platform-pci INTx); "
-                 "Xen's global callback vector is not offered (it needs an injection outside the LAPIC)")
-      ->check(CLI::IsMember({"vector", "intx"}))
+                 "event upcall offered to the guest: vector (per-vCPU upcall vector), callback (Xen's global "
+                 "callback vector only; needs KVM's Hyper-V SynIC for its no-EOI delivery) or intx (platform-pci INTx)")
+      ->check(CLI::IsMember({"vector", "callback", "intx"}))
       ->capture_default_str();
+  app.add_option("--pv-console", pv_console_spec,
+                 "with --xen: offer the Xen PV console (the guest's hvc0) and connect it to stdio or socket:PATH "
+                 "(as --console does for the serial port)");
+  app.add_option("--pv-console-log", pv_console_log, "also append the PV console's output to this file");
   app.add_option("--trace-hypercalls", xcfg.trace_hypercalls, "log the first N hypercalls (debugging)")
       ->envname("XPV_TRACE_HYPERCALLS");
   app.add_flag("--paused", paused, "with --xen: print 'ready' and wait for unpause on the control socket");
@@ -104,13 +110,26 @@ int run(int argc, char** argv) {
   cfg.vcpus = vcpus;
   cfg.memory_bytes = mem;
   if (xen) {
-    xcfg.upcall = upcall == "intx" ? xpv::xen::UpcallMode::intx : xpv::xen::UpcallMode::vcpu_vector;
+    xcfg.upcall = upcall == "intx"       ? xpv::xen::UpcallMode::intx
+                  : upcall == "callback" ? xpv::xen::UpcallMode::callback_vector
+                                         : xpv::xen::UpcallMode::vcpu_vector;
     if (xcfg.name.empty()) xcfg.name = "dom" + std::to_string(xcfg.domid);
     xpv::vmm::add_xen_device_memory(cfg, xcfg);
   }
   xpv::kvm::Vm vm(cfg);
+  if (!pv_console_spec.empty() && !xen) throw std::runtime_error("--pv-console needs --xen (it is Xen's PV console)");
+  if (!pv_console_log.empty() && pv_console_spec.empty()) throw std::runtime_error("--pv-console-log needs --pv-console");
+  if (!pv_console_spec.empty() && pv_console_spec == console_spec) {
+    throw std::runtime_error("--pv-console " + pv_console_spec + " is the serial console's too: give each its own");
+  }
   xpv::kvm::Console console(console_spec);
   if (!console_log.empty()) console.set_log(console_log);
+  std::unique_ptr<xpv::kvm::Console> pv_console;
+  if (!pv_console_spec.empty()) {
+    pv_console = std::make_unique<xpv::kvm::Console>(pv_console_spec);
+    if (!pv_console_log.empty()) pv_console->set_log(pv_console_log);
+    xcfg.pv_console = [c = pv_console.get()](std::span<const std::uint8_t> b) { c->write(b); };
+  }
   xpv::kvm::Uart16550 uart([&](std::span<const std::uint8_t> b) { console.write(b); },
                            [&](bool level) { vm.set_irq(4, level); });
   xpv::kvm::ResetPorts reset([&] { vm.request_stop(xpv::kvm::StopReason::reboot, "guest reset (i8042 / port 0x92)"); });
@@ -172,8 +191,10 @@ int run(int argc, char** argv) {
     }
   }
   console.start_input([&](std::span<const std::uint8_t> b) { return uart.receive(b); });
+  if (pv_console) pv_console->start_input([&](std::span<const std::uint8_t> b) { return xendom->pv_console_input(b); });
   const auto reason = vm.run();
   console.stop();
+  if (pv_console) pv_console->stop();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (stats) {
     const auto s = vm.stats();

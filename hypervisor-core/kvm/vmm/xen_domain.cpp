@@ -63,6 +63,17 @@ class XenDomain::Host final : public xen::PlatformHost {
  public:
   explicit Host(kvm::Vm& vm) : vm_(vm) {}
   void inject_vector(unsigned vcpu, std::uint8_t vector) noexcept override { vm_.signal_msi(vcpu, vector); }
+  bool set_callback_vector(std::uint8_t vector) noexcept override {
+    // KVM_SIGNAL_MSI goes through the LAPIC; an auto-EOI vector leaves no in-service bit behind,
+    // which is what Xen's injection outside the LAPIC amounts to for the guest.
+    auto r = vm_.set_auto_eoi_vector(vector);
+    if (r) return true;
+    try {
+      spdlog::error("callback vector {:#x}: {}", vector, r.error().message);
+    } catch (...) {
+    }
+    return false;
+  }
   void set_intx(bool asserted) noexcept override {
     // The line is an irqfd with a resample fd: KVM lowers it at the guest's EOI by itself.
     if (asserted) vm_.assert_line();
@@ -112,11 +123,16 @@ void add_xen_device_memory(kvm::VmConfig& cfg, const XenDomainConfig& xcfg) {
                                          xcfg.max_grant_frames));
   }
   cfg.device_memory.push_back({kPlatformMmio, grant_bytes(xcfg)});
-  cfg.device_memory.push_back({kSpecialPages, kPageSize});
+  cfg.device_memory.push_back({kSpecialPages, 2 * kPageSize});  // xenstore ring, PV console ring
 }
 
 XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     : vm_(vm), cfg_(cfg), work_(asio::make_work_guard(io_)) {
+  if (cfg.upcall == xen::UpcallMode::callback_vector && !vm.can_auto_eoi()) {
+    throw std::runtime_error(
+        "upcall callback: this KVM has no Hyper-V SynIC (KVM_CAP_HYPERV_SYNIC), which xpv-vmm needs to deliver "
+        "Xen's global callback vector without an EOI; use upcall vector or intx");
+  }
   host_ = std::make_unique<Host>(vm);
   forward_ = std::make_unique<Forward>();
 
@@ -143,6 +159,21 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
   pcfg.grant_frames_gfn = kPlatformMmio >> kPageShift;
   pcfg.store_gfn = domain_->xenstore_gfn();
   pcfg.store_port = domain_->xenstore_port();
+  if (cfg.pv_console) {
+    // The console's channel is unbound for dom0 and bound at once by this process (the backend);
+    // the guest's notifications then make the binding's to_dom0 readable.
+    const std::uint64_t gfn = (kSpecialPages >> kPageShift) + 1;
+    auto port = domain_->evtchn().alloc_unbound(0);
+    if (!port) throw std::runtime_error("PV console: no event channel");
+    auto b = domain_->bind_interdomain(*port);
+    if (!b) throw std::runtime_error(fmt::format("PV console: binding its event channel: errno {}", b.error()));
+    auto page = domain_->mem().view().page(gfn);
+    if (!page) throw std::runtime_error("PV console: its ring page is not in the domain's memory");
+    std::fill(page->begin(), page->end(), std::uint8_t{0});
+    pv_console_ = std::make_unique<PvConsole>(io_, *page, std::move(b->to_dom0), std::move(b->from_dom0), cfg.pv_console);
+    pcfg.console_gfn = gfn;
+    pcfg.console_port = *port;
+  }
   platform_ = std::make_unique<xen::Platform>(pcfg, *host_);
   platform_->attach(domain_->evtchn());
   forward_->target.store(platform_.get(), std::memory_order_release);
@@ -244,11 +275,20 @@ XenDomain::~XenDomain() {
   forward_->target.store(nullptr, std::memory_order_release);
   if (live_) live_->store(nullptr, std::memory_order_release);
   asio::post(io_, [this] {
+    {
+      std::lock_guard lk(pv_mu_);
+      pv_console_.reset();
+    }
     domain_.reset();
     io_.stop();
   });
   work_.reset();
   if (io_thread_.joinable()) io_thread_.join();
+}
+
+std::size_t XenDomain::pv_console_input(std::span<const std::uint8_t> bytes) noexcept {
+  std::lock_guard lk(pv_mu_);
+  return pv_console_ ? pv_console_->receive(bytes) : 0;
 }
 
 void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end) {

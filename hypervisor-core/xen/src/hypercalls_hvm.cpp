@@ -1,4 +1,6 @@
 // hvm_op: HVM_PARAM_* get/set and the per-vCPU upcall vector. vCPU thread of the caller.
+#include <fmt/format.h>
+
 #include "guest_copy.h"
 #include "xpv/xen/platform.h"
 
@@ -27,7 +29,9 @@ std::int64_t Platform::hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& me
       if (!copy_in(mem, arg, u)) return err(XenErrno::efault);
       if (u.vector < kMinVector) return err(XenErrno::einval);
       if (u.vcpu >= cfg_.vcpus) return err(XenErrno::enoent);
-      vcpu_vector_[u.vcpu].store(u.vector, std::memory_order_release);
+      if (vcpu_vector_[u.vcpu].exchange(u.vector, std::memory_order_acq_rel) != u.vector) {
+        log_upcall_mode(fmt::format("per-vCPU vector {:#x} on vCPU {}", u.vector, u.vcpu));
+      }
       deliver_if_pending(u.vcpu);
       return 0;
     }
@@ -46,7 +50,31 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
       if (type != abi::kCallbackTypeGsi && type != abi::kCallbackTypePciIntx &&
           type != abi::kCallbackTypeVector)
         return err(XenErrno::einval);
+      // The global callback vector needs the host's help (no EOI): ask before anything changes.
+      const auto global_vector = [](std::uint64_t v) -> std::uint8_t {
+        const auto vec = static_cast<std::uint8_t>(v & 0xff);
+        return (v >> abi::kCallbackTypeShift) == abi::kCallbackTypeVector && vec >= kMinVector ? vec : 0;
+      };
+      if (const std::uint8_t want = global_vector(value);
+          want != global_vector(callback_irq_.load(std::memory_order_acquire)) && !host_.set_callback_vector(want)) {
+        log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
+        return err(XenErrno::enosys);
+      }
       const std::uint64_t old = callback_irq_.exchange(value, std::memory_order_acq_rel);
+      if (old != value) {
+        if (const std::uint8_t vec = global_vector(value); vec != 0) {
+          log_upcall_mode(fmt::format("callback vector {:#x} (global: every vCPU, no EOI)", vec));
+        } else if (type == abi::kCallbackTypeVector) {
+          log_upcall_mode(fmt::format("callback vector {:#x}: below 0x10, stored but never injected", value & 0xff));
+        } else if (value == 0) {
+          log_upcall_mode("no callback (CALLBACK_IRQ 0)");
+        } else if (type == abi::kCallbackTypeGsi) {
+          // Linux with per-vCPU vectors writes GSI 1 as a marker ("to trick the toolstack").
+          log_upcall_mode(fmt::format("GSI {} (served as the platform-pci INTx where no per-vCPU vector is set)", value));
+        } else {
+          log_upcall_mode(fmt::format("platform-pci INTx (CALLBACK_IRQ {:#x})", value));
+        }
+      }
       const auto is_intx = [](std::uint64_t v) {
         const std::uint64_t t = v >> abi::kCallbackTypeShift;
         return t == abi::kCallbackTypePciIntx || (t == abi::kCallbackTypeGsi && v != 0);

@@ -99,15 +99,25 @@ bool Platform::is_self(std::uint16_t domid) const noexcept {
   return domid == domain::kDomidSelf || domid == cfg_.domid;
 }
 
+bool Platform::log_allowed() noexcept {
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  std::int64_t w = log_window_.load(std::memory_order_relaxed);
+  if (w != now && log_window_.compare_exchange_strong(w, now)) log_used_.store(0);
+  return log_used_.fetch_add(1, std::memory_order_relaxed) < kLogBurst;
+}
+
 void Platform::log_unsupported(const char* what, std::uint64_t code) noexcept {
   try {
-    const std::int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                                 std::chrono::steady_clock::now().time_since_epoch())
-                                 .count();
-    std::int64_t w = log_window_.load(std::memory_order_relaxed);
-    if (w != now && log_window_.compare_exchange_strong(w, now)) log_used_.store(0);
-    if (log_used_.fetch_add(1, std::memory_order_relaxed) >= kLogBurst) return;
-    spdlog::debug("dom{}: unsupported {} {} → -ENOSYS", cfg_.domid, what, code);
+    if (log_allowed()) spdlog::debug("dom{}: unsupported {} {} → -ENOSYS", cfg_.domid, what, code);
+  } catch (...) {
+  }
+}
+
+void Platform::log_upcall_mode(std::string_view what) noexcept {
+  try {
+    if (log_allowed()) spdlog::info("dom{}: event upcalls: {}", cfg_.domid, what);
   } catch (...) {
   }
 }

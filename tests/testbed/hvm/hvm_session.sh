@@ -1,9 +1,12 @@
 #!/bin/sh
 # Runs inside `xpv testbed` (L1, real KVM). Usage: hvm_session.sh BIN_DIR IMAGE_DIR MODE...
-# For each upcall MODE (vector, intx): an HVM guest of Debian's stock kernel with a PV
+# For each upcall MODE (vector, callback, intx): an HVM guest of Debian's stock kernel with a PV
 # root disk (xvda, a copy of the image's root.ext4) and a PV NIC, through the real daemons and
 # toolstack; the guest's init runs its selftest, the host pings it, the guest powers off. Prints
 # one section per mode between "XPV-TEST: begin MODE" and "XPV-TEST: end MODE" for the test.
+# While each guest waits after its selftest, both backends are killed (kill -9) and the supervisor
+# starts them again: they must reattach to the rings the guest still uses (the guest is never told),
+# the host pings the guest again and the guest writes a second, synced file after the wait.
 #
 # L2 guests in this testbed (nested SVM emulated by TCG) sometimes stop making progress at a random
 # point of their boot — QEMU's own KVM guests too (measured: 1 hang in 6 QEMU boots of the same
@@ -23,6 +26,31 @@ mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 $B/xpv up >/dev/null || echo "XPV-TEST: up failed"
 
+# kill -9 of xpv-netback and xpv-blkback; waits (bounded: 20 s) until the supervisor has both
+# running again, then pings the guest ($i) again.
+restart_backends() {
+  OLD_NB=$(cat $W/run/xpv-netback.pid 2>/dev/null)
+  OLD_BB=$(cat $W/run/xpv-blkback.pid 2>/dev/null)
+  kill -9 $OLD_NB $OLD_BB 2>/dev/null
+  UP=no
+  j=0
+  while [ $j -lt 40 ]; do
+    NB=$(cat $W/run/xpv-netback.pid 2>/dev/null)
+    BB=$(cat $W/run/xpv-blkback.pid 2>/dev/null)
+    if [ -n "$NB" ] && [ -n "$BB" ] && [ "$NB" != "$OLD_NB" ] && [ "$BB" != "$OLD_BB" ] &&
+       kill -0 $NB 2>/dev/null && kill -0 $BB 2>/dev/null; then UP=yes; break; fi
+    sleep 0.5
+    j=$((j + 1))
+  done
+  echo "XPV-TEST: backends restarted $UP"
+  PINGED2=no
+  for k in 1 2 3 4 5; do
+    ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PINGED2=yes; break; }
+    sleep 1
+  done
+  echo "XPV-TEST: ping-after-restart $PINGED2"
+}
+
 # boot MODE INDEX NAME: one attempt; prints its lines to $W/attempt.out.
 boot() {
   M=$1; i=$2; N=$3
@@ -39,7 +67,7 @@ vcpus = 2
 upcall = "$M"
 kernel = "$IMG/vmlinuz"
 ramdisk = "$IMG/initrd.cpio"
-extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=20$MODOPT"
+extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30$MODOPT"
 disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ 'mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24' ]
 CFG
@@ -64,6 +92,9 @@ CFG
         echo "XPV-TEST: ping $PINGED"
         # `xpv console` replays the console's backlog (stdin at EOF: it only shows output).
         timeout 5 $B/xpv console $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: console-attach /'
+        # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
+        timeout 5 $B/xpv console -t pv $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: pv-console-attach /'
+        restart_backends
       fi
       sleep 1
     done
@@ -97,7 +128,14 @@ for M in "$@"; do
   cat $W/log/console-$N.log
   echo "XPV-TEST: vmm"
   grep -v "hypercall vcpu" $W/log/xpv-vmm-$N.log | tail -20
+  # The upcall mode the guest chose, as the VMM logged it (early in the log).
+  grep "event upcalls: " $W/log/xpv-vmm-$N.log | head -8 | sed 's/^.*event upcalls: /XPV-TEST: upcalls /'
+  # The PV console's own log: the guest's init wrote its markers to hvc0 as well as to ttyS0.
+  echo "XPV-TEST: pv-console-done $(grep -c '^XPV-DONE selftest rc=0' $W/log/console-pv-$N.log 2>/dev/null)"
   echo "XPV-TEST: file $(debugfs -R 'cat /root/selftest.txt' $W/$M.ext4 2>/dev/null)"
+  echo "XPV-TEST: file-after-restart $(debugfs -R 'cat /root/after-wait.txt' $W/$M.ext4 2>/dev/null)"
+  # What the restarted backends said about the guest's devices.
+  grep -h "reconnected\|resuming" $W/log/xpv-netback.log $W/log/xpv-blkback.log | sed 's/^/XPV-TEST: backend-log /'
   rm -f $W/$M.ext4
   echo "XPV-TEST: end $M"
 done

@@ -31,6 +31,11 @@ class FakeHost final : public PlatformHost {
     std::lock_guard lk(mu_);
     injected_.emplace_back(vcpu, vector);
   }
+  bool set_callback_vector(std::uint8_t vector) noexcept override {
+    std::lock_guard lk(mu_);
+    callback_vectors_.push_back(vector);
+    return accept_callback_vector_;
+  }
   void set_intx(bool asserted) noexcept override {
     std::lock_guard lk(mu_);
     intx_.push_back(asserted);
@@ -57,6 +62,14 @@ class FakeHost final : public PlatformHost {
     std::lock_guard lk(mu_);
     return injected_;
   }
+  std::vector<std::uint8_t> callback_vectors() {
+    std::lock_guard lk(mu_);
+    return callback_vectors_;
+  }
+  void refuse_callback_vectors() {
+    std::lock_guard lk(mu_);
+    accept_callback_vector_ = false;
+  }
   std::vector<bool> intx() {
     std::lock_guard lk(mu_);
     return intx_;
@@ -80,6 +93,8 @@ class FakeHost final : public PlatformHost {
   std::map<std::uint64_t, std::unique_ptr<Page>> ram_;
   std::vector<std::pair<unsigned, std::uint8_t>> injected_;
   std::vector<bool> intx_;
+  std::vector<std::uint8_t> callback_vectors_;
+  bool accept_callback_vector_ = true;
   std::vector<ShutdownReason> shutdowns_;
   std::string console_;
 };

@@ -83,14 +83,42 @@ TEST_F(Upcalls, SettingTheVcpuVectorDeliversWhatIsAlreadyPending) {
 }
 
 TEST_F(Upcalls, LinuxMarkerVectorZeroIsStoredButNeverInjected) {
-  // Linux with per-vCPU vectors writes CALLBACK_IRQ = vector type, vector 0, "to trick the
-  // toolstack"; it must not turn into injections of vector 0.
+  // A CALLBACK_IRQ of vector type with a vector below 0x10 (Linux with per-vCPU vectors writes GSI 1
+  // "to trick the toolstack", FreeBSD 1 too; a vector 0 must be just as harmless): it must not
+  // turn into injections of vector 0.
   for (unsigned v = 0; v < 3; ++v) ASSERT_EQ(set_vcpu_vector(v, 0xf3), 0);
   ASSERT_EQ(set_callback(kVectorCb | 0), 0);
   ASSERT_TRUE(ev_->send(ipi(0)));
   ASSERT_TRUE(ev_->send(ipi(3)));  // vCPU 3 has no per-vCPU vector: dropped
   EXPECT_EQ(host_.injected(), (Inj{{0, 0xf3}}));
   EXPECT_EQ(platform_->upcalls_dropped(), 1u);
+}
+
+TEST_F(Upcalls, TheHostIsToldOfTheGlobalVectorBeforeItIsUsedAndWhenItIsGivenUp) {
+  // Xen injects the global callback vector outside the LAPIC and Linux sends no EOI for it: the
+  // host must know before the first injection, and again when the guest leaves that mode.
+  ASSERT_EQ(set_callback(kVectorCb | 0xf3), 0);
+  EXPECT_EQ(host_.callback_vectors(), std::vector<std::uint8_t>{0xf3});
+  ASSERT_EQ(set_callback(kVectorCb | 0xf3), 0);  // the same choice again: nothing to tell
+  EXPECT_EQ(host_.callback_vectors(), std::vector<std::uint8_t>{0xf3});
+  ASSERT_EQ(set_callback(kVectorCb | 0xe0), 0);
+  ASSERT_EQ(set_callback(kPciIntxCb), 0);
+  EXPECT_EQ(host_.callback_vectors(), (std::vector<std::uint8_t>{0xf3, 0xe0, 0}));
+  ASSERT_EQ(set_callback(kVectorCb | 0), 0);  // Linux's marker is no global vector: nothing to tell
+  ASSERT_EQ(set_callback(kGsiCb), 0);
+  EXPECT_EQ(host_.callback_vectors(), (std::vector<std::uint8_t>{0xf3, 0xe0, 0}));
+}
+
+TEST_F(Upcalls, AGlobalVectorTheHostCannotDeliverIsRefusedAndThePreviousChoiceStays) {
+  ASSERT_EQ(set_callback(kPciIntxCb), 0);
+  host_.refuse_callback_vectors();
+  EXPECT_EQ(set_callback(kVectorCb | 0xf3), -38);  // -ENOSYS: Linux then keeps to what it had
+  mem_.put(kArg, HvmParam{kDomidSelf, 0, kParamCallbackIrq, 0});
+  ASSERT_EQ(call(kHcHvmOp, kHvmopGetParam, kArg), 0);
+  EXPECT_EQ(mem_.get<HvmParam>(kArg).value, kPciIntxCb);
+  ASSERT_TRUE(ev_->send(ipi(0)));
+  EXPECT_TRUE(host_.injected().empty());
+  EXPECT_EQ(host_.intx(), std::vector<bool>{true});
 }
 
 TEST_F(Upcalls, RegisteringVcpuInfoRaisesAnUpcallThroughTheChosenMode) {

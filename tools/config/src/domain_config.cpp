@@ -96,10 +96,7 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
     } else if (e.key == "upcall") {
       const std::string& u = str();
       if (u == "vector") c.upcall = Upcall::vector;
-      else if (u == "callback")
-        throw err("'callback' is not supported: Xen's global callback vector is injected outside the LAPIC "
-                  "(no EOI), which KVM's userspace API cannot do with an in-kernel LAPIC; use 'vector' (per-vCPU "
-                  "upcall vector) or 'intx' (platform-pci interrupt)");
+      else if (u == "callback") c.upcall = Upcall::callback;
       else if (u == "intx") c.upcall = Upcall::intx;
       else throw err(fmt::format("'{}' is not one of vector, callback, intx", u));
     } else if (e.key == "on_poweroff") {

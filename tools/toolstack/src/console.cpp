@@ -1,6 +1,7 @@
-// `xpv console NAME`: attaches the terminal to an HVM domain's serial console — xpv-vmm's
-// console socket (RUN/dom<N>/console.sock), which replays the last 64 KiB on attach — until the
-// domain goes away or the user types Ctrl-] (as `xl console`).
+// `xpv console NAME [--type serial|pv]`: attaches the terminal to an HVM domain's serial console
+// (xpv-vmm's RUN/dom<N>/console.sock) or its Xen PV console, hvc0 (RUN/dom<N>/console-pv.sock) —
+// each replays its last 64 KiB on attach — until the domain goes away or the user types Ctrl-]
+// (as `xl console [-t serial|pv]`).
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -58,7 +59,10 @@ bool write_all(int fd, const char* p, std::size_t n) {
 
 }  // namespace
 
-void cmd_console(Context& ctx, const std::string& which) {
+void cmd_console(Context& ctx, const std::string& which, const std::string& type) {
+  if (type != "serial" && type != "pv") {
+    throw ToolstackError(fmt::format("console type '{}': must be serial or pv", type));
+  }
   auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
   const auto doms = gather_domains(ctx.paths, xs.get());
   const DomainSummary d = resolve_domain(doms, which);
@@ -67,7 +71,7 @@ void cmd_console(Context& ctx, const std::string& which) {
                                      "log is {})",
                                      domain_label(d), d.type, ctx.paths.log_dir));
   }
-  const std::string path = ctx.paths.console_socket(d.domid);
+  const std::string path = type == "pv" ? ctx.paths.pv_console_socket(d.domid) : ctx.paths.console_socket(d.domid);
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
@@ -76,7 +80,7 @@ void cmd_console(Context& ctx, const std::string& which) {
   }
   std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
   if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    throw ToolstackError(fmt::format("cannot attach to the console of {} ({}): {}", domain_label(d), path,
+    throw ToolstackError(fmt::format("cannot attach to the {} console of {} ({}): {}", type, domain_label(d), path,
                                      std::strerror(errno)));
   }
   ctx.err << fmt::format("Connected to the console of {} (Ctrl-] detaches)\r\n", domain_label(d));

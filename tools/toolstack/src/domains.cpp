@@ -263,6 +263,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
                                           "--vcpus",  std::to_string(cfg.vcpus), "--upcall", upcall_arg(cfg.upcall),
                                           "--cmdline", cmdline,         "--console", "socket:" + p.console_socket(n),
                                           "--console-log", p.log_file("console-" + cfg.name),
+                                          // the Xen PV console (hvc0), as libxl gives every HVM guest
+                                          "--pv-console", "socket:" + p.pv_console_socket(n),
+                                          "--pv-console-log", p.log_file("console-pv-" + cfg.name),
                                           // exit, hypercall and upcall counters in its log at stop
                                           "--stats"};
       argv.insert(argv.end(), more.begin(), more.end());

@@ -133,6 +133,18 @@ class Vm {
   // vCPU index). Any thread.
   void signal_msi(unsigned vcpu, std::uint8_t vector) noexcept;
 
+  // Makes every delivery of `vector` to any vCPU (MSI or IOAPIC) set no in-service bit, so the
+  // guest needs no EOI for it: how Xen injects its global callback vector, outside the LAPIC.
+  // KVM's userspace API has no such injection with an in-kernel LAPIC; its Hyper-V SynIC has
+  // auto-EOI vectors, so each vCPU's SynIC is activated (KVM_CAP_HYPERV_SYNIC) and its SINT0 set
+  // to `vector` with auto-EOI by a host-initiated KVM_SET_MSRS. The guest sees no Hyper-V CPUID
+  // leaves and its own SynIC MSR accesses fault as before. 0 turns it off (SINT0 masked).
+  // Called on a vCPU thread (a hypercall), that vCPU changes at once; the others are kicked and
+  // change before they next enter the guest, and the call waits (≤ 1 s) until each has. Errors:
+  // this KVM has no SynIC (can_auto_eoi() false), vector 1..15, a vCPU that did not answer.
+  bool can_auto_eoi() const noexcept { return synic_cap_; }
+  Result<void> set_auto_eoi_vector(std::uint8_t vector) noexcept;
+
   // A level-triggered line with EOI notification (irqfd with a resample fd): assert_line(gsi)
   // raises it; KVM lowers it when the guest EOIs and then on_eoi runs (on a VM helper thread),
   // which may assert it again. Setup only; one such line.
@@ -162,6 +174,7 @@ class Vm {
   void kick_all() noexcept;
   Result<void> setup_cpuid();
   void setup_lapic(Vcpu& v);
+  Result<void> apply_auto_eoi(Vcpu& v) noexcept;
 
   UniqueFd kvm_fd_;
   UniqueFd vm_fd_;
@@ -186,6 +199,10 @@ class Vm {
   std::function<void(VcpuContext&)> trap_;
   std::uint32_t msr_trap_index_ = 0;
   std::function<bool(unsigned, std::uint64_t)> msr_trap_;
+  bool synic_cap_ = false;              // KVM_CAP_HYPERV_SYNIC (auto-EOI vectors)
+  std::mutex auto_eoi_mu_;              // one set_auto_eoi_vector at a time
+  std::atomic<std::uint8_t> auto_eoi_vector_{0};
+  std::atomic<std::uint64_t> auto_eoi_gen_{0};  // bumped by every change; vCPUs apply to match
   std::uint32_t resample_gsi_ = 0;
   std::function<void()> on_eoi_;
   UniqueFd irqfd_, resamplefd_, resample_stop_;

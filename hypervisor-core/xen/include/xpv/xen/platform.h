@@ -18,8 +18,8 @@
 //
 //   upcall(v):  per-vCPU vector set for v ──yes──► inject_vector(v, that vector)
 //                 │ no
-//               CALLBACK_IRQ = vector ≥ 0x10 ──yes──► inject_vector(v, it)
-//                 │ no
+//               CALLBACK_IRQ = vector ≥ 0x10 ──yes──► inject_vector(v, it)   (no EOI: the host
+//                 │ no                                  was told by set_callback_vector first)
 //               CALLBACK_IRQ = GSI (≠ 0) or PCI INTx ──► v == 0 ? set_intx(true) : drop
 //                 │ none
 //               drop (the event stays pending in shared_info)
@@ -27,8 +27,9 @@
 //   The guest's choice is honoured whatever was offered (PlatformConfig::upcall only decides the
 //   CPUID flag and XENFEAT_hvm_callback_vector). When the guest selects a mode (either hvm_op),
 //   an event that is already waiting (the vCPU's evtchn_upcall_pending = 1) is delivered once.
-//   CALLBACK_IRQ type 2 with a vector < 0x10 (Linux writes vector 0 as a marker once it uses
-//   per-vCPU vectors) is stored and read back but never injected.
+//   CALLBACK_IRQ type 2 with a vector < 0x10 is stored and read back but never injected. Linux
+//   with per-vCPU vectors writes GSI 1 as a marker ("to trick the toolstack"): the per-vCPU
+//   vectors win over it, as in Xen.
 //
 //   INTx is level-triggered: asserted on vCPU 0's upcall, and on the guest's EOI
 //   (intx_eoi) re-asserted while vCPU 0's evtchn_upcall_pending is still 1, else de-asserted
@@ -75,6 +76,11 @@ class PlatformHost {
  public:
   virtual ~PlatformHost() = default;
   virtual void inject_vector(unsigned vcpu, std::uint8_t vector) noexcept = 0;  // edge, LAPIC
+  // The guest chose `vector` (≥ 0x10) as its global callback vector, or gave it up (0). Xen
+  // injects that vector outside the LAPIC and Linux's handler sends no EOI for it, so from now
+  // on every inject_vector of it must set no in-service bit. false: this host cannot (the
+  // hvm_op then fails and the guest's previous choice stays). vCPU thread of the caller.
+  virtual bool set_callback_vector(std::uint8_t vector) noexcept = 0;
   virtual void set_intx(bool asserted) noexcept = 0;  // platform-pci INTA level
   virtual void shutdown(ShutdownReason why) noexcept = 0;
   // A RAM page of the guest; empty span if gfn is not RAM.
@@ -144,6 +150,9 @@ class Platform final : public domain::UpcallSink {
   // After the guest picked a mode for vCPU v: one upcall if an event already waits.
   void deliver_if_pending(unsigned vcpu) noexcept;
   void log_unsupported(const char* what, std::uint64_t code) noexcept;
+  // The guest's choice of upcall mode, at info level (rate-limited with log_unsupported).
+  void log_upcall_mode(std::string_view what) noexcept;
+  bool log_allowed() noexcept;
 
   const PlatformConfig cfg_;
   PlatformHost& host_;

@@ -30,7 +30,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait);
 void cmd_list(Context& ctx, bool json);
 void cmd_destroy(Context& ctx, const std::string& which);
 // `xpv console NAME` (console.cpp): the HVM domain's serial console, until Ctrl-] or its end.
-void cmd_console(Context& ctx, const std::string& which);
+// type: "serial" (COM1, the default) or "pv" (the Xen PV console, hvc0), as `xl console -t`.
+void cmd_console(Context& ctx, const std::string& which, const std::string& type = "serial");
 void cmd_shutdown(Context& ctx, const std::string& which, std::chrono::milliseconds timeout);
 
 // Devices (device_commands.cpp).

@@ -6,6 +6,7 @@
 // Guest-physical layout added to the VM (outside RAM, in the 3-4 GiB hole):
 //   kPlatformMmio (BAR1 of 00:03.0, 16 MiB)   grant frames 0..G-1 at its start (G = max frames)
 //   kSpecialPages                             xenstore ring page
+//   kSpecialPages + 4 KiB                     PV console ring page (with XenDomainConfig::pv_console)
 // I/O: BAR0 at kPlatformIo (0x100 bytes), unplug ports 0x10..0x13, hypercall trap port
 // xen::kHypercallPort. INTx of the platform device: GSI kPlatformGsi (MP table entry).
 //
@@ -19,7 +20,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -29,6 +32,7 @@
 #include "xpv/platform_pci/bars.h"
 #include "xpv/platform_pci/platform_device.h"
 #include "xpv/platform_pci/unplug_ports.h"
+#include "xpv/vmm/pv_console.h"
 #include "xpv/xen/platform.h"
 
 namespace xpv::vmm {
@@ -46,6 +50,9 @@ struct XenDomainConfig {
   xen::UpcallMode upcall = xen::UpcallMode::vcpu_vector;
   std::uint32_t max_grant_frames = 64;
   std::uint64_t trace_hypercalls = 0;  // log the first N hypercalls (number, arguments, result)
+  // The PV console (hvc0): offered (HVM_PARAM_CONSOLE_PFN/_EVTCHN) when set; its output goes here
+  // (on the XenDomain's io thread). Unset: the guest finds no PV console, as before.
+  std::function<void(std::span<const std::uint8_t>)> pv_console;
 };
 
 // VmConfig::device_memory entries the layout needs (call before constructing the Vm).
@@ -76,6 +83,8 @@ class XenDomain {
   bool hypercall_page_msr() const noexcept { return msr_trap_; }
   // "hypercalls=N memory_op=… evtchn.send=… sched.poll=… upcalls=… intx_eois=…" (--stats).
   std::string describe_counters() const;
+  // Typed bytes for the PV console (see PvConsole::receive); 0 when there is none. Any thread.
+  std::size_t pv_console_input(std::span<const std::uint8_t> bytes) noexcept;
 
  private:
   class Host;
@@ -93,6 +102,8 @@ class XenDomain {
   std::unique_ptr<platform_pci::PlatformIoBar> bar0_;
   std::unique_ptr<platform_pci::PlatformMmioBar> bar1_;
   std::shared_ptr<std::atomic<xen::Platform*>> live_;
+  std::mutex pv_mu_;  // pv_console_ against pv_console_input() while it is torn down
+  std::unique_ptr<PvConsole> pv_console_;
   // Hypercall-page MSR (stubs.h): trapped when this KVM can; else why not.
   bool fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept;
   bool msr_trap_ = false;
