@@ -1,6 +1,7 @@
 // hvm_op: HVM_PARAM_* get/set and the per-vCPU upcall vector. vCPU thread of the caller.
 #include <fmt/format.h>
 
+#include "callback_irq.h"
 #include "guest_copy.h"
 #include "xpv/xen/platform.h"
 
@@ -8,9 +9,6 @@ namespace xpv::xen {
 
 using namespace detail;
 
-namespace {
-constexpr std::uint8_t kMinVector = 0x10;
-}
 
 std::int64_t Platform::hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& mem) {
   switch (op) {
@@ -51,18 +49,15 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
           type != abi::kCallbackTypeVector)
         return err(XenErrno::einval);
       // The global callback vector needs the host's help (no EOI): ask before anything changes.
-      const auto global_vector = [](std::uint64_t v) -> std::uint8_t {
-        const auto vec = static_cast<std::uint8_t>(v & 0xff);
-        return (v >> abi::kCallbackTypeShift) == abi::kCallbackTypeVector && vec >= kMinVector ? vec : 0;
-      };
-      if (const std::uint8_t want = global_vector(value);
-          want != global_vector(callback_irq_.load(std::memory_order_acquire)) && !host_.set_callback_vector(want)) {
+      if (const std::uint8_t want = global_callback_vector(value);
+          want != global_callback_vector(callback_irq_.load(std::memory_order_acquire)) &&
+          !host_.set_callback_vector(want)) {
         log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
         return err(XenErrno::enosys);
       }
       const std::uint64_t old = callback_irq_.exchange(value, std::memory_order_acq_rel);
       if (old != value) {
-        if (const std::uint8_t vec = global_vector(value); vec != 0) {
+        if (const std::uint8_t vec = global_callback_vector(value); vec != 0) {
           log_upcall_mode(fmt::format("callback vector {:#x} (global: every vCPU, no EOI)", vec));
         } else if (type == abi::kCallbackTypeVector) {
           log_upcall_mode(fmt::format("callback vector {:#x}: below 0x10, stored but never injected", value & 0xff));
@@ -75,11 +70,7 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
           log_upcall_mode(fmt::format("platform-pci INTx (CALLBACK_IRQ {:#x})", value));
         }
       }
-      const auto is_intx = [](std::uint64_t v) {
-        const std::uint64_t t = v >> abi::kCallbackTypeShift;
-        return t == abi::kCallbackTypePciIntx || (t == abi::kCallbackTypeGsi && v != 0);
-      };
-      if (is_intx(old) && !is_intx(value)) host_.set_intx(false);
+      if (callback_kind(old) == CallbackKind::intx && callback_kind(value) != CallbackKind::intx) host_.set_intx(false);
       if (type == abi::kCallbackTypeVector) {
         for (unsigned v = 0; v < cfg_.vcpus; ++v) deliver_if_pending(v);
       } else {

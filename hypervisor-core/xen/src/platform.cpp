@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "callback_irq.h"
 #include "guest_copy.h"
 #include "xpv/xen/cpuid.h"
 
@@ -17,20 +18,7 @@ using namespace detail;
 
 namespace {
 
-constexpr std::uint8_t kMinVector = 0x10;  // vectors 0..15 are reserved on x86
-constexpr std::uint32_t kLogBurst = 10;    // guest-triggered log lines per second
-
-enum class CallbackKind { none, vector, intx };
-
-CallbackKind callback_kind(std::uint64_t v) noexcept {
-  const std::uint64_t type = v >> abi::kCallbackTypeShift;
-  if (type == abi::kCallbackTypeVector) return CallbackKind::vector;
-  if (type == abi::kCallbackTypePciIntx) return CallbackKind::intx;
-  // GSI: GSI 0 means "no callback" (Xen). Any other GSI is treated as the platform-pci INTx
-  // (the only device that raises event-channel upcalls as an interrupt line here).
-  if (type == abi::kCallbackTypeGsi && v != 0) return CallbackKind::intx;
-  return CallbackKind::none;
-}
+constexpr std::uint32_t kLogBurst = 10;  // guest-triggered log lines per second
 
 }  // namespace
 
@@ -134,7 +122,7 @@ void Platform::upcall(unsigned vcpu) noexcept {
   const std::uint64_t cb = callback_irq_.load(std::memory_order_acquire);
   switch (callback_kind(cb)) {
     case CallbackKind::vector:
-      if (const auto vec = static_cast<std::uint8_t>(cb & 0xff); vec >= kMinVector) {
+      if (const std::uint8_t vec = global_callback_vector(cb); vec != 0) {
         host_.inject_vector(vcpu, vec);
         return;
       }
