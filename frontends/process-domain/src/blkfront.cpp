@@ -99,6 +99,17 @@ long Blkfront::write(std::uint64_t offset, std::span<const std::uint8_t> in) {
   return static_cast<long>(in.size());
 }
 
+int Blkfront::start(std::uint32_t queue, bool write, std::uint64_t offset, std::span<std::uint8_t> buf,
+                    BlkfrontQueue::Done done) {
+  if (queue >= queues_.size()) return -EINVAL;
+  if (write && readonly()) return -EROFS;
+  if (offset % kSector != 0 || buf.size() % kSector != 0 || buf.empty() || buf.size() > max_io_bytes() ||
+      offset > size_bytes() || buf.size() > size_bytes() - offset) {
+    return -EINVAL;
+  }
+  return queues_[queue]->start(write, offset / kSector, buf.data(), buf.size() / kSector, std::move(done));
+}
+
 // See blkfront.h, "Flush guarantee": one flush on the caller's queue covers every write
 // acknowledged before this call, whatever queue carried it.
 int Blkfront::flush() {

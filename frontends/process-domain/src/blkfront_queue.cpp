@@ -113,6 +113,7 @@ void BlkfrontQueue::break_queue() {
   broken_.store(true, std::memory_order_release);
   for (auto& w : wake_) w.notify_all();
   slot_free_.notify_all();
+  async_wake_.notify_all();
 }
 
 std::uint32_t BlkfrontQueue::take_slot() {
@@ -141,15 +142,7 @@ void BlkfrontQueue::free_slot(std::uint32_t id) {
 int BlkfrontQueue::submit_and_wait(const BlkifRequest& req, std::uint32_t slot) {
   std::unique_lock l(lock_);
   if (dead_ || broken_.load(std::memory_order_acquire)) return -EIO;
-  if (!ring_->produce_request(req)) {
-    break_queue();  // more requests than slots: cannot happen unless our bookkeeping broke
-    return -EIO;
-  }
-  ++stats_.requests;
-  if (ring_->push_requests()) {
-    ++stats_.notifications;
-    (void)dom_.evtchn().send(port_);
-  }
+  if (!produce_locked(req)) return -EIO;
   auto answered = [&] { return slots_[slot].done || dead_; };
   // Spin first: a fast backend answers within microseconds, sooner than a notification and two
   // thread wake-ups would bring the answer here.
@@ -177,7 +170,24 @@ int BlkfrontQueue::submit_and_wait(const BlkifRequest& req, std::uint32_t slot) 
     poll_.adjust(AdaptivePoll::Clock::now() - began);
   }
   if (!slots_[slot].done) return -EIO;
-  switch (slots_[slot].status) {
+  return result_of(slots_[slot].status);
+}
+
+bool BlkfrontQueue::produce_locked(const BlkifRequest& req) {
+  if (!ring_->produce_request(req)) {
+    break_queue();  // more requests than slots: cannot happen unless our bookkeeping broke
+    return false;
+  }
+  ++stats_.requests;
+  if (ring_->push_requests()) {
+    ++stats_.notifications;
+    (void)dom_.evtchn().send(port_);
+  }
+  return true;
+}
+
+int BlkfrontQueue::result_of(std::int16_t status) {
+  switch (status) {
     case kBlkifRspOkay: return 0;
     case kBlkifRspEopnotsupp: return -EOPNOTSUPP;
     default: return -EIO;
@@ -203,6 +213,10 @@ bool BlkfrontQueue::reap_locked() {
     s.status = rsp->status;
     s.done = true;
     if (s.sleeping) wake_[rsp->id].notify_one();  // only the caller this answer is for
+    if (s.async) {
+      ++async_answered_;
+      if (async_waiting_) async_wake_.notify_one();
+    }
     any = true;
   }
   return any;
@@ -227,20 +241,16 @@ void BlkfrontQueue::on_event() {
   arm_locked();
 }
 
-int BlkfrontQueue::transfer(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect) {
-  if (nsect == 0 || nsect > max_sectors()) return -EINVAL;
-  const auto nsegs = static_cast<std::uint32_t>((nsect + kSectorsPerPage - 1) / kSectorsPerPage);
-  const std::uint32_t id = take_slot();
-  if (id == UINT32_MAX) return -EIO;
-  // The slot is ours until free_slot(): its pages and descriptors are touched without lock_.
+BlkifRequest BlkfrontQueue::prepare(std::uint32_t id, bool write, std::uint64_t sector, const std::uint8_t* buf,
+                                    std::uint64_t nsect) {
+  // The slot is its caller's until it is freed: its pages and descriptors are touched without lock_.
   Slot& s = slots_[id];
+  const auto nsegs = static_cast<std::uint32_t>((nsect + kSectorsPerPage - 1) / kSectorsPerPage);
   const std::uint64_t bytes = nsect * kSector;
-  auto page_len = [&](std::uint32_t i) {
-    return std::min<std::uint64_t>(kPageSize, bytes - std::uint64_t{i} * kPageSize);
-  };
   if (write) {
     for (std::uint32_t i = 0; i < nsegs; ++i) {
-      std::memcpy(dom_.pages(s.gfns[i], 1).data(), buf + std::uint64_t{i} * kPageSize, page_len(i));
+      const std::uint64_t len = std::min<std::uint64_t>(kPageSize, bytes - std::uint64_t{i} * kPageSize);
+      std::memcpy(dom_.pages(s.gfns[i], 1).data(), buf + std::uint64_t{i} * kPageSize, len);
     }
   }
   auto seg = [&](std::uint32_t i) {
@@ -258,29 +268,130 @@ int BlkfrontQueue::transfer(bool write, std::uint64_t sector, std::uint8_t* buf,
     req.id = id;
     req.sector_number = sector;
     for (std::uint32_t i = 0; i < nsegs; ++i) req.seg[i] = seg(i);
-  } else {
-    BlkifRequestIndirect ind{};
-    ind.operation = kBlkifOpIndirect;
-    ind.indirect_op = write ? kBlkifOpWrite : kBlkifOpRead;
-    ind.nr_segments = static_cast<std::uint16_t>(nsegs);
-    ind.id = id;
-    ind.sector_number = sector;
-    for (std::uint32_t i = 0; i < nsegs; ++i) {
-      auto page = dom_.pages(s.indirect_gfns[i / kBlkifSegsPerIndirectFrame], 1);
-      const BlkifRequestSegment g = seg(i);
-      std::memcpy(page.data() + (i % kBlkifSegsPerIndirectFrame) * sizeof g, &g, sizeof g);
-    }
-    for (std::uint32_t p = 0; p < blkif_indirect_pages(nsegs); ++p) ind.indirect_grefs[p] = s.indirect_refs[p];
-    req = blkif_pack(ind);
+    return req;
   }
-  const int rc = submit_and_wait(req, id);
-  if (rc == 0 && !write) {
-    for (std::uint32_t i = 0; i < nsegs; ++i) {
-      std::memcpy(buf + std::uint64_t{i} * kPageSize, dom_.pages(s.gfns[i], 1).data(), page_len(i));
-    }
+  BlkifRequestIndirect ind{};
+  ind.operation = kBlkifOpIndirect;
+  ind.indirect_op = write ? kBlkifOpWrite : kBlkifOpRead;
+  ind.nr_segments = static_cast<std::uint16_t>(nsegs);
+  ind.id = id;
+  ind.sector_number = sector;
+  for (std::uint32_t i = 0; i < nsegs; ++i) {
+    auto page = dom_.pages(s.indirect_gfns[i / kBlkifSegsPerIndirectFrame], 1);
+    const BlkifRequestSegment g = seg(i);
+    std::memcpy(page.data() + (i % kBlkifSegsPerIndirectFrame) * sizeof g, &g, sizeof g);
   }
+  for (std::uint32_t p = 0; p < blkif_indirect_pages(nsegs); ++p) ind.indirect_grefs[p] = s.indirect_refs[p];
+  return blkif_pack(ind);
+}
+
+void BlkfrontQueue::copy_out(std::uint32_t id, std::uint8_t* buf, std::uint64_t bytes) {
+  const Slot& s = slots_[id];
+  for (std::uint64_t off = 0, i = 0; off < bytes; off += kPageSize, ++i) {
+    std::memcpy(buf + off, dom_.pages(s.gfns[i], 1).data(), std::min<std::uint64_t>(kPageSize, bytes - off));
+  }
+}
+
+int BlkfrontQueue::transfer(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect) {
+  if (nsect == 0 || nsect > max_sectors()) return -EINVAL;
+  const std::uint32_t id = take_slot();
+  if (id == UINT32_MAX) return -EIO;
+  const int rc = submit_and_wait(prepare(id, write, sector, buf, nsect), id);
+  if (rc == 0 && !write) copy_out(id, buf, nsect * kSector);
   free_slot(id);
   return rc;
+}
+
+int BlkfrontQueue::start(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect, Done done) {
+  if (nsect == 0 || nsect > max_sectors()) return -EINVAL;
+  std::uint32_t id = UINT32_MAX;
+  {
+    std::lock_guard l(lock_);
+    if (dead_ || broken_.load(std::memory_order_acquire)) return -EIO;
+    for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].busy) {
+        id = i;
+        break;
+      }
+    }
+    if (id == UINT32_MAX) return -EBUSY;
+    Slot& s = slots_[id];
+    s.busy = true;
+    s.done = false;
+    s.async = true;
+    s.on_done = std::move(done);
+    s.buf = buf;
+    s.bytes = nsect * kSector;
+    s.write = write;
+    ++async_in_flight_;
+  }
+  const BlkifRequest req = prepare(id, write, sector, buf, nsect);
+  std::lock_guard l(lock_);
+  // A ring that broke meanwhile: complete() finishes this slot with -EIO.
+  if (!dead_) (void)produce_locked(req);
+  return 0;
+}
+
+unsigned BlkfrontQueue::in_flight() const {
+  std::lock_guard l(lock_);
+  return async_in_flight_;
+}
+
+unsigned BlkfrontQueue::complete(unsigned min) {
+  unsigned ran = 0;
+  std::vector<std::uint32_t> finished;
+  for (;;) {
+    finished.clear();
+    {
+      std::unique_lock l(lock_);
+      auto ready = [&] { return async_answered_ > 0 || dead_ || async_in_flight_ == 0; };
+      if (!ready() && ran < min) {
+        // Spin first, popping responses ourselves (rsp_event stays unarmed: no notification).
+        const auto window = poll_.window();
+        const auto began = AdaptivePoll::Clock::now();
+        if (window.count() > 0) {
+          l.unlock();
+          (void)AdaptivePoll::spin_until(began + window, [&] {
+            std::lock_guard g(lock_);
+            if (reap_locked() && sleepers_ > 0) arm_locked();
+            return ready();
+          });
+          l.lock();
+        }
+        if (!ready()) {
+          arm_locked();
+          ++sleepers_;
+          async_waiting_ = true;
+          async_wake_.wait(l, ready);
+          async_waiting_ = false;
+          --sleepers_;
+          poll_.adjust(AdaptivePoll::Clock::now() - began);
+        }
+      }
+      // Claim every answered asynchronous slot (every one, if the ring broke).
+      for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+        Slot& s = slots_[i];
+        if (s.busy && s.async && (s.done || dead_)) {
+          s.async = false;  // claimed: still busy until its data is out
+          if (s.done) --async_answered_;
+          --async_in_flight_;
+          finished.push_back(i);
+        }
+      }
+    }
+    for (std::uint32_t id : finished) {
+      Slot& s = slots_[id];
+      const int rc = s.done ? result_of(s.status) : -EIO;
+      if (rc == 0 && !s.write) copy_out(id, s.buf, s.bytes);
+      Done cb = std::move(s.on_done);
+      s.on_done = nullptr;
+      free_slot(id);
+      cb(rc);
+      ++ran;
+    }
+    std::lock_guard l(lock_);
+    if (ran >= min || async_in_flight_ == 0) return ran;
+  }
 }
 
 int BlkfrontQueue::simple(BlkifRequest req) {

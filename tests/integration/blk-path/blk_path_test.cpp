@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -63,7 +64,8 @@ class BlkPath : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void start(frontends::BlkfrontConfig fcfg = {}, blkback::QueueConfig bcfg = {}) {
+  // serve = false: no BlkifQueue; the test plays the backend through hostile_ring_/hostile_port_.
+  void start(frontends::BlkfrontConfig fcfg = {}, blkback::QueueConfig bcfg = {}, bool serve = true) {
     domain::DomainConfig cfg;
     cfg.domid = 3;
     cfg.name = "pv-disk-test";
@@ -92,6 +94,12 @@ class BlkPath : public ::testing::Test {
       ASSERT_TRUE(ring_map);
       auto back = ring::BlkifBackRing::attach(ring_map->writable());
       ASSERT_TRUE(back);
+      if (!serve) {
+        hostile_map_.emplace(std::move(*ring_map));
+        hostile_ring_.emplace(std::move(*back));
+        hostile_port_ = foreign_->bind(front_->event_channel(q));
+        continue;
+      }
       queues_.push_back(std::make_unique<blkback::BlkifQueue>(
           "vbd3.51712." + std::to_string(q), *disk_, *mappers_.back(), std::move(*back),
           foreign_->bind(front_->event_channel(q)), bcfg));
@@ -100,6 +108,9 @@ class BlkPath : public ::testing::Test {
     front_->connect({disk_->info().sectors, false, true, disk_->info().discard});
   }
   void stop_backend() {
+    hostile_port_.reset();
+    hostile_ring_.reset();
+    hostile_map_.reset();
     for (auto& q : queues_) q->stop();
     for (auto& t : queue_threads_) t.join();
     queue_threads_.clear();
@@ -136,6 +147,10 @@ class BlkPath : public ::testing::Test {
   std::vector<std::unique_ptr<blkback::BlkifQueue>> queues_;
   std::vector<std::thread> queue_threads_;
   std::thread io_thread_, events_thread_;
+  // start(..., serve = false): the ring and event channel of queue 0, for a test-made backend.
+  std::optional<gnttab::Mapping> hostile_map_;
+  std::optional<ring::BlkifBackRing> hostile_ring_;
+  std::unique_ptr<domain::Dom0Port> hostile_port_;
 };
 
 TEST_F(BlkPath, WritesLandInTheImageAndReadBack) {
@@ -259,6 +274,92 @@ TEST_F(BlkPath, TwoQueuesCarryConcurrentWriters) {
     }
   }
   EXPECT_FALSE(front_->broken());
+}
+
+TEST_F(BlkPath, AsyncRequestsKeepTheRingFullFromOneThread) {
+  start();
+  auto never = [](int) { ADD_FAILURE() << "a refused request completed"; };
+  std::vector<std::uint8_t> sector(512), odd(700), big(front_->max_io_bytes() + 4096);
+  EXPECT_EQ(front_->start(0, false, 100, sector, never), -EINVAL) << "offset not in sectors";
+  EXPECT_EQ(front_->start(0, false, 0, odd, never), -EINVAL) << "length not in sectors";
+  EXPECT_EQ(front_->start(0, false, 0, big, never), -EINVAL) << "more than one request carries";
+  EXPECT_EQ(front_->start(0, false, 64 << 20, sector, never), -EINVAL) << "past the end";
+  EXPECT_EQ(front_->start(1, false, 0, sector, never), -EINVAL) << "no queue 1";
+  EXPECT_EQ(front_->complete(0, 0), 0u);
+
+  // 4 KiB writes, each with its own pattern, started until every slot is in flight.
+  constexpr std::size_t kIo = 4096;
+  constexpr int kMost = 64;
+  auto pattern = [](int i, std::size_t k) { return static_cast<std::uint8_t>(i * 37 + k * 11 + (k >> 8)); };
+  auto offset = [](int i) { return std::uint64_t(i) * 3 * kIo; };  // not adjacent
+  std::vector<std::vector<std::uint8_t>> bufs(kMost, std::vector<std::uint8_t>(kIo));
+  std::vector<int> results(kMost, 1);
+  int started = 0, rc = 0;
+  for (; started < kMost; ++started) {
+    for (std::size_t k = 0; k < kIo; ++k) bufs[started][k] = pattern(started, k);
+    rc = front_->start(0, true, offset(started), bufs[started], [&results, i = started](int r) { results[i] = r; });
+    if (rc != 0) break;
+  }
+  EXPECT_EQ(rc, -EBUSY);
+  EXPECT_EQ(started, 32) << "one request per slot of a one-page ring";
+  // A blocking caller meanwhile waits for a slot and gets one as the async ones finish.
+  std::vector<std::uint8_t> sync_buf(kIo, 0x77);
+  auto sync = std::async(std::launch::async, [&] { return front_->write(60 << 20, sync_buf); });
+  EXPECT_EQ(front_->complete(0, static_cast<unsigned>(started)), static_cast<unsigned>(started));
+  EXPECT_EQ(sync.get(), static_cast<long>(kIo));
+  for (int i = 0; i < started; ++i) {
+    ASSERT_EQ(results[i], 0) << "write " << i;
+    ASSERT_EQ(image_bytes(static_cast<off_t>(offset(i)), kIo),
+              std::string(reinterpret_cast<const char*>(bufs[i].data()), kIo)) << "write " << i;
+  }
+  EXPECT_EQ(image_bytes(60 << 20, 1), "w");
+
+  // Read them back asynchronously, completing as we go (never more than the ring in flight).
+  std::vector<std::vector<std::uint8_t>> back(started, std::vector<std::uint8_t>(kIo, 0));
+  std::fill(results.begin(), results.end(), 1);
+  unsigned ran = 0;
+  for (int i = 0; i < started; ++i) {
+    auto done = [&results, i](int r) { results[i] = r; };
+    while ((rc = front_->start(0, false, offset(i), back[i], done)) == -EBUSY) ran += front_->complete(0, 1);
+    ASSERT_EQ(rc, 0) << "read " << i;
+  }
+  ran += front_->complete(0, static_cast<unsigned>(started) - ran);
+  EXPECT_EQ(ran, static_cast<unsigned>(started));
+  EXPECT_EQ(front_->complete(0, 1), 0u) << "nothing left in flight: returns at once";
+  for (int i = 0; i < started; ++i) {
+    ASSERT_EQ(results[i], 0) << "read " << i;
+    ASSERT_EQ(back[i], bufs[i]) << "read " << i;
+  }
+  EXPECT_EQ(front_->stats().responses, front_->stats().requests);
+  EXPECT_FALSE(front_->broken());
+}
+
+TEST_F(BlkPath, AsyncRequestsFinishWithEioWhenTheBackendBreaksTheRing) {
+  start({}, {}, /*serve=*/false);
+  ASSERT_TRUE(hostile_ring_);
+  std::vector<std::vector<std::uint8_t>> bufs(3, std::vector<std::uint8_t>(4096, 0x11));
+  std::vector<int> results(3, 1);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(front_->start(0, false, std::uint64_t(i) * 4096, bufs[i], [&results, i](int r) { results[i] = r; }), 0);
+  }
+  // The "backend" answers one request with an id the frontend never used.
+  auto req = hostile_ring_->pop_request();
+  ASSERT_TRUE(req);
+  ring::BlkifResponse rsp{};
+  rsp.id = 999;
+  rsp.operation = req->operation;
+  rsp.status = ring::kBlkifRspOkay;
+  ASSERT_TRUE(hostile_ring_->produce_response(rsp));
+  if (hostile_ring_->push_responses()) (void)hostile_port_->notify();
+  // Every request still in flight finishes, with -EIO, and its read buffer is left alone.
+  EXPECT_EQ(front_->complete(0, 3), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(results[i], -EIO) << i;
+    EXPECT_EQ(bufs[i], std::vector<std::uint8_t>(4096, 0x11)) << i;
+  }
+  EXPECT_TRUE(front_->broken());
+  EXPECT_EQ(front_->start(0, false, 0, bufs[0], [](int) { ADD_FAILURE() << "started on a broken ring"; }), -EIO);
+  EXPECT_EQ(front_->read(0, bufs[0]), -EIO);
 }
 
 TEST_F(BlkPath, QueueCountOutOfRangeIsRefused) {

@@ -89,6 +89,16 @@ class Blkfront final : public BlockTarget {
   int flush() override;
   int discard(std::uint64_t offset, std::uint64_t length) override;
 
+  // Asynchronous I/O on one queue (BlkfrontQueue::start/complete, for a caller that keeps many
+  // requests in flight from one thread per queue): `offset` and `buf.size()` in whole sectors,
+  // at most max_io_bytes(); `buf` stays valid until `done` ran. start() returns 0, -EINVAL (out
+  // of range, unaligned, too large, no such queue), -EROFS (a write to a read-only disk), -EIO
+  // (broken) or -EBUSY (the queue's slots are all in flight: complete() first).
+  std::uint64_t max_io_bytes() const noexcept { return queues_.front()->max_sectors() * 512; }
+  int start(std::uint32_t queue, bool write, std::uint64_t offset, std::span<std::uint8_t> buf,
+            BlkfrontQueue::Done done);
+  unsigned complete(std::uint32_t queue, unsigned min) { return queues_.at(queue)->complete(min); }
+
   using Stats = BlkfrontQueue::Stats;
   Stats stats() const;                           // all queues summed
   Stats queue_stats(std::uint32_t queue) const;  // one queue

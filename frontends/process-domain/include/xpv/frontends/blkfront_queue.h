@@ -10,6 +10,13 @@
 //   event handler: pop responses → validate id → complete the slot (waking only its caller) →
 //                  final check → repeat
 //
+// Asynchronous use (start()/complete()), for a caller that keeps many requests in flight on one
+// ring from one thread, as a guest's blk-mq hardware queue does: start() takes a slot without
+// waiting (-EBUSY when every slot is in flight), copies the data in and pushes the request;
+// complete() runs the callbacks of answered requests on the calling thread — it pops responses
+// itself while it spins and sleeps (rsp_event armed) only when the adaptive window ran out. Sync
+// and async requests share the slots and the ring.
+//
 // The data pages of each slot are granted to the backend once, at construction (the backend
 // maps and unmaps them per request; what Linux calls persistent grants is only the frontend
 // half). A response that names no outstanding request, or a bad ring index, breaks the queue and
@@ -26,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -69,6 +77,18 @@ class BlkfrontQueue {
   // every blkif request layout). Same results.
   int simple(ring::BlkifRequest req);
 
+  // What an asynchronous request's callback gets: 0, -EIO (error response or broken) or -EOPNOTSUPP.
+  using Done = std::function<void(int result)>;
+  // Starts one read or write of 1..max_sectors() whole sectors from/into `buf`, which must stay
+  // valid until `done` ran (on a thread calling complete()). Returns 0 (started), -EINVAL (size),
+  // -EIO (broken; `done` will not run) or -EBUSY (every slot is in flight: complete() first).
+  int start(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect, Done done);
+  // Runs the callbacks of finished asynchronous requests on the calling thread, waiting until at
+  // least `min` ran or none is left in flight. A broken ring finishes each with -EIO. Returns how
+  // many ran. One thread at a time per queue.
+  unsigned complete(unsigned min);
+  unsigned in_flight() const;  // asynchronous requests started and not yet completed
+
   struct Stats {
     std::uint64_t requests = 0, notifications = 0, responses = 0;
     std::uint64_t polled = 0;  // answers a caller found while spinning (no notification, no sleep)
@@ -84,6 +104,12 @@ class BlkfrontQueue {
     bool busy = false, done = false;
     bool sleeping = false;  // its caller waits on wake_[id]
     std::int16_t status = 0;
+    // Asynchronous requests (start()): the callback and where read data goes.
+    bool async = false;
+    Done on_done;
+    std::uint8_t* buf = nullptr;
+    std::uint64_t bytes = 0;
+    bool write = false;
   };
 
   std::uint32_t max_segments() const noexcept;
@@ -91,6 +117,13 @@ class BlkfrontQueue {
   std::uint32_t take_slot();
   void free_slot(std::uint32_t id);
   int submit_and_wait(const ring::BlkifRequest& req, std::uint32_t slot);
+  // The request for slot `id` (its pages filled for a write): direct or indirect.
+  ring::BlkifRequest prepare(std::uint32_t id, bool write, std::uint64_t sector, const std::uint8_t* buf,
+                             std::uint64_t nsect);
+  void copy_out(std::uint32_t id, std::uint8_t* buf, std::uint64_t bytes);  // read data → buf
+  // lock_ held: puts `req` on the ring and notifies if the ring says so (false: broke).
+  bool produce_locked(const ring::BlkifRequest& req);
+  static int result_of(std::int16_t status);
   void break_queue();  // lock_ held: this ring is unusable, and so is the device
   void on_event();
   // lock_ held: pops every response there is and completes its slot (false: nothing popped).
@@ -114,7 +147,10 @@ class BlkfrontQueue {
   std::optional<ring::BlkifFrontRing> ring_;
   std::vector<Slot> slots_;
   AdaptivePoll poll_;     // under lock_; the window callers spin for
-  unsigned sleepers_ = 0;  // callers asleep on wake_ (each armed rsp_event before sleeping)
+  unsigned sleepers_ = 0;  // callers asleep on wake_ or async_wake_ (each armed rsp_event first)
+  std::condition_variable async_wake_;  // an asynchronous request was answered (or the ring broke)
+  unsigned async_in_flight_ = 0, async_answered_ = 0;
+  bool async_waiting_ = false;  // complete() sleeps on async_wake_
   bool dead_ = false;  // this ring broke (waiters on it give up; other rings finish what is in flight)
   Stats stats_;
 };
