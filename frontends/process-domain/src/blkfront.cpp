@@ -28,9 +28,46 @@ Blkfront::Blkfront(domain::Domain& dom, GuestEvents& events, BlkfrontConfig conf
   for (std::uint32_t i = 0; i < config_.queues; ++i) {
     queues_.push_back(std::make_unique<BlkfrontQueue>(dom, events, q, broken_));
   }
+  if (config_.completion_threads) {
+    for (auto& queue : queues_) completers_.emplace_back([q = queue.get()] { q->run_completions(); });
+  }
 }
 
-Blkfront::~Blkfront() = default;
+Blkfront::~Blkfront() {
+  for (auto& q : queues_) q->stop_completions();
+  for (auto& t : completers_) t.join();
+}
+
+unsigned Blkfront::complete(std::uint32_t queue, unsigned min) {
+  if (config_.completion_threads) throw std::logic_error("blkfront: complete() with completion threads running");
+  return queues_.at(queue)->complete(min);
+}
+
+bool Blkfront::start_read(std::uint64_t offset, std::span<std::uint8_t> out, Done& done) {
+  return start_io(false, offset, out.data(), out.size(), done);
+}
+
+bool Blkfront::start_write(std::uint64_t offset, std::span<const std::uint8_t> in, Done& done) {
+  // Write data is copied into the slot's granted pages before start() returns.
+  return start_io(true, offset, const_cast<std::uint8_t*>(in.data()), in.size(), done);
+}
+
+bool Blkfront::start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done) {
+  if (completers_.empty() || (write && readonly())) return false;
+  if (offset % kSector != 0 || len % kSector != 0 || len == 0 || len > max_io_bytes() || offset > size_bytes() ||
+      len > size_bytes() - offset) {
+    return false;
+  }
+  // `done` stays the caller's unless the request started.
+  auto held = std::make_shared<Done>(std::move(done));
+  const int rc = my_queue().start(write, offset / kSector, buf, len / kSector,
+                                  [held, len](int r) { (*held)(r == 0 ? static_cast<long>(len) : r); });
+  if (rc != 0) {
+    done = std::move(*held);
+    return false;
+  }
+  return true;
+}
 
 void Blkfront::connect(const BlkfrontGeometry& g) { geometry_ = g; }
 
@@ -41,6 +78,8 @@ Blkfront::Stats Blkfront::stats() const {
     sum.requests += s.requests;
     sum.notifications += s.notifications;
     sum.responses += s.responses;
+    sum.polled += s.polled;
+    sum.async_requests += s.async_requests;
   }
   return sum;
 }

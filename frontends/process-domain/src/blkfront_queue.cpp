@@ -324,12 +324,38 @@ int BlkfrontQueue::start(bool write, std::uint64_t sector, std::uint8_t* buf, st
     s.bytes = nsect * kSector;
     s.write = write;
     ++async_in_flight_;
+    ++stats_.async_requests;
   }
   const BlkifRequest req = prepare(id, write, sector, buf, nsect);
   std::lock_guard l(lock_);
   // A ring that broke meanwhile: complete() finishes this slot with -EIO.
   if (!dead_) (void)produce_locked(req);
+  if (async_waiting_) async_wake_.notify_one();  // a completion thread waiting for work
   return 0;
+}
+
+void BlkfrontQueue::run_completions() {
+  for (;;) {
+    {
+      std::unique_lock l(lock_);
+      async_waiting_ = true;
+      async_wake_.wait(l, [&] { return async_in_flight_ > 0 || stopping_; });
+      async_waiting_ = false;
+      if (stopping_) {
+        if (async_in_flight_ > 0) {
+          spdlog::warn("blkfront: {} asynchronous request(s) still in flight at shutdown", async_in_flight_);
+        }
+        return;
+      }
+    }
+    (void)complete(1);
+  }
+}
+
+void BlkfrontQueue::stop_completions() {
+  std::lock_guard l(lock_);
+  stopping_ = true;
+  async_wake_.notify_all();
 }
 
 unsigned BlkfrontQueue::in_flight() const {
@@ -344,7 +370,7 @@ unsigned BlkfrontQueue::complete(unsigned min) {
     finished.clear();
     {
       std::unique_lock l(lock_);
-      auto ready = [&] { return async_answered_ > 0 || dead_ || async_in_flight_ == 0; };
+      auto ready = [&] { return async_answered_ > 0 || dead_ || async_in_flight_ == 0 || stopping_; };
       if (!ready() && ran < min) {
         // Spin first, popping responses ourselves (rsp_event stays unarmed: no notification).
         const auto window = poll_.window();
@@ -390,7 +416,7 @@ unsigned BlkfrontQueue::complete(unsigned min) {
       ++ran;
     }
     std::lock_guard l(lock_);
-    if (ran >= min || async_in_flight_ == 0) return ran;
+    if (ran >= min || async_in_flight_ == 0 || stopping_) return ran;
   }
 }
 

@@ -239,6 +239,7 @@ bool VbdDriver::setup(Vbd& v) {
       std::min<std::uint64_t>({be_queues, config_.max_queues, kBlkfrontMaxQueues}));
   cfg.queues = std::max<std::uint32_t>(cfg.queues, 1);
   cfg.backend = v.backend_id;
+  cfg.completion_threads = true;  // the FUSE file's reads and writes start asynchronously
   cfg.ring_page_order = static_cast<std::uint32_t>(
       std::min<std::uint64_t>({be_order, config_.max_ring_page_order, 4}));
   std::uint64_t indirect = std::min<std::uint64_t>(

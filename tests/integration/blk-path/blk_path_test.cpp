@@ -119,6 +119,30 @@ class BlkPath : public ::testing::Test {
     foreign_.reset();
   }
   blkback::BlkifQueue& queue(std::size_t q = 0) { return *queues_.at(q); }
+  // ext4 on a loop device over the PV disk's FUSE file (after start()), written, unmounted,
+  // and checked straight from the image.
+  void ext4_over_fuse() {
+    const std::string mnt = dir_ + "/fuse", fsdir = dir_ + "/fs";
+    std::filesystem::create_directories(mnt);
+    std::filesystem::create_directories(fsdir);
+    frontends::FuseDisk fuse(mnt, "xvda", *front_);
+    test::LoopDevice loop(fuse.file_path());
+    ASSERT_FALSE(loop.empty()) << "no free loop device";
+    test::UnmountAtExit unmount{fsdir};
+    ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop.path() + " >/dev/null 2>&1").c_str()), 0);
+    ASSERT_EQ(std::system(("mount " + loop.path() + " " + fsdir).c_str()), 0);
+    ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + fsdir + "/f bs=64k count=64 conv=fsync status=none").c_str()), 0);
+    ASSERT_EQ(std::system(("sha256sum " + fsdir + "/f > " + dir_ + "/sum").c_str()), 0);
+    ASSERT_EQ(std::system(("umount " + fsdir).c_str()), 0);
+    ASSERT_EQ(loop.detach(), 0);
+    // The same image, now straight from the host: the file system and the data are there.
+    ASSERT_EQ(std::system(("mount -o ro,loop " + image_ + " " + fsdir).c_str()), 0);
+    EXPECT_EQ(std::system(("sha256sum -c --quiet " + dir_ + "/sum").c_str()), 0);
+    std::uint64_t flushes = 0;
+    for (auto& q : queues_) flushes += q->counters().flushes.load();
+    EXPECT_GE(flushes, 1u);
+  }
+
   std::string image_bytes(off_t off, std::size_t n) {
     std::string s(n, '\0');
     int fd = ::open(image_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -420,24 +444,28 @@ TEST_F(BlkPath, Ext4OverFuseAndLoop) {
   if (::geteuid() != 0 || ::access("/dev/fuse", R_OK | W_OK) != 0 || std::system("command -v losetup >/dev/null") != 0) {
     GTEST_SKIP() << "needs root, /dev/fuse and losetup";
   }
-  start();
-  const std::string mnt = dir_ + "/fuse", fsdir = dir_ + "/fs";
-  std::filesystem::create_directories(mnt);
-  std::filesystem::create_directories(fsdir);
-  frontends::FuseDisk fuse(mnt, "xvda", *front_);
-  test::LoopDevice loop(fuse.file_path());
-  if (loop.empty()) GTEST_SKIP() << "no free loop device";
-  test::UnmountAtExit unmount{fsdir};
-  ASSERT_EQ(std::system(("mkfs.ext4 -q -F " + loop.path() + " >/dev/null 2>&1").c_str()), 0);
-  ASSERT_EQ(std::system(("mount " + loop.path() + " " + fsdir).c_str()), 0);
-  ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + fsdir + "/f bs=64k count=64 conv=fsync status=none").c_str()), 0);
-  ASSERT_EQ(std::system(("sha256sum " + fsdir + "/f > " + dir_ + "/sum").c_str()), 0);
-  ASSERT_EQ(std::system(("umount " + fsdir).c_str()), 0);
-  ASSERT_EQ(loop.detach(), 0);
-  // The same image, now straight from the host: the file system and the data are there.
-  ASSERT_EQ(std::system(("mount -o ro,loop " + image_ + " " + fsdir).c_str()), 0);
-  EXPECT_EQ(std::system(("sha256sum -c --quiet " + dir_ + "/sum").c_str()), 0);
-  EXPECT_GE(queue().counters().flushes.load(), 1u);
+  frontends::BlkfrontConfig f;
+  start(f);
+  ext4_over_fuse();
+  EXPECT_EQ(front_->stats().async_requests, 0u) << "no completion threads: FUSE blocks a worker per request";
+}
+
+TEST_F(BlkPath, Ext4OverFuseAndLoopThroughTheAsynchronousPath) {
+  if (::geteuid() != 0 || ::access("/dev/fuse", R_OK | W_OK) != 0 || std::system("command -v losetup >/dev/null") != 0) {
+    GTEST_SKIP() << "needs root, /dev/fuse and losetup";
+  }
+  frontends::BlkfrontConfig f;
+  f.completion_threads = true;
+  f.queues = 2;
+  f.indirect_segments = 32;
+  blkback::QueueConfig b;
+  b.max_indirect_segments = 32;
+  start(f, b);
+  ext4_over_fuse();
+  const auto st = front_->stats();
+  EXPECT_GT(st.async_requests, 0u);
+  EXPECT_EQ(st.responses, st.requests);
+  EXPECT_THROW(front_->complete(0, 1), std::logic_error) << "the completion threads own complete()";
 }
 
 }  // namespace

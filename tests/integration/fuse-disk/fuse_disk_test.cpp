@@ -8,6 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -22,10 +26,20 @@
 namespace xpv::frontends {
 namespace {
 
-// An in-memory disk, thread-safe, counting what reached it.
+// An in-memory disk, thread-safe, counting what reached it. With `async`, reads and writes
+// start asynchronously (BlockTarget::start_read/start_write) and a thread of its own completes
+// them in batches, newest first — out of order, as a device with a queue may.
 class MemoryTarget : public BlockTarget {
  public:
   MemoryTarget(std::size_t size, bool ro) : data_(size), ro_(ro) {}
+  ~MemoryTarget() override {
+    {
+      std::lock_guard l(jobs_m_);
+      stop_ = true;
+    }
+    jobs_cv_.notify_all();
+    if (completer_.joinable()) completer_.join();
+  }
   std::uint64_t size_bytes() const override { return data_.size(); }
   bool readonly() const override { return ro_; }
   long read(std::uint64_t off, std::span<std::uint8_t> out) override {
@@ -51,18 +65,61 @@ class MemoryTarget : public BlockTarget {
     last_discard = {off, len};
     return 0;
   }
+  bool start_read(std::uint64_t off, std::span<std::uint8_t> out, Done& done) override {
+    if (!async) return false;
+    queue([this, off, out, done = std::move(done)] { done(read(off, out)); });
+    return true;
+  }
+  bool start_write(std::uint64_t off, std::span<const std::uint8_t> in, Done& done) override {
+    if (!async) return false;
+    // `in` is the caller's only until we return.
+    queue([this, off, data = std::vector<std::uint8_t>(in.begin(), in.end()), done = std::move(done)] {
+      done(write(off, data));
+    });
+    return true;
+  }
   std::vector<std::uint8_t> snapshot() {
     std::lock_guard lock(m_);
     return data_;
   }
 
-  std::atomic<int> flushes{0}, writes{0}, fail_with{0};
+  bool async = false;
+  std::atomic<int> flushes{0}, writes{0}, fail_with{0}, async_started{0};
   std::pair<std::uint64_t, std::uint64_t> last_discard{0, 0};
 
  private:
+  void queue(std::function<void()> job) {
+    async_started++;
+    {
+      std::lock_guard l(jobs_m_);
+      jobs_.push_back(std::move(job));
+      if (!completer_.joinable()) completer_ = std::thread([this] { complete_jobs(); });
+    }
+    jobs_cv_.notify_one();
+  }
+  void complete_jobs() {
+    std::unique_lock l(jobs_m_);
+    for (;;) {
+      jobs_cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stop_, nothing left
+      // Let a few more arrive (bounded), then complete the batch newest first.
+      jobs_cv_.wait_for(l, std::chrono::milliseconds(1), [&] { return jobs_.size() >= 8 || stop_; });
+      std::vector<std::function<void()>> batch(std::make_move_iterator(jobs_.rbegin()), std::make_move_iterator(jobs_.rend()));
+      jobs_.clear();
+      l.unlock();
+      for (auto& j : batch) j();
+      l.lock();
+    }
+  }
+
   std::mutex m_;
   std::vector<std::uint8_t> data_;
   bool ro_;
+  std::mutex jobs_m_;
+  std::condition_variable jobs_cv_;
+  std::vector<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread completer_;
 };
 
 bool is_mounted(const std::string& path) {
@@ -79,7 +136,9 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-class FuseDiskTest : public ::testing::Test {
+// Every test runs twice: the target blocking FUSE's worker (sync) and the target completing on
+// a thread of its own (async).
+class FuseDiskTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
@@ -91,13 +150,16 @@ class FuseDiskTest : public ::testing::Test {
     disk_.reset();
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
-  void mount(MemoryTarget& t) { disk_ = std::make_unique<FuseDisk>(dir_, "disk", t); }
+  void mount(MemoryTarget& t) {
+    t.async = GetParam();
+    disk_ = std::make_unique<FuseDisk>(dir_, "disk", t);
+  }
 
   std::string dir_;
   std::unique_ptr<FuseDisk> disk_;
 };
 
-TEST_F(FuseDiskTest, TheDiskIsAFileOfTheRightSize) {
+TEST_P(FuseDiskTest, TheDiskIsAFileOfTheRightSize) {
   MemoryTarget t(8 << 20, false);
   mount(t);
   struct stat st {};
@@ -110,7 +172,7 @@ TEST_F(FuseDiskTest, TheDiskIsAFileOfTheRightSize) {
   EXPECT_TRUE(is_mounted(dir_));
 }
 
-TEST_F(FuseDiskTest, WritesReachTheTargetAndReadBack) {
+TEST_P(FuseDiskTest, WritesReachTheTargetAndReadBack) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
@@ -124,7 +186,7 @@ TEST_F(FuseDiskTest, WritesReachTheTargetAndReadBack) {
   EXPECT_STREQ(back, msg);
 }
 
-TEST_F(FuseDiskTest, ODirectLargeIo) {
+TEST_P(FuseDiskTest, ODirectLargeIo) {
   MemoryTarget t(4 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
@@ -140,7 +202,7 @@ TEST_F(FuseDiskTest, ODirectLargeIo) {
   EXPECT_EQ(static_cast<unsigned char*>(p)[(1 << 20) - 1], 0x3c);
 }
 
-TEST_F(FuseDiskTest, FsyncFlushesAndPunchHoleDiscards) {
+TEST_P(FuseDiskTest, FsyncFlushesAndPunchHoleDiscards) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
@@ -158,7 +220,7 @@ TEST_F(FuseDiskTest, FsyncFlushesAndPunchHoleDiscards) {
   EXPECT_NE(::fallocate(fd.get(), 0, 0, 4096), 0);
 }
 
-TEST_F(FuseDiskTest, TheDiskDoesNotGrowOrShrink) {
+TEST_P(FuseDiskTest, TheDiskDoesNotGrowOrShrink) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
@@ -170,7 +232,7 @@ TEST_F(FuseDiskTest, TheDiskDoesNotGrowOrShrink) {
   EXPECT_EQ(::pread(fd.get(), &b, 1, 1 << 20), 0) << "reading at the end is EOF";
 }
 
-TEST_F(FuseDiskTest, ReadOnlyDiskRefusesWriters) {
+TEST_P(FuseDiskTest, ReadOnlyDiskRefusesWriters) {
   MemoryTarget t(1 << 20, true);
   mount(t);
   UniqueFd rw(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
@@ -181,7 +243,7 @@ TEST_F(FuseDiskTest, ReadOnlyDiskRefusesWriters) {
   EXPECT_EQ(t.writes.load(), 0);
 }
 
-TEST_F(FuseDiskTest, TargetErrorsReachTheCaller) {
+TEST_P(FuseDiskTest, TargetErrorsReachTheCaller) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
@@ -192,7 +254,7 @@ TEST_F(FuseDiskTest, TargetErrorsReachTheCaller) {
   EXPECT_EQ(errno, EIO);
 }
 
-TEST_F(FuseDiskTest, UnknownNamesAreAbsent) {
+TEST_P(FuseDiskTest, UnknownNamesAreAbsent) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   struct stat st {};
@@ -202,7 +264,7 @@ TEST_F(FuseDiskTest, UnknownNamesAreAbsent) {
   EXPECT_FALSE(created) << "the directory holds the disk and nothing else";
 }
 
-TEST_F(FuseDiskTest, DestructionUnmounts) {
+TEST_P(FuseDiskTest, DestructionUnmounts) {
   MemoryTarget t(1 << 20, false);
   mount(t);
   ASSERT_TRUE(is_mounted(dir_));
@@ -210,7 +272,7 @@ TEST_F(FuseDiskTest, DestructionUnmounts) {
   EXPECT_FALSE(is_mounted(dir_));
 }
 
-TEST_F(FuseDiskTest, LoopDeviceWithExt4OnTop) {
+TEST_P(FuseDiskTest, LoopDeviceWithExt4OnTop) {
   if (::geteuid() != 0 || run("command -v losetup") != 0 || run("command -v mkfs.ext4") != 0) {
     GTEST_SKIP() << "needs root, losetup and mkfs.ext4";
   }
@@ -243,6 +305,54 @@ TEST_F(FuseDiskTest, LoopDeviceWithExt4OnTop) {
   EXPECT_GT(t.writes.load(), 0);
   EXPECT_GE(t.flushes.load(), 1) << "ext4 and sync flush the disk";
 }
+
+TEST_P(FuseDiskTest, ManyRequestsInFlightGetTheirOwnAnswers) {
+  MemoryTarget t(4 << 20, false);
+  mount(t);
+  // 8 threads × 32 blocks of 4 KiB, each block its own pattern: written with O_DIRECT at once,
+  // then read back at once (the async target answers them in batches, newest first).
+  constexpr int kThreads = 8, kBlocks = 32;
+  auto pattern = [](int th, int b) { return static_cast<char>(th * kBlocks + b + 1); };
+  std::atomic<int> bad{0};
+  auto run_all = [&](bool write) {
+    std::vector<std::thread> ts;
+    for (int th = 0; th < kThreads; ++th) {
+      ts.emplace_back([&, th] {
+        UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
+        void* p = nullptr;
+        if (!fd || ::posix_memalign(&p, 4096, 4096) != 0) return (void)++bad;
+        std::unique_ptr<void, decltype(&std::free)> buf(p, &std::free);
+        for (int b = 0; b < kBlocks; ++b) {
+          const off_t off = (off_t{b} * kThreads + th) * 4096;
+          if (write) {
+            std::memset(p, pattern(th, b), 4096);
+            if (::pwrite(fd.get(), p, 4096, off) != 4096) ++bad;
+          } else {
+            std::memset(p, 0, 4096);
+            if (::pread(fd.get(), p, 4096, off) != 4096 ||
+                std::memcmp(p, std::string(4096, pattern(th, b)).data(), 4096) != 0) {
+              ++bad;
+            }
+          }
+        }
+      });
+    }
+    for (auto& x : ts) x.join();
+  };
+  run_all(true);
+  run_all(false);
+  EXPECT_EQ(bad.load(), 0);
+  const auto snap = t.snapshot();
+  EXPECT_EQ(snap[(5 * kThreads + 3) * 4096 + 17], static_cast<std::uint8_t>(pattern(3, 5)));
+  if (GetParam()) {
+    EXPECT_GE(t.async_started.load(), 2 * kThreads * kBlocks) << "every read and write went the async way";
+  } else {
+    EXPECT_EQ(t.async_started.load(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, FuseDiskTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Async" : "Sync"; });
 
 }  // namespace
 }  // namespace xpv::frontends

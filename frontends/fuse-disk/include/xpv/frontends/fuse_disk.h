@@ -10,10 +10,16 @@
 // in FUSE, so every write reaches the backend and a flush means what it says.
 //
 // Threading: libfuse's multi-threaded loop runs on threads of its own; BlockTarget must be
-// thread-safe. The destructor unmounts (lazily, so a busy mount cannot hang it) and joins.
+// thread-safe. A target that can start reads and writes asynchronously (start_read/start_write)
+// gets them so: the worker that took the request from the kernel starts it and goes back for the
+// next one, and the reply is sent from the thread that completes it — a few workers keep a deep
+// queue in flight instead of one blocked worker per request. A target without (or one refusing
+// this one) gets the blocking read/write on the worker. The destructor unmounts, joins the loop's
+// threads and waits for the replies of requests still in flight.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +38,16 @@ class BlockTarget {
   virtual long write(std::uint64_t offset, std::span<const std::uint8_t> in) = 0;
   virtual int flush() = 0;
   virtual int discard(std::uint64_t offset, std::uint64_t length) = 0;
+
+  // Optional asynchronous read/write. true: started, and `done(bytes done or -errno)` runs exactly
+  // once, later, on a thread of the target's (never inside this call); `out` stays valid until
+  // then, `in` only until this call returns (a target copies what it needs). false: not started
+  // (any reason: no asynchronous path, no free slot, unaligned); the caller uses read/write.
+  using Done = std::function<void(long result)>;
+  virtual bool start_read(std::uint64_t /*offset*/, std::span<std::uint8_t> /*out*/, Done& /*done*/) { return false; }
+  virtual bool start_write(std::uint64_t /*offset*/, std::span<const std::uint8_t> /*in*/, Done& /*done*/) {
+    return false;
+  }
 };
 
 class FuseDisk {

@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "xpv/domain/domain.h"
@@ -60,6 +61,10 @@ struct BlkfrontConfig {
   std::uint32_t queues = 1;              // 1..kBlkfrontMaxQueues (≤ backend's multi-queue-max-queues)
   domain::DomId backend = 0;
   std::chrono::nanoseconds poll_max{100000};  // per queue: BlkfrontQueueConfig::poll_max
+  // One thread per queue completes asynchronous requests (their callbacks run there): what
+  // BlockTarget::start_read/start_write (FuseDisk) need. Without, those refuse (FuseDisk then
+  // blocks a worker per request) and start() callers run complete() themselves.
+  bool completion_threads = false;
 };
 
 class Blkfront final : public BlockTarget {
@@ -97,7 +102,12 @@ class Blkfront final : public BlockTarget {
   std::uint64_t max_io_bytes() const noexcept { return queues_.front()->max_sectors() * 512; }
   int start(std::uint32_t queue, bool write, std::uint64_t offset, std::span<std::uint8_t> buf,
             BlkfrontQueue::Done done);
-  unsigned complete(std::uint32_t queue, unsigned min) { return queues_.at(queue)->complete(min); }
+  // Not with completion_threads (std::logic_error): those threads complete every request.
+  unsigned complete(std::uint32_t queue, unsigned min);
+  // BlockTarget's asynchronous path (with completion_threads; the calling thread's queue): whole
+  // sectors of at most max_io_bytes() in range, on a queue with a free slot; otherwise false.
+  bool start_read(std::uint64_t offset, std::span<std::uint8_t> out, Done& done) override;
+  bool start_write(std::uint64_t offset, std::span<const std::uint8_t> in, Done& done) override;
 
   using Stats = BlkfrontQueue::Stats;
   Stats stats() const;                           // all queues summed
@@ -107,12 +117,14 @@ class Blkfront final : public BlockTarget {
   BlkfrontQueue& my_queue() noexcept;  // the calling thread's
   // Sector-aligned I/O of whole sectors, split into requests on the caller's queue; 0 or -errno.
   int io_sectors(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect);
+  bool start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done);
 
   BlkfrontConfig config_;
   BlkfrontGeometry geometry_;
   std::atomic<bool> broken_{false};  // raised by any queue (before queues_: they refer to it)
   std::vector<std::unique_ptr<BlkfrontQueue>> queues_;
   std::mutex rmw_;  // serialises read-modify-write of partial sectors
+  std::vector<std::thread> completers_;  // completion_threads: one per queue
 };
 
 }  // namespace xpv::frontends

@@ -88,10 +88,15 @@ class BlkfrontQueue {
   // many ran. One thread at a time per queue.
   unsigned complete(unsigned min);
   unsigned in_flight() const;  // asynchronous requests started and not yet completed
+  // A completion thread's body (Blkfront's completion_threads): complete() while requests are in
+  // flight, asleep while none is, until stop_completions(). Then no other thread calls complete().
+  void run_completions();
+  void stop_completions();  // run_completions() and a complete() waiting in it return
 
   struct Stats {
     std::uint64_t requests = 0, notifications = 0, responses = 0;
     std::uint64_t polled = 0;  // answers a caller found while spinning (no notification, no sleep)
+    std::uint64_t async_requests = 0;  // of `requests`, those start()ed
   };
   Stats stats() const;
 
@@ -150,7 +155,8 @@ class BlkfrontQueue {
   unsigned sleepers_ = 0;  // callers asleep on wake_ or async_wake_ (each armed rsp_event first)
   std::condition_variable async_wake_;  // an asynchronous request was answered (or the ring broke)
   unsigned async_in_flight_ = 0, async_answered_ = 0;
-  bool async_waiting_ = false;  // complete() sleeps on async_wake_
+  bool async_waiting_ = false;  // complete() or run_completions() sleeps on async_wake_
+  bool stopping_ = false;       // stop_completions() was called
   bool dead_ = false;  // this ring broke (waiters on it give up; other rings finish what is in flight)
   Stats stats_;
 };
