@@ -28,6 +28,7 @@ SIZE=256
 REPEAT=1
 CLIENTS=0
 FIO=randread-4k
+SHUTDOWN_WAIT=0
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -37,6 +38,7 @@ for arg in $(cat /proc/cmdline); do
     xpv.repeat=*) REPEAT="${arg#xpv.repeat=}" ;;
     xpv.clients=*) CLIENTS="${arg#xpv.clients=}" ;;
     xpv.fio=*) FIO="${arg#xpv.fio=}" ;;
+    xpv.shutdown_wait=*) SHUTDOWN_WAIT="${arg#xpv.shutdown_wait=}" ;;
   esac
 done
 
@@ -52,7 +54,7 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS; do
+for v in WAIT SIZE REPEAT CLIENTS SHUTDOWN_WAIT; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
@@ -124,6 +126,20 @@ case "$RUN" in
       fatal "cannot write /root/after-wait.txt after the wait"
     sync
     say "XPV-AFTER-WAIT-FILE /root/after-wait.txt $(wc -c < /root/after-wait.txt)"
+    if [ "$SHUTDOWN_WAIT" -gt 0 ]; then
+      # Room for the host's `xpv shutdown`: the kernel's xen manage code sees poweroff in
+      # control/shutdown and runs /sbin/poweroff (busybox), which signals init — this script:
+      # USR2 poweroff, USR1 halt, TERM reboot. `wait` returns early on a trapped signal.
+      REQ=
+      trap 'REQ=poweroff' USR2
+      trap 'REQ=halt' USR1
+      trap 'REQ=reboot' TERM
+      say "XPV-SHUTDOWN-WAIT $SHUTDOWN_WAIT"
+      sleep "$SHUTDOWN_WAIT" &
+      wait $!
+      kill $! 2>/dev/null
+      [ -n "$REQ" ] && say "XPV-SHUTDOWN-REQUESTED $REQ"
+    fi
     finish 0
     ;;
   iperf3)

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   console->add_option("-t,--type", console_type, "serial (COM1) or pv (the Xen PV console, hvc0), as xl console -t")
       ->check(CLI::IsMember({"serial", "pv"}))
       ->capture_default_str();
-  auto* shutdown = app.add_subcommand("shutdown", "ask a domain to stop (SIGTERM), then destroy it");
+  auto* shutdown = app.add_subcommand(
+      "shutdown", "ask a domain to shut down (control/shutdown = poweroff if its PV drivers offer it, else SIGTERM), wait, destroy it");
   shutdown->add_option("domain", which, "name or id")->required();
   int shutdown_timeout_s = 20;
   shutdown->add_option("--timeout", shutdown_timeout_s, "seconds to wait before destroying it anyway")

@@ -11,7 +11,10 @@
 // /local/domain/N/device/vbd becomes <run-dir>/dom<N>/vbd/<devid>/disk — and the netfront xenbus
 // driver (VifDriver): every vif under /local/domain/N/device/vif becomes the TAP eth<devid> in
 // the domain's network namespace (--netns, default /run/netns/xpv-dom<N>, made by the toolstack).
-// SIGTERM/SIGINT: every device is closed with the backend (bounded), unmounted, exit 0.
+// SIGTERM/SIGINT, or `poweroff` (or `halt`) in its xenstore control/shutdown (the PV control
+// protocol: it advertises control/feature-poweroff = 1 and clears control/shutdown to acknowledge,
+// as Linux's xen manage code does): every device is closed with the backend (bounded),
+// unmounted, exit 0.
 // Without --foreground it logs to syslog and lets go of stdout after `ready`; it never forks
 // (its pid is the domain's, for the toolstack).
 //
@@ -31,6 +34,7 @@
 #include <boost/asio/post.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <future>
 #include <optional>
 #include <thread>
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<xpv::xenbus::client::RingClient> xs;
   std::unique_ptr<xpv::frontends::VbdDriver> driver;
   std::unique_ptr<xpv::frontends::VifDriver> vifs;
+  std::atomic<bool> shutdown_requested{false};  // control/shutdown said poweroff (watch thread)
   Stop stop{[&] {
     vifs.reset();
     driver.reset();
@@ -244,14 +249,42 @@ int main(int argc, char** argv) {
       }
       started = true;
       spdlog::info("dom{}: xenstore connected; watching device/vbd and device/vif (netns {})", domid, netns);
+      // The PV control protocol (`xpv shutdown`, as Linux's xen manage code answers `xl
+      // shutdown`): advertise poweroff, watch control/shutdown, acknowledge a request by
+      // clearing it, then close the devices as for SIGTERM. Not fatal if refused.
+      const std::string control = "/local/domain/" + std::to_string(domid) + "/control";
+      auto f = xs->write(control + "/feature-poweroff", "1");
+      auto w = f ? xs->watch(control + "/shutdown", "control",
+                             [&, control](const std::string&, const std::string&) {
+                               auto req = xs->read(control + "/shutdown");
+                               if (!req || req->empty()) return;
+                               (void)xs->write(control + "/shutdown", "");
+                               if (*req == "poweroff" || *req == "halt") {
+                                 spdlog::info("dom{}: control/shutdown: {}", domid, *req);
+                                 shutdown_requested.store(true);
+                               } else {
+                                 spdlog::warn("dom{}: control/shutdown '{}' ignored (a process domain can "
+                                              "only power off)", domid, *req);
+                               }
+                             })
+                   : f;
+      if (!w) {
+        spdlog::warn("dom{}: no PV control (control/shutdown): {}; `xpv shutdown` will use SIGTERM", domid,
+                     xpv::xenbus::wire::error_name(w.error()));
+      }
     }
+    if (shutdown_requested.load()) break;
     if (!started && std::chrono::steady_clock::now() >= deadline) {
       return error("dom" + std::to_string(domid) + ": xenstored did not serve the xenstore ring within " +
                    std::to_string(xs_timeout_s) + " s (was the domain introduced?)");
     }
     if (xs->broken()) return error("dom" + std::to_string(domid) + ": the xenstore ring broke");
   }
-  spdlog::info("dom{}: signal {}: closing devices", domid, sig);
+  if (sig) {
+    spdlog::info("dom{}: signal {}: closing devices", domid, sig);
+  } else {
+    spdlog::info("dom{}: asked to power off: closing devices", domid);
+  }
   xs->set_timeout(2s);
   if (started) {
     // Both drivers close their devices at once (each bounded).

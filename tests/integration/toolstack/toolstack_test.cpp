@@ -433,7 +433,7 @@ TEST_F(Toolstack, DestroyAfterTheDomainProcessDiedAndShutdown) {
   EXPECT_EQ(r.out, "Destroyed domain a (id 1)\n");
   r = h.run({"shutdown", "b"});
   EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.out, "Shut down domain b (id 2)\n");
+  EXPECT_EQ(r.out, "Shut down domain b (id 2) (no PV control in the guest: its process got SIGTERM)\n");
   EXPECT_FALSE(toolstack::process_alive(b));
   EXPECT_EQ(tree(h.xs_socket), before);
   EXPECT_TRUE(domain_dirs(h.run_dir).empty());
@@ -494,6 +494,40 @@ TEST_F(RealFront, CreateListBlockAttachDestroy) {
   for (pid_t p : processes_mentioning(h.dir)) {
     EXPECT_THAT(slurp(fmt::format("/proc/{}/cmdline", p)), ::testing::Not(HasSubstr("xpv-front")));
   }
+}
+
+// `xpv shutdown` as `xl shutdown`: xpv-front advertises control/feature-poweroff, so it is asked
+// through control/shutdown (not signalled); it acknowledges, closes its disk with the backend and
+// exits; nothing is left.
+TEST_F(RealFront, ShutdownAsksThroughThePvControlProtocol) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img", 16);
+  r = h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
+                                           "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const pid_t front = *pid_in(h.run_dir + "/dom1/pid");
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    ASSERT_TRUE(eventually([&] { return c.read("/local/domain/1/control/feature-poweroff").value_or("") == "1"; }))
+        << slurp(h.log_dir + "/xpv-front-web1.log");
+    // Laid out as libxl does: the directory is dom0's, the nodes in it the guest's.
+    auto perms = c.get_perms("/local/domain/1/control/shutdown");
+    ASSERT_TRUE(perms);
+    ASSERT_FALSE(perms->empty());
+    EXPECT_EQ(perms->front().id, 1u) << "owned by the guest";
+  }
+  r = h.run({"shutdown", "web1", "--timeout", "15"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Shut down domain web1 (id 1) (the guest was asked through control/shutdown)\n");
+  // No signal was sent: xpv-front went by itself, in time (else: "did not shut down within",
+  // and destroy kills it), and its disk closed with the backend (else: "removed anyway").
+  EXPECT_EQ(r.err, "");
+  EXPECT_FALSE(toolstack::process_alive(front));
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_TRUE(domain_dirs(h.run_dir).empty());
 }
 
 // Issue 4's acceptance path, through the toolstack with every real component: a process domain

@@ -7,6 +7,8 @@
 # While each guest waits after its selftest, both backends are killed (kill -9) and the supervisor
 # starts them again: they must reattach to the rings the guest still uses (the guest is never told),
 # the host pings the guest again and the guest writes a second, synced file after the wait.
+# Then the host shuts the guest down with `xpv shutdown` (the PV control protocol: control/shutdown
+# = poweroff, which the guest's kernel turns into an orderly poweroff) instead of letting it end.
 #
 # L2 guests in this testbed (nested SVM emulated by TCG) sometimes stop making progress at a random
 # point of their boot — QEMU's own KVM guests too (measured: 1 hang in 6 QEMU boots of the same
@@ -67,7 +69,7 @@ vcpus = 2
 upcall = "$M"
 kernel = "$IMG/vmlinuz"
 ramdisk = "$IMG/initrd.cpio"
-extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30$MODOPT"
+extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30 xpv.shutdown_wait=90$MODOPT"
 disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ 'mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24' ]
 CFG
@@ -75,6 +77,7 @@ CFG
     $B/xpv create $W/$N.cfg
     echo "XPV-TEST: create rc=$?"
     PINGED=no
+    ASKED=no
     START=$(date +%s)
     LAST=$START
     SIZE=-1
@@ -95,6 +98,13 @@ CFG
         # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
         timeout 5 $B/xpv console -t pv $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: pv-console-attach /'
         restart_backends
+      fi
+      if [ $ASKED = no ] && grep -q "^XPV-SHUTDOWN-WAIT" $W/log/console-$N.log 2>/dev/null; then
+        ASKED=yes
+        # Returns once the guest has gone (or after 80 s, destroying it: a warning on stderr).
+        OUT=$($B/xpv shutdown $N --timeout 80 2>&1)
+        echo "XPV-TEST: shutdown rc=$? $OUT"
+        break
       fi
       sleep 1
     done
@@ -134,6 +144,7 @@ for M in "$@"; do
   echo "XPV-TEST: pv-console-done $(grep -c '^XPV-DONE selftest rc=0' $W/log/console-pv-$N.log 2>/dev/null)"
   echo "XPV-TEST: file $(debugfs -R 'cat /root/selftest.txt' $W/$M.ext4 2>/dev/null)"
   echo "XPV-TEST: file-after-restart $(debugfs -R 'cat /root/after-wait.txt' $W/$M.ext4 2>/dev/null)"
+  echo "XPV-TEST: shutdown-requested $(grep -c '^XPV-SHUTDOWN-REQUESTED poweroff' $W/log/console-$N.log 2>/dev/null)"
   # What the restarted backends said about the guest's devices.
   grep -h "reconnected\|resuming" $W/log/xpv-netback.log $W/log/xpv-blkback.log | sed 's/^/XPV-TEST: backend-log /'
   rm -f $W/$M.ext4

@@ -163,6 +163,13 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("XPV-TEST: file-after-restart xpv-after-wait-ok"), std::string::npos) << s;
     EXPECT_NE(s.find("queue(s) of a previous xpv-blkback; state left Connected"), std::string::npos) << s;
     EXPECT_NE(s.find("of a previous xpv-netback; state left Connected"), std::string::npos) << s;
+    // `xpv shutdown` as `xl shutdown`: the guest's kernel advertised control/feature-poweroff, the
+    // toolstack wrote poweroff into control/shutdown, the kernel ran /sbin/poweroff (its init saw
+    // the request) and the guest powered off by itself within the timeout.
+    EXPECT_NE(s.find("XPV-TEST: shutdown rc=0 Shut down domain g" + std::string(mode)), std::string::npos) << s;
+    EXPECT_NE(s.find("(the guest was asked through control/shutdown)"), std::string::npos) << s;
+    EXPECT_EQ(s.find("did not shut down within"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: shutdown-requested 1"), std::string::npos) << s;
   }
 }
 

@@ -28,6 +28,18 @@ TEST(Nodes, DomainExactly) {
   const auto n = domain_nodes({3, "web1", 128, "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"});
   const NodeList want = {
       {"/local/domain/3", "", {{3, kPermNone}}},
+      // libxl's layout: control/ is dom0's (the guest reads it), the nodes in it the guest's.
+      {"/local/domain/3/control", "", kDom0OwnedFor3},
+      {"/local/domain/3/control/shutdown", "", {{3, kPermNone}}},
+      {"/local/domain/3/control/feature-poweroff", "", {{3, kPermNone}}},
+      {"/local/domain/3/control/feature-reboot", "", {{3, kPermNone}}},
+      {"/local/domain/3/control/feature-suspend", "", {{3, kPermNone}}},
+      {"/local/domain/3/control/sysrq", "", {{3, kPermNone}}},
+      {"/local/domain/3/data", "", {{3, kPermNone}}},
+      {"/local/domain/3/drivers", "", {{3, kPermNone}}},
+      {"/local/domain/3/feature", "", {{3, kPermNone}}},
+      {"/local/domain/3/attr", "", {{3, kPermNone}}},
+      {"/local/domain/3/error", "", {{3, kPermNone}}},
       {"/local/domain/3/name", "web1", kDom0OwnedFor3},
       {"/local/domain/3/domid", "3", kDom0OwnedFor3},
       {"/local/domain/3/vm", "/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", kDom0OwnedFor3},

@@ -17,6 +17,7 @@
 #include "xpv/toolstack/devices.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/nodes.h"
 #include "xpv/toolstack/host_cleanup.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/record.h"
@@ -376,15 +377,27 @@ void cmd_shutdown(Context& ctx, const std::string& which, std::chrono::milliseco
   RunLock lock(ctx.paths.lock_file());
   const auto doms = gather_domains(ctx.paths, xs.get());
   const DomainSummary d = resolve_domain(doms, which);
+  std::string how = "it was not running";
   if (d.pid > 0) {
-    ::kill(d.pid, SIGTERM);
+    // As `xl shutdown`: a domain whose PV drivers advertise control/feature-poweroff (Linux's
+    // xen manage code does, so does xpv-front) is asked through control/shutdown and shuts itself
+    // down (Linux: an orderly poweroff, file systems unmounted); one without gets SIGTERM to its
+    // domain process, which stops it at once (writes it had acknowledged are on disk anyway).
+    const std::string control = domain_path(d.domid) + "/control";
+    if (xs && xs->read(control + "/feature-poweroff").value_or("") == "1") {
+      xs->write(control + "/shutdown", "poweroff");
+      how = "the guest was asked through control/shutdown";
+    } else {
+      ::kill(d.pid, SIGTERM);
+      how = "no PV control in the guest: its process got SIGTERM";
+    }
     if (!wait_gone(d.pid, timeout)) {
       ctx.err << fmt::format("warning: {} did not shut down within {} s; destroying it\n", domain_label(d),
                              std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
     }
   }
   destroy_domain(ctx, xs.get(), d);
-  ctx.out << fmt::format("Shut down domain {}\n", domain_label(d));
+  ctx.out << fmt::format("Shut down domain {} ({})\n", domain_label(d), how);
 }
 
 }  // namespace xpv::toolstack

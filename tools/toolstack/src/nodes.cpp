@@ -51,8 +51,23 @@ NodeList domain_nodes(const DomainIdentity& d) {
   const std::string dom = domain_path(d.domid);
   const std::string vm = "/vm/" + d.uuid;
   const PermList ro = dom0_owned(d.domid);
+  const PermList rw = {{d.domid, kPermNone}};  // the guest's own (dom0 has every right anyway)
   return {
       {dom, "", {{d.domid, kPermNone}}},
+      // The PV control protocol, laid out as libxl does: the toolstack writes control/shutdown
+      // (`xpv shutdown`), the guest's drivers advertise what they handle (feature-poweroff, ...)
+      // and acknowledge a request by clearing control/shutdown.
+      {dom + "/control", "", ro},
+      {dom + "/control/shutdown", "", rw},
+      {dom + "/control/feature-poweroff", "", rw},
+      {dom + "/control/feature-reboot", "", rw},
+      {dom + "/control/feature-suspend", "", rw},
+      {dom + "/control/sysrq", "", rw},
+      {dom + "/data", "", rw},
+      {dom + "/drivers", "", rw},
+      {dom + "/feature", "", rw},
+      {dom + "/attr", "", rw},
+      {dom + "/error", "", rw},
       {dom + "/name", d.name, ro},
       {dom + "/domid", std::to_string(d.domid), ro},
       {dom + "/vm", vm, ro},
