@@ -15,6 +15,10 @@
 // PNG of the per-second throughput of each direction under --bidir is written with gnuplot (if
 // installed) next to the JSON (FILE-bidir-timeline.png; see bench.h plot_path). Duration: 5 s per
 // run, times --quick's scale (min 1 s).
+// Two vifs at once (fairness between vifs, not only between directions): a second process domain
+// with its own vif, and one host->domain stream to each domain at the same time; `vifs min/max`
+// is the smaller of the two received rates over the larger (reference: two veth pairs, the same
+// two streams), `vifs sum` their total (Gbit/s).
 // Teardown, also after a failure: `xpv down --force`, SIGKILL of anything still naming W, every
 // mount under W detached (the namespaces go with their mounts), W removed.
 // Needs root, /dev/net/tun, nsenter, iproute2, iperf3 and the daemons next to `xpv`; without them
@@ -28,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -175,6 +180,24 @@ Figures measure(const Ends& ns, const std::string& ip, int port, int seconds) {
   return f;
 }
 
+// One host->domain stream to each of two domains at once: their received rates (Gbit/s).
+std::pair<Run, Run> concurrent(const Ends& a, const std::string& ip_a, const Ends& b, const std::string& ip_b,
+                               int port, int seconds) {
+  auto fa = std::async(std::launch::async, [&] { return iperf(a, ip_a, port, seconds, ""); });
+  auto fb = std::async(std::launch::async, [&] { return iperf(b, ip_b, port + 1, seconds, ""); });
+  return {fa.get(), fb.get()};
+}
+
+bool veth_pair(const std::string& host_ns, const std::string& domain_ns, const std::string& name,
+               const std::string& host_ip, const std::string& domain_ip) {
+  return sh("nsenter --net=" + host_ns + " ip link add " + name + "-h type veth peer name " + name + "-d netns " +
+            domain_ns) == 0 &&
+         sh("nsenter --net=" + host_ns + " ip addr add " + host_ip + "/24 dev " + name + "-h") == 0 &&
+         sh("nsenter --net=" + domain_ns + " ip addr add " + domain_ip + "/24 dev " + name + "-d") == 0 &&
+         sh("nsenter --net=" + host_ns + " ip link set " + name + "-h up") == 0 &&
+         sh("nsenter --net=" + domain_ns + " ip link set " + name + "-d up") == 0;
+}
+
 void plot(const Figures& xpv, const Figures& veth, const std::string& png) {
   if (sh("command -v gnuplot") != 0) return;
   char tmpl[] = "/tmp/xpv-bench-net-XXXXXX";
@@ -214,6 +237,8 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
       rs.push_back({m, "Gbit/s", 0, std::nullopt, why});
     }
     rs.push_back({"bidir min/max", "ratio", 0, std::nullopt, why});
+    rs.push_back({"vifs min/max", "ratio", 0, std::nullopt, why});
+    rs.push_back({"vifs sum", "Gbit/s", 0, std::nullopt, why});
     return rs;
   };
   if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0) return unavailable("needs root and /dev/net/tun");
@@ -221,7 +246,9 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
     return unavailable("needs iproute2, iperf3 and nsenter");
   }
   const std::string xh = "10.253.1.1", xd = "10.253.1.2", vh = "10.253.2.1", vd = "10.253.2.2";
+  const std::string xd2 = "10.253.3.2", vh2 = "10.253.4.1", vd2 = "10.253.4.2";
   Figures x, v;
+  std::pair<Run, Run> x2, v2;
   std::string note;
   try {
     PrivateHost host;
@@ -238,18 +265,24 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
     const Ends ends{host.hostns(), m[1].str()};
     x = measure(ends, xd, 5301, seconds);
     // The reference: a veth pair between the same two namespaces.
-    if (sh("nsenter --net=" + ends.host_ns + " ip link add xpvb-h type veth peer name xpvb-d netns " +
-           ends.domain_ns) != 0 ||
-        sh("nsenter --net=" + ends.host_ns + " ip addr add " + vh + "/24 dev xpvb-h") != 0 ||
-        sh("nsenter --net=" + ends.domain_ns + " ip addr add " + vd + "/24 dev xpvb-d") != 0 ||
-        sh("nsenter --net=" + ends.host_ns + " ip link set xpvb-h up") != 0 ||
-        sh("nsenter --net=" + ends.domain_ns + " ip link set xpvb-d up") != 0) {
-      return unavailable("cannot create the veth pair");
-    }
+    if (!veth_pair(ends.host_ns, ends.domain_ns, "xpvb", vh, vd)) return unavailable("cannot create the veth pair");
     v = measure(ends, vd, 5302, seconds);
+    // A second domain with its own vif; one stream to each domain at once, then the same over two
+    // veth pairs.
+    const std::string cfg2 = host.dir() + "/bench-net2.cfg";
+    std::ofstream(cfg2) << "name = \"bench-net2\"\ntype = \"process\"\nmemory = 128\nvcpus = " << kVcpus
+                        << "\nvif = [ 'mac=00:16:3e:00:fe:03, ip=" << xd2 << "/24' ]\n";
+    auto created2 = host.xpv("create " + cfg2);
+    if (created2.rc != 0 || !std::regex_search(created2.out, m, std::regex("in network namespace (\\S+)"))) {
+      return unavailable("xpv create of the second domain failed: " + last_line(created2.out));
+    }
+    const Ends ends2{host.hostns(), m[1].str()};
+    x2 = concurrent(ends, xd, ends2, xd2, 5311, seconds);
+    if (!veth_pair(ends2.host_ns, ends2.domain_ns, "xpvc", vh2, vd2)) return unavailable("cannot create the second veth pair");
+    v2 = concurrent(ends, vd, ends2, vd2, 5321, seconds);
     note = "xpv: xpv up + a process domain (" + std::to_string(kVcpus) +
            " vCPUs, so 2 netif queues) through xpv-netback and xpv-front";
-    if (!x.ok()) {
+    if (!x.ok() || !x2.first.ok || !x2.second.ok) {
       std::ifstream f(host.dir() + "/log/xpv-netback.log");
       const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       return unavailable("an iperf3 run through xpv failed; xpv-netback's last log line: " + last_line(log));
@@ -257,7 +290,7 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
   } catch (const std::exception& e) {
     return unavailable(std::string("setup failed: ") + e.what());
   }
-  if (!v.ok()) return unavailable("an iperf3 run over the veth reference failed");
+  if (!v.ok() || !v2.first.ok || !v2.second.ok) return unavailable("an iperf3 run over the veth reference failed");
   plot(x, v, xpv::bench::plot_path(opt, "net", "bidir-timeline"));
   auto minmax = [](double a, double b) { return std::max(a, b) > 0 ? std::min(a, b) / std::max(a, b) : 0.0; };
   const std::string ref = "reference: veth pair between the same two namespaces; " + std::to_string(seconds) + " s per run";
@@ -269,6 +302,12 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
                 "smaller direction / larger under iperf3 --bidir; bidir sum xpv " +
                     std::to_string(x.bidir.fwd + x.bidir.rev) + " vs veth " +
                     std::to_string(v.bidir.fwd + v.bidir.rev) + " Gbit/s"});
+  rs.push_back({"vifs min/max", "ratio", minmax(x2.first.fwd, x2.second.fwd), minmax(v2.first.fwd, v2.second.fwd),
+                "two domains' vifs, one host->domain stream each at once: smaller / larger (xpv " +
+                    std::to_string(x2.first.fwd) + " and " + std::to_string(x2.second.fwd) + "; veth " +
+                    std::to_string(v2.first.fwd) + " and " + std::to_string(v2.second.fwd) + " Gbit/s)"});
+  rs.push_back({"vifs sum", "Gbit/s", x2.first.fwd + x2.second.fwd, v2.first.fwd + v2.second.fwd,
+                "the two streams' total; reference: two veth pairs"});
   return rs;
 }
 
