@@ -100,6 +100,19 @@ int run(int argc, char** argv) {
   spdlog::set_pattern("xpv-vmm: %l: %v");
   if (const char* lvl = std::getenv("XPV_VMM_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(lvl));
   if (memory_mib == 0) throw std::runtime_error("--memory 0: a guest needs memory");
+  // Options that are malformed or contradict each other: refused before anything is read or created.
+  auto check_console = [](const char* opt, const std::string& spec) {
+    if (spec != "stdio" && (spec.rfind("socket:", 0) != 0 || spec.size() == 7)) {
+      throw std::runtime_error(fmt::format("{} {}: expected stdio or socket:PATH", opt, spec));
+    }
+  };
+  check_console("--console", console_spec);
+  if (!pv_console_spec.empty()) check_console("--pv-console", pv_console_spec);
+  if (!pv_console_spec.empty() && !xen) throw std::runtime_error("--pv-console needs --xen (it is Xen's PV console)");
+  if (!pv_console_log.empty() && pv_console_spec.empty()) throw std::runtime_error("--pv-console-log needs --pv-console");
+  if (!pv_console_spec.empty() && pv_console_spec == console_spec) {
+    throw std::runtime_error("--pv-console " + pv_console_spec + " is the serial console's too: give each its own");
+  }
   const std::uint64_t mem = std::uint64_t{memory_mib} << 20;
   const auto kernel_img = read_file(kernel, "kernel", mem);
   std::vector<std::uint8_t> initrd_img;
@@ -117,11 +130,6 @@ int run(int argc, char** argv) {
     xpv::vmm::add_xen_device_memory(cfg, xcfg);
   }
   xpv::kvm::Vm vm(cfg);
-  if (!pv_console_spec.empty() && !xen) throw std::runtime_error("--pv-console needs --xen (it is Xen's PV console)");
-  if (!pv_console_log.empty() && pv_console_spec.empty()) throw std::runtime_error("--pv-console-log needs --pv-console");
-  if (!pv_console_spec.empty() && pv_console_spec == console_spec) {
-    throw std::runtime_error("--pv-console " + pv_console_spec + " is the serial console's too: give each its own");
-  }
   xpv::kvm::Console console(console_spec);
   if (!console_log.empty()) console.set_log(console_log);
   std::unique_ptr<xpv::kvm::Console> pv_console;

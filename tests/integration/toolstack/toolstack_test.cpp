@@ -3,8 +3,11 @@
 // RealFront tests use build/bin/xpv-front and xpv-blkback and skip when those are not built.
 #include <fmt/core.h>
 #include <gmock/gmock.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/kvm.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -16,6 +19,7 @@
 #include "harness.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/test/loop_device.h"
+#include "xpv/unique_fd.h"
 #include "xpv/xenbus/client/sync_client.h"
 
 namespace xpv::test {
@@ -278,6 +282,65 @@ TEST_F(CreateErrors, HvmWhoseVmmFailsLeavesNothing) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, MatchesRegex("xpv create: xpv-vmm exited \\(exit status 1\\) before it was ready: xpv-vmm: .*\n"));
   expect_nothing_left(h, before);
+}
+
+// upcall = "callback" needs the host KVM's Hyper-V SynIC (auto-EOI): xpv-vmm refuses to start
+// without it, naming the capability, and create undoes everything. With SynIC it gets as far as
+// the kernel, which is no kernel here.
+TEST_F(CreateErrors, HvmCallbackUpcallNeedsSynic) {
+  TestHost h(kBin, kFake, {"xpv-front"});
+  std::filesystem::create_symlink(std::string(kBin) + "/xpv-vmm", h.bin_dir + "/xpv-vmm");
+  UniqueFd kvm(::open("/dev/kvm", O_RDWR | O_CLOEXEC));
+  if (!kvm) GTEST_SKIP() << "no /dev/kvm";
+  const bool synic = ::ioctl(kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_HYPERV_SYNIC) > 0;
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto kernel = h.write("vmlinuz", "not a kernel");
+  const auto cfg = h.write("h.cfg", "name = \"g\"\ntype = \"hvm\"\nmemory = 64\nupcall = \"callback\"\nkernel = \"" +
+                                        kernel + "\"\n");
+  auto r = h.run({"create", cfg});
+  EXPECT_EQ(r.rc, 1);
+  if (synic) {
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("SynIC"))) << "this KVM has it";
+  } else {
+    EXPECT_EQ(r.err, fmt::format("xpv create: xpv-vmm exited (exit status 1) before it was ready: xpv-vmm: upcall "
+                                 "callback: this KVM has no Hyper-V SynIC (KVM_CAP_HYPERV_SYNIC), which xpv-vmm "
+                                 "needs to deliver Xen's global callback vector without an EOI; use upcall vector "
+                                 "or intx (log: {}/xpv-vmm-g.log)\n",
+                                 h.log_dir));
+  }
+  expect_nothing_left(h, before);
+}
+
+// xpv-vmm's options that contradict each other or are malformed: one line each naming the
+// option, exit 1, before it reads the kernel or touches /dev/kvm (the kernel here is no kernel,
+// and no socket is left behind).
+TEST(VmmCommandLine, ContradictionsAreOneLineEach) {
+  TestHost h(kBin, kFake, {});
+  const auto kernel = h.write("vmlinuz", "not a kernel");
+  const std::string vmm = kBin + "/xpv-vmm";
+  const std::string sock = h.dir + "/pv.sock";
+  struct Case {
+    std::vector<std::string> args;
+    std::string err;
+  } cases[] = {
+      {{"--pv-console", "socket:" + sock}, "xpv-vmm: --pv-console needs --xen (it is Xen's PV console)\n"},
+      {{"--xen", "--pv-console-log", h.dir + "/pv.log"}, "xpv-vmm: --pv-console-log needs --pv-console\n"},
+      {{"--xen", "--console", "socket:" + sock, "--pv-console", "socket:" + sock},
+       "xpv-vmm: --pv-console socket:" + sock + " is the serial console's too: give each its own\n"},
+      {{"--xen", "--pv-console", "tty"}, "xpv-vmm: --pv-console tty: expected stdio or socket:PATH\n"},
+      {{"--xen", "--pv-console", "socket:"}, "xpv-vmm: --pv-console socket:: expected stdio or socket:PATH\n"},
+      {{"--console", "serial"}, "xpv-vmm: --console serial: expected stdio or socket:PATH\n"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {vmm, "--kernel", kernel, "--memory", "64"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const auto r = run_command(argv);
+    EXPECT_EQ(r.rc, 1) << c.err;
+    EXPECT_EQ(r.err, c.err);
+    EXPECT_FALSE(std::filesystem::exists(sock)) << c.err;
+    EXPECT_FALSE(std::filesystem::exists(h.dir + "/pv.log")) << c.err;
+  }
 }
 
 TEST_F(CreateErrors, DomainProcessFailsBeforeReady) {
