@@ -1,9 +1,9 @@
 #include "xpv/kvm/vm.h"
 
-#include <cpuid.h>
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
@@ -23,11 +23,11 @@
 namespace xpv::kvm {
 namespace {
 
-// The host CPU's vendor is AMD ("AuthenticAMD" in CPUID leaf 0).
-bool host_is_amd() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
+// KVM runs on AMD SVM here (kvm_amd is loaded): what decides how a shutdown intercept is handled,
+// whatever vendor string the CPU reports (an emulated CPU may report either).
+bool kvm_is_svm() {
+  struct stat st {};
+  return ::stat("/sys/module/kvm_amd", &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 constexpr std::uint64_t kTssAddr = 0xfffb'd000;       // 3 pages KVM needs on Intel (VMX real mode)
@@ -692,11 +692,11 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
         request_stop(StopReason::poweroff, "hlt exit");
         break;
       case KVM_EXIT_SHUTDOWN:
-        // On AMD, KVM re-initialises the VMCB at a shutdown intercept (svm.c): what it reports
+        // On AMD SVM, KVM re-initialises the VMCB at a shutdown intercept (svm.c): what it reports
         // then is the vCPU after INIT (rip 0xfff0), not where it faulted. Said, not hidden.
         request_stop(StopReason::triple_fault,
                      fmt::format("vCPU {}: triple fault (KVM_EXIT_SHUTDOWN); {}{}", v.id,
-                                 host_is_amd() ? "state after KVM's INIT of the vCPU (AMD: the faulting state is lost): "
+                                 kvm_is_svm() ? "state after KVM's INIT of the vCPU (AMD SVM: the faulting state is lost): "
                                                : "",
                                  describe_state(v)));
         break;
