@@ -53,11 +53,7 @@ bool Blkfront::start_write(std::uint64_t offset, std::span<const std::uint8_t> i
 }
 
 bool Blkfront::start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done) {
-  if (completers_.empty() || (write && readonly())) return false;
-  if (offset % kSector != 0 || len % kSector != 0 || len == 0 || len > max_io_bytes() || offset > size_bytes() ||
-      len > size_bytes() - offset) {
-    return false;
-  }
+  if (completers_.empty() || (write && readonly()) || !one_request(offset, len)) return false;
   // `done` stays the caller's unless the request started.
   auto held = std::make_shared<Done>(std::move(done));
   const int rc = my_queue().start(write, offset / kSector, buf, len / kSector,
@@ -138,14 +134,16 @@ long Blkfront::write(std::uint64_t offset, std::span<const std::uint8_t> in) {
   return static_cast<long>(in.size());
 }
 
+bool Blkfront::one_request(std::uint64_t offset, std::uint64_t len) const noexcept {
+  return offset % kSector == 0 && len % kSector == 0 && len != 0 && len <= max_io_bytes() && offset <= size_bytes() &&
+         len <= size_bytes() - offset;
+}
+
 int Blkfront::start(std::uint32_t queue, bool write, std::uint64_t offset, std::span<std::uint8_t> buf,
                     BlkfrontQueue::Done done) {
   if (queue >= queues_.size()) return -EINVAL;
   if (write && readonly()) return -EROFS;
-  if (offset % kSector != 0 || buf.size() % kSector != 0 || buf.empty() || buf.size() > max_io_bytes() ||
-      offset > size_bytes() || buf.size() > size_bytes() - offset) {
-    return -EINVAL;
-  }
+  if (!one_request(offset, buf.size())) return -EINVAL;
   return queues_[queue]->start(write, offset / kSector, buf.data(), buf.size() / kSector, std::move(done));
 }
 

@@ -118,6 +118,8 @@ class Blkfront final : public BlockTarget {
   // Sector-aligned I/O of whole sectors, split into requests on the caller's queue; 0 or -errno.
   int io_sectors(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect);
   bool start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done);
+  // An asynchronous request's byte range: whole sectors, in the disk, at most one request's worth.
+  bool one_request(std::uint64_t offset, std::uint64_t len) const noexcept;
 
   BlkfrontConfig config_;
   BlkfrontGeometry geometry_;
