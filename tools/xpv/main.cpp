@@ -90,6 +90,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
 
+  auto* reboot = app.add_subcommand(
+      "reboot", "ask a domain to reboot (control/shutdown = reboot; its PV drivers must offer it), wait until its "
+                "monitor has created it again (on_reboot = \"restart\")");
+  reboot->add_option("domain", which, "name or id")->required();
+  int reboot_timeout_s = 60;
+  reboot->add_option("--timeout", reboot_timeout_s, "seconds to wait for it to stop")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  std::string sysrq_key;
+  auto* sysrq = app.add_subcommand("sysrq", "send a magic SysRq key to a domain (control/sysrq), as xl sysrq");
+  sysrq->add_option("domain", which, "name or id")->required();
+  sysrq->add_option("key", sysrq_key, "one letter or digit")->required();
+  auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
+  monitor->group("");
+  unsigned monitor_domid = 0;
+  std::string monitor_uuid;
+  monitor->add_option("domid", monitor_domid, "domain id")->required()->check(CLI::Range(1, 32751));
+  monitor->add_option("uuid", monitor_uuid, "the domain's uuid (from its record)")->required();
+
   std::string spec;
   auto* block_attach = app.add_subcommand("block-attach", "add a disk to a domain");
   block_attach->add_option("domain", which, "name or id")->required();
@@ -142,6 +161,9 @@ int main(int argc, char** argv) {
     else if (*destroy) ts::cmd_destroy(ctx, which);
     else if (*console) ts::cmd_console(ctx, which, console_type);
     else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));
+    else if (*reboot) ts::cmd_reboot(ctx, which, std::chrono::seconds(reboot_timeout_s));
+    else if (*sysrq) ts::cmd_sysrq(ctx, which, sysrq_key);
+    else if (*monitor) return ts::cmd_monitor(ctx, static_cast<std::uint16_t>(monitor_domid), monitor_uuid);
     else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
     else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);
     else if (*net_attach) ts::cmd_network_attach(ctx, which, spec, !no_wait);

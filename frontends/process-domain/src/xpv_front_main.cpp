@@ -2,7 +2,7 @@
 //
 //   xpv-front --domid N --name NAME --memory MiB [--run-dir D] [--foreground] [--log-level L]
 //             [--xenstore-timeout S] [--max-indirect-segments K] [--max-ring-page-order O]
-//             [--netns PATH] [--net-queues N] [--blk-queues N]
+//             [--netns PATH] [--net-queues N] [--blk-queues N] [--shutdown-file F]
 //
 // Creates domain N (memfd memory, grant table, event channels, control socket <run-dir>/dom<N>.sock),
 // prints `ready` on stdout once the socket listens, then waits (bounded by --xenstore-timeout)
@@ -14,7 +14,10 @@
 // SIGTERM/SIGINT, or `poweroff` (or `halt`) in its xenstore control/shutdown (the PV control
 // protocol: it advertises control/feature-poweroff = 1 and clears control/shutdown to acknowledge,
 // as Linux's xen manage code does): every device is closed with the backend (bounded),
-// unmounted, exit 0.
+// unmounted, exit 0. `reboot` there does the same and exits 2: a process domain has no kernel to
+// restart, so its toolstack does it (on_reboot). --shutdown-file records why it stopped:
+// poweroff (a signal or a poweroff/halt request), reboot, or crash (an error).
+// control/sysrq is answered (cleared) and logged: there is no kernel to act on the key.
 // Without --foreground it logs to syslog and lets go of stdout after `ready`; it never forks
 // (its pid is the domain's, for the toolstack).
 //
@@ -82,6 +85,7 @@ int main(int argc, char** argv) {
   std::string netns;
   unsigned net_queues = 1;
   unsigned blk_queues = 1;
+  std::string shutdown_file;
   app.add_option("--domid", domid, "domain id (1..32751)")->required();
   app.add_option("--name", name, "domain name")->required();
   app.add_option("--memory", memory_mib, "memory in MiB (1..65536)")->required();
@@ -99,6 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--netns", netns, "the domain's network namespace file (default /run/netns/xpv-dom<N>)");
   app.add_option("--net-queues", net_queues, "netif queues asked for per vif (1..16)")->capture_default_str();
   app.add_option("--blk-queues", blk_queues, "blkif queues (rings) asked for per vbd (1..16)")->capture_default_str();
+  app.add_option("--shutdown-file", shutdown_file,
+                 "when it stops, write why into this file: poweroff, reboot or crash (for the toolstack's "
+                 "on_poweroff / on_reboot / on_crash)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -137,6 +144,19 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  // Why it stopped, written on the way out whichever way that is (declared first: written last).
+  struct ShutdownRecord {
+    const std::string& file;
+    std::string word = "crash";
+    ~ShutdownRecord() {
+      if (file.empty()) return;
+      if (FILE* f = std::fopen(file.c_str(), "we")) {
+        std::fprintf(f, "%s\n", word.c_str());
+        std::fclose(f);
+      }
+    }
+  } shutdown_record{shutdown_file};
+
   asio::io_context io(1);
   auto work = asio::make_work_guard(io);
   ForwardingSink upcalls;
@@ -151,7 +171,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<xpv::xenbus::client::RingClient> xs;
   std::unique_ptr<xpv::frontends::VbdDriver> driver;
   std::unique_ptr<xpv::frontends::VifDriver> vifs;
-  std::atomic<bool> shutdown_requested{false};  // control/shutdown said poweroff (watch thread)
+  // What control/shutdown asked for (watch thread): none yet, poweroff (or halt), reboot.
+  enum class Request { none, poweroff, reboot };
+  std::atomic<Request> shutdown_requested{Request::none};
   Stop stop{[&] {
     vifs.reset();
     driver.reset();
@@ -250,10 +272,12 @@ int main(int argc, char** argv) {
       started = true;
       spdlog::info("dom{}: xenstore connected; watching device/vbd and device/vif (netns {})", domid, netns);
       // The PV control protocol (`xpv shutdown`, as Linux's xen manage code answers `xl
-      // shutdown`): advertise poweroff, watch control/shutdown, acknowledge a request by
-      // clearing it, then close the devices as for SIGTERM. Not fatal if refused.
+      // shutdown` / `xpv reboot`): advertise poweroff and reboot, watch control/shutdown,
+      // acknowledge a request by clearing it, then close the devices as for SIGTERM; and
+      // control/sysrq, cleared and logged. Not fatal if refused.
       const std::string control = "/local/domain/" + std::to_string(domid) + "/control";
       auto f = xs->write(control + "/feature-poweroff", "1");
+      if (f) f = xs->write(control + "/feature-reboot", "1");
       auto w = f ? xs->watch(control + "/shutdown", "control",
                              [&, control](const std::string&, const std::string&) {
                                auto req = xs->read(control + "/shutdown");
@@ -261,19 +285,30 @@ int main(int argc, char** argv) {
                                (void)xs->write(control + "/shutdown", "");
                                if (*req == "poweroff" || *req == "halt") {
                                  spdlog::info("dom{}: control/shutdown: {}", domid, *req);
-                                 shutdown_requested.store(true);
+                                 shutdown_requested.store(Request::poweroff);
+                               } else if (*req == "reboot") {
+                                 spdlog::info("dom{}: control/shutdown: reboot", domid);
+                                 shutdown_requested.store(Request::reboot);
                                } else {
                                  spdlog::warn("dom{}: control/shutdown '{}' ignored (a process domain can "
-                                              "only power off)", domid, *req);
+                                              "power off or reboot)", domid, *req);
                                }
                              })
                    : f;
+      if (w) {
+        w = xs->watch(control + "/sysrq", "sysrq", [&, control](const std::string&, const std::string&) {
+          auto key = xs->read(control + "/sysrq");
+          if (!key || key->empty()) return;
+          (void)xs->write(control + "/sysrq", "");
+          spdlog::info("dom{}: control/sysrq '{}' (a process domain has no kernel to act on it)", domid, *key);
+        });
+      }
       if (!w) {
         spdlog::warn("dom{}: no PV control (control/shutdown): {}; `xpv shutdown` will use SIGTERM", domid,
                      xpv::xenbus::wire::error_name(w.error()));
       }
     }
-    if (shutdown_requested.load()) break;
+    if (shutdown_requested.load() != Request::none) break;
     if (!started && std::chrono::steady_clock::now() >= deadline) {
       return error("dom" + std::to_string(domid) + ": xenstored did not serve the xenstore ring within " +
                    std::to_string(xs_timeout_s) + " s (was the domain introduced?)");
@@ -283,7 +318,8 @@ int main(int argc, char** argv) {
   if (sig) {
     spdlog::info("dom{}: signal {}: closing devices", domid, sig);
   } else {
-    spdlog::info("dom{}: asked to power off: closing devices", domid);
+    spdlog::info("dom{}: asked to {}: closing devices", domid,
+                 shutdown_requested.load() == Request::reboot ? "reboot" : "power off");
   }
   xs->set_timeout(2s);
   if (started) {
@@ -292,5 +328,10 @@ int main(int argc, char** argv) {
     if (!driver->shutdown(30s)) spdlog::warn("dom{}: vbd shutdown did not finish in time", domid);
     if (!nets.get()) spdlog::warn("dom{}: vif shutdown did not finish in time", domid);
   }
+  if (shutdown_requested.load() == Request::reboot) {
+    shutdown_record.word = "reboot";
+    return 2;
+  }
+  shutdown_record.word = "poweroff";
   return 0;
 }

@@ -58,9 +58,20 @@ int exit_code(xpv::kvm::StopReason r) {
   }
 }
 
+// The word `--shutdown-file` records: why the domain stopped, as Xen keeps a domain's shutdown
+// reason for the toolstack (xl acts on it: on_poweroff / on_reboot / on_crash).
+const char* shutdown_word(xpv::kvm::StopReason r) {
+  switch (r) {
+    case xpv::kvm::StopReason::poweroff: return "poweroff";
+    case xpv::kvm::StopReason::reboot: return "reboot";
+    default: return "crash";  // a triple fault, a crash the guest reported, an error
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"xpv-vmm — a KVM VMM that boots Linux directly (bzImage or vmlinux)"};
   std::string kernel, initrd, console_spec = "stdio", console_log, pv_console_spec, pv_console_log;
+  std::string shutdown_file;
   std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
   unsigned vcpus = 1, memory_mib = 512;
   bool stats = false;
@@ -90,6 +101,9 @@ int run(int argc, char** argv) {
   app.add_option("--pv-console-log", pv_console_log, "also append the PV console's output to this file");
   app.add_option("--trace-hypercalls", xcfg.trace_hypercalls, "log the first N hypercalls (debugging)")
       ->envname("XPV_TRACE_HYPERCALLS");
+  app.add_option("--shutdown-file", shutdown_file,
+                 "when the guest stops, write why into this file: poweroff, reboot or crash (what the toolstack's "
+                 "on_poweroff / on_reboot / on_crash act on)");
   app.add_flag("--paused", paused, "with --xen: print 'ready' and wait for unpause on the control socket");
   app.add_option("--max-grant-frames", xcfg.max_grant_frames, "grant-table frames (--xen)")->capture_default_str();
   try {
@@ -217,6 +231,11 @@ int run(int argc, char** argv) {
   const std::string msg = vm.stop_message();
   fmt::print(stderr, "xpv-vmm: guest stopped: {}{}{} after {:.2f} s\n", xpv::kvm::to_string(reason),
              msg.empty() ? "" : ": ", msg, secs);
+  if (!shutdown_file.empty()) {
+    std::ofstream out(shutdown_file, std::ios::trunc);
+    out << shutdown_word(reason) << "\n";
+    if (!out.flush()) fmt::print(stderr, "xpv-vmm: cannot write the shutdown reason to {}\n", shutdown_file);
+  }
   return exit_code(reason);
 }
 

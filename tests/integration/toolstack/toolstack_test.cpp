@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "xpv/toolstack/process.h"
+#include "xpv/toolstack/record.h"
 #include "xpv/test/loop_device.h"
 #include "xpv/unique_fd.h"
 #include "xpv/xenbus/client/sync_client.h"
@@ -28,6 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 const std::string kBin = XPV_BIN_DIR;
@@ -483,7 +485,10 @@ TEST_F(Toolstack, DestroyAfterTheDomainProcessDiedAndShutdown) {
   ASSERT_EQ(h.run({"up"}).rc, 0);
   const auto before = tree(h.xs_socket);
   const auto img = image(h, "a.img");
-  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\ndisk = [ '" + img + ",raw,xvda' ]\n"), "--no-wait"}).rc, 0);
+  // on_crash = "preserve": what is left of a domain whose process died stays for `xpv destroy`.
+  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\non_crash = \"preserve\"\ndisk = [ '" + img + ",raw,xvda' ]\n"),
+                   "--no-wait"}).rc,
+            0);
   ASSERT_EQ(h.run({"create", h.write("b.cfg", "name = \"b\"\nmemory = 16\n")}).rc, 0);
   const pid_t a = *pid_in(h.run_dir + "/dom1/pid");
   const pid_t b = *pid_in(h.run_dir + "/dom2/pid");
@@ -502,6 +507,63 @@ TEST_F(Toolstack, DestroyAfterTheDomainProcessDiedAndShutdown) {
   EXPECT_TRUE(domain_dirs(h.run_dir).empty());
   EXPECT_FALSE(fs::exists(h.run_dir + "/dom1.sock"));
   EXPECT_FALSE(fs::exists(h.run_dir + "/dom2.sock"));
+}
+
+// xl's default on_crash = "destroy": a domain process killed outright (no word on why it stopped:
+// a crash) is torn down by its monitor, nothing left; the monitor itself is gone afterwards.
+TEST_F(Toolstack, ADomainWhoseProcessDiesIsDestroyedByItsMonitor) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img");
+  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\ndisk = [ '" + img + ",raw,xvda' ]\n"), "--no-wait"}).rc, 0);
+  const auto rec = toolstack::read_record(h.run_dir + "/dom1");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->on_crash, "destroy");
+  ASSERT_GT(rec->monitor_pid, 0);
+  EXPECT_TRUE(toolstack::process_alive(rec->monitor_pid));
+  ASSERT_EQ(::kill(rec->pid, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return domain_dirs(h.run_dir).empty(); }, 20s)) << h.run({"list"}).out;
+  EXPECT_TRUE(eventually([&] { return !toolstack::process_alive(rec->monitor_pid); }));
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_FALSE(fs::exists(h.run_dir + "/dom1.sock"));
+  const std::string log = slurp(h.log_dir + "/monitor-a.log");
+  EXPECT_THAT(log, HasSubstr("a (id 1) stopped after"));
+  EXPECT_THAT(log, HasSubstr(": crash; on_crash = destroy"));
+  EXPECT_THAT(log, HasSubstr("a (id 1) destroyed"));
+  // `xpv destroy` stops the monitor first: it does not act on the process destroy ends.
+  ASSERT_EQ(h.run({"create", h.write("b.cfg", "name = \"b\"\non_crash = \"restart\"\nmemory = 16\n")}).rc, 0);
+  const auto b = toolstack::read_record(h.run_dir + "/dom1");
+  ASSERT_TRUE(b);
+  auto r = h.run({"destroy", "b"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(toolstack::process_alive(b->monitor_pid));
+  EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+  EXPECT_THAT(slurp(h.log_dir + "/monitor-b.log"), Not(HasSubstr("stopped after")));
+}
+
+// Without PV control (the fake domain process offers none), `xpv reboot` is refused as `xl
+// reboot` refuses it, and nothing is asked; a sysrq key must be one character.
+TEST_F(Toolstack, RebootNeedsThePvControlProtocolAndSysrqOneKey) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\nmemory = 16\n")}).rc, 0);
+  auto r = h.run({"reboot", "a"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv reboot: a (id 1) does not offer reboot through its PV drivers (no control/feature-reboot); "
+                   "shut it down and create it again\n");
+  xenbus::client::SyncClient c(h.xs_socket);
+  EXPECT_EQ(c.read("/local/domain/1/control/shutdown").value_or("?"), "");
+  r = h.run({"sysrq", "a", "hh"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv sysrq: sysrq key 'hh': expected one letter or digit\n");
+  r = h.run({"reboot", "nosuch"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv reboot: no domain named 'nosuch'\n");
+  r = h.run({"sysrq", "a", "s"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Sent sysrq 's' to a (id 1)\n");
+  EXPECT_EQ(c.read("/local/domain/1/control/sysrq").value_or("?"), "s");
 }
 
 // ── with the real xpv-front and xpv-blkback ──────────────────────────────────────────────────
@@ -591,6 +653,78 @@ TEST_F(RealFront, ShutdownAsksThroughThePvControlProtocol) {
   EXPECT_FALSE(toolstack::process_alive(front));
   EXPECT_EQ(tree(h.xs_socket), before);
   EXPECT_TRUE(domain_dirs(h.run_dir).empty());
+}
+
+// `xpv reboot` as `xl reboot`: asked through control/shutdown, the domain closes its devices and
+// stops saying "reboot"; its monitor destroys it and creates it again from its configuration (a
+// new id, as xl's restart), disk and all; what was written before is read back after. A domain
+// stopping by itself (SIGTERM to its process: xpv-front's poweroff) is destroyed (on_poweroff);
+// on_reboot = "destroy" ends it. `xpv sysrq` reaches it (xpv-front logs and clears the key).
+TEST_F(RealFront, RebootRestartsTheDomainThroughItsMonitor) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img", 16);
+  r = h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
+                                           "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const pid_t first = *pid_in(h.run_dir + "/dom1/pid");
+  xenbus::client::SyncClient c(h.xs_socket);
+  ASSERT_TRUE(eventually([&] { return c.read("/local/domain/1/control/feature-reboot").value_or("") == "1"; }))
+      << slurp(h.log_dir + "/xpv-front-web1.log");
+  const std::string pattern(4096, 'R');
+  {
+    std::ofstream out(h.run_dir + "/dom1/vbd/51712/disk", std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(8192);
+    out.write(pattern.data(), static_cast<std::streamsize>(pattern.size()));
+    ASSERT_TRUE(out.flush());
+  }
+  r = h.run({"sysrq", "web1", "h"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  // Acknowledged (cleared) by xpv-front, as Linux's sysrq handler clears it.
+  EXPECT_TRUE(eventually([&] { return c.read("/local/domain/1/control/sysrq").value_or("?") == ""; }));
+
+  r = h.run({"reboot", "web1", "--timeout", "20"});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/monitor-web1.log");
+  EXPECT_THAT(r.out, MatchesRegex("Rebooted domain web1 \\(id 1\\) \\(now id 1, pid [0-9]+\\)\n"));
+  EXPECT_EQ(r.err, "");
+  EXPECT_FALSE(toolstack::process_alive(first));
+  // A new domain (the lowest free id: the old one's), its own record, uuid and monitor.
+  const auto second = toolstack::read_record(h.run_dir + "/dom1");
+  ASSERT_TRUE(second);
+  EXPECT_NE(second->pid, first);
+  EXPECT_GT(second->monitor_pid, 0);
+  const std::string log = slurp(h.log_dir + "/monitor-web1.log");
+  EXPECT_THAT(log, HasSubstr("web1 (id 1) stopped after"));
+  EXPECT_THAT(log, HasSubstr(": reboot; on_reboot = restart"));
+  EXPECT_THAT(log, HasSubstr("web1 restarted from"));
+  // The new domain's disk connects again (create waited for it) and has what was written.
+  {
+    std::ifstream in(h.run_dir + "/dom1/vbd/51712/disk", std::ios::binary);
+    std::string back(pattern.size(), '\0');
+    in.seekg(8192);
+    ASSERT_TRUE(in.read(back.data(), static_cast<std::streamsize>(back.size())));
+    EXPECT_EQ(back, pattern);
+  }
+  EXPECT_EQ(c.read("/local/domain/1/name").value_or(""), "web1");
+
+  // The domain powers off by itself (its process's own SIGTERM path): on_poweroff = destroy.
+  ASSERT_EQ(::kill(second->pid, SIGTERM), 0);
+  ASSERT_TRUE(eventually([&] { return domain_dirs(h.run_dir).empty(); }, 30s)) << slurp(h.log_dir + "/monitor-web1.log");
+  EXPECT_THAT(slurp(h.log_dir + "/monitor-web1.log"), HasSubstr(": poweroff; on_poweroff = destroy"));
+  EXPECT_THAT(slurp(h.log_dir + "/monitor-web1.log"), HasSubstr(": poweroff; on_poweroff = destroy"));
+  EXPECT_TRUE(eventually([&] { return !toolstack::process_alive(second->monitor_pid); }));
+
+  // on_reboot = "destroy": rebooted, not restarted, nothing left.
+  r = h.run({"create", h.write("web2.cfg", "name = \"web2\"\ntype = \"process\"\nmemory = 64\non_reboot = \"destroy\"\n")});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(eventually([&] { return c.read("/local/domain/1/control/feature-reboot").value_or("") == "1"; }));
+  r = h.run({"reboot", "web2", "--timeout", "20"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_THAT(r.out, MatchesRegex("Domain web2 \\(id [0-9]+\\) rebooted; on_reboot = destroy: not restarted\n"));
+  EXPECT_TRUE(eventually([&] { return domain_dirs(h.run_dir).empty(); }, 20s));
+  EXPECT_TRUE(eventually([&] { return tree(h.xs_socket) == before; }));
 }
 
 // Issue 4's acceptance path, through the toolstack with every real component: a process domain

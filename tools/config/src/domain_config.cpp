@@ -38,6 +38,15 @@ bool valid_domain_name(std::string_view name) {
   return true;
 }
 
+const char* to_string(LifecycleAction a) noexcept {
+  switch (a) {
+    case LifecycleAction::restart: return "restart";
+    case LifecycleAction::preserve: return "preserve";
+    case LifecycleAction::destroy: break;
+  }
+  return "destroy";
+}
+
 DomainConfig parse_domain_config(std::string_view text, const std::string& source, bool check_files) {
   DomainConfig c;
   const auto entries = parse_xl(text, source);

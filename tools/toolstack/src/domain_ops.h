@@ -6,6 +6,7 @@
 #include "xpv/toolstack/commands.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/nodes.h"
+#include "xpv/toolstack/record.h"
 
 namespace xpv::toolstack {
 
@@ -22,5 +23,11 @@ bool backend_running(const Paths& paths, DeviceKind k);
 
 // A domain that commands may change: resolved, with a live domain process. Throws otherwise.
 DomainSummary live_domain(Context& ctx, Xenstore& xs, const std::string& which);
+
+// RUN/dom<N>/shutdown: where the domain process writes why it stopped (poweroff, reboot, crash).
+std::string shutdown_file(const Paths& p, DomId n);
+
+// Starts `xpv monitor N UUID` for a domain just created (lifecycle.cpp); returns its pid.
+pid_t spawn_monitor(const Paths& p, const DomainRecord& rec);
 
 }  // namespace xpv::toolstack

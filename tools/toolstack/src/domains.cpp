@@ -127,6 +127,12 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   const Paths& p = ctx.paths;
   const std::string dir = p.domain_dir(d.domid);
   const bool alive = d.record && process_is(d.record->pid, d.record->program);
+  // Its monitor first (unless we are it): the domain process about to be stopped is no reason
+  // for on_poweroff / on_crash to act.
+  if (d.record && d.record->monitor_pid > 0 && d.record->monitor_pid != ::getpid() &&
+      process_is(d.record->monitor_pid, fs::path(self_executable()).filename().string(), "monitor")) {
+    (void)stop_process(d.record->monitor_pid, 5s);
+  }
 
   for (const auto& line : detach_loops_under(dir)) ctx.err << "warning: " << line << "\n";
   if (xs != nullptr) {
@@ -232,6 +238,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   rec.config = fs::absolute(config_path).lexically_normal().string();
   rec.uuid = generate_uuid(system_random_byte);
   rec.program = program;
+  rec.on_poweroff = config::to_string(cfg.on_poweroff);
+  rec.on_reboot = config::to_string(cfg.on_reboot);
+  rec.on_crash = config::to_string(cfg.on_crash);
 
   DomainSummary self;
   self.domid = n;
@@ -255,7 +264,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     const std::string log = front_log(p, cfg.name, program);
     const std::uint64_t offset = file_size(log);
     std::vector<std::string> argv{p.binary(program), "--domid", std::to_string(n), "--name", cfg.name, "--memory",
-                                  std::to_string(cfg.memory_mib), "--run-dir", p.run_dir};
+                                  std::to_string(cfg.memory_mib), "--run-dir", p.run_dir,
+                                  // why it stopped, for its monitor (on_poweroff / on_reboot / on_crash)
+                                  "--shutdown-file", shutdown_file(p, n)};
     if (hvm) {
       // Created paused (as xl does): unpaused once its nodes and devices are in xenstore.
       std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
@@ -327,6 +338,10 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       wait_connected(xs, n, devices, ctx.device_timeout, [&] { return process_is(rec.pid, kFront); },
                      fmt::format("see {} and {}", log, p.log_dir));
     }
+    // 5. Its monitor, which acts on on_poweroff / on_reboot / on_crash when the process ends.
+    rec.monitor_pid = spawn_monitor(p, rec);
+    write_record(dir, rec);
+    self.record = rec;
     ctx.out << fmt::format("Created domain {} (id {}, {}, {} MiB, pid {})\n", cfg.name, n, rec.type, cfg.memory_mib,
                            rec.pid);
     if (hvm) ctx.out << fmt::format("  console: xpv console {} (log: {})\n", cfg.name, log);

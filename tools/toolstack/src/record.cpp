@@ -15,6 +15,10 @@ std::string record_to_json(const DomainRecord& r) {
                       {"memory_mib", r.memory_mib}, {"vcpus", r.vcpus}, {"config", r.config},
                       {"pid", r.pid},       {"uuid", r.uuid},     {"program", r.program}};
   if (!r.netns.empty()) j["netns"] = r.netns;
+  j["on_poweroff"] = r.on_poweroff;
+  j["on_reboot"] = r.on_reboot;
+  j["on_crash"] = r.on_crash;
+  if (r.monitor_pid > 0) j["monitor_pid"] = r.monitor_pid;
   return j.dump(2) + "\n";
 }
 
@@ -32,6 +36,10 @@ std::optional<DomainRecord> record_from_json(const std::string& text) {
     r.uuid = j.at("uuid").get<std::string>();
     r.program = j.at("program").get<std::string>();
     r.netns = j.value("netns", std::string());
+    r.on_poweroff = j.value("on_poweroff", r.on_poweroff);
+    r.on_reboot = j.value("on_reboot", r.on_reboot);
+    r.on_crash = j.value("on_crash", r.on_crash);
+    r.monitor_pid = j.value("monitor_pid", pid_t{0});
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

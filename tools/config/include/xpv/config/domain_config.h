@@ -25,6 +25,7 @@ namespace xpv::config {
 enum class DomainType { process, hvm };
 enum class Upcall { vector, callback, intx };
 enum class LifecycleAction { destroy, restart, preserve };
+const char* to_string(LifecycleAction a) noexcept;  // "destroy" | "restart" | "preserve"
 
 struct DomainConfig {
   std::string name;

@@ -3,6 +3,7 @@
 // throws ToolstackError (one line) after undoing whatever the command had done.
 #pragma once
 
+#include <cstdint>
 #include <chrono>
 #include <iosfwd>
 #include <string>
@@ -33,6 +34,14 @@ void cmd_destroy(Context& ctx, const std::string& which);
 // type: "serial" (COM1, the default) or "pv" (the Xen PV console, hvc0), as `xl console -t`.
 void cmd_console(Context& ctx, const std::string& which, const std::string& type = "serial");
 void cmd_shutdown(Context& ctx, const std::string& which, std::chrono::milliseconds timeout);
+// Lifecycle (lifecycle.cpp). `xpv reboot`: as xl reboot, through control/shutdown = reboot (the
+// guest's PV drivers must offer feature-reboot); waits for the domain to stop and, with
+// on_reboot = "restart", for its monitor to create it again. `xpv sysrq`: control/sysrq = key.
+// `xpv monitor` (internal, started by create): acts on on_poweroff / on_reboot / on_crash when the
+// domain process ends; returns the exit status.
+void cmd_reboot(Context& ctx, const std::string& which, std::chrono::milliseconds timeout);
+void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key);
+int cmd_monitor(Context& ctx, std::uint16_t domid, const std::string& uuid);
 
 // Devices (device_commands.cpp).
 void cmd_block_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait);

@@ -23,6 +23,10 @@ struct DomainRecord {
   std::string uuid;
   std::string program;  // basename of the domain process ("xpv-front"): guards against pid reuse
   std::string netns;    // the network namespace file the toolstack made for it ("" = none)
+  // What happens when the domain stops, as the configuration said when it was created (xl's
+  // on_poweroff / on_reboot / on_crash): "destroy" | "restart" | "preserve".
+  std::string on_poweroff = "destroy", on_reboot = "restart", on_crash = "destroy";
+  pid_t monitor_pid = 0;  // its `xpv monitor` (acts on those when the domain process ends); 0 = none
   bool operator==(const DomainRecord&) const = default;
 };
 
@@ -31,6 +35,7 @@ std::string record_to_json(const DomainRecord& r);
 std::optional<DomainRecord> record_from_json(const std::string& text);
 
 // RUN/dom<N>/domain.json and RUN/dom<N>/pid, each written atomically (temp file + rename).
+// RUN/dom<N>/shutdown is the domain process's own word on why it stopped (see shutdown_reason()).
 void write_record(const std::string& domain_dir, const DomainRecord& r);
 std::optional<DomainRecord> read_record(const std::string& domain_dir);
 

@@ -1,0 +1,182 @@
+// What happens when a domain stops (xl's on_poweroff / on_reboot / on_crash), `xpv reboot` and
+// `xpv sysrq` (docs/PROCESS-DOMAINS.md "Domain lifecycle").
+//
+// xl leaves one process per domain behind `xl create` that waits for the domain to shut down and
+// then acts as its configuration says; `xpv monitor` is that process:
+//
+//   xpv create ──spawns──> domain process (xpv-vmm / xpv-front, --shutdown-file RUN/dom<N>/shutdown)
+//              ──spawns──> xpv monitor N UUID   (pid in domain.json: monitor_pid)
+//
+//   monitor: wait for the domain process to end (pidfd; every 500 ms: is the record still ours?)
+//            → take the run lock; the record is gone or another domain's: someone destroyed it, exit
+//            → reason = RUN/dom<N>/shutdown (poweroff | reboot | crash; missing: crash — killed
+//              or died without a word)
+//            → the configured action for that reason:
+//                destroy  : tear the domain down (as `xpv destroy`)
+//                restart  : tear it down, release the lock, `xpv create` its configuration again
+//                           (a new domain id, as xl's restart; the new domain gets its own monitor)
+//                preserve : leave it as it is (`xpv list` shows it dead) until `xpv destroy`
+//
+// `xpv destroy` (and `xpv shutdown`, which destroys) stops the monitor first, so a domain that the
+// toolstack ends is not also acted on.
+#include <fmt/chrono.h>
+#include <fmt/core.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <ostream>
+#include <thread>
+
+#include "domain_ops.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/toolstack/record.h"
+#include "xpv/toolstack/run_lock.h"
+#include "xpv/toolstack/xenstore.h"
+#include "xpv/unique_fd.h"
+
+namespace xpv::toolstack {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::string shutdown_file(const Paths& p, DomId n) { return p.domain_dir(n) + "/shutdown"; }
+
+pid_t spawn_monitor(const Paths& p, const DomainRecord& rec) {
+  return spawn({{self_executable(), "monitor", std::to_string(rec.domid), rec.uuid, "--run-dir", p.run_dir,
+                 "--log-dir", p.log_dir, "--xenstore", p.xenstore_socket, "--netns-dir", p.netns_dir, "--bin-dir",
+                 p.bin_dir},
+                {},
+                p.log_file("monitor-" + rec.name),
+                true});
+}
+
+namespace {
+
+void log_line(Context& ctx, const std::string& msg) {
+  ctx.out << fmt::format("{:%Y-%m-%d %H:%M:%S} xpv-monitor: {}\n", fmt::localtime(std::time(nullptr)), msg);
+  ctx.out.flush();
+}
+
+bool ours(const std::optional<DomainRecord>& r, const std::string& uuid) { return r && r->uuid == uuid; }
+
+// "poweroff" | "reboot" | "crash" from the domain's own word; anything else is a crash.
+std::string shutdown_reason(const Paths& p, DomId n) {
+  auto text = read_file(shutdown_file(p, n));
+  std::string w = text ? *text : "";
+  while (!w.empty() && std::isspace(static_cast<unsigned char>(w.back()))) w.pop_back();
+  return w == "poweroff" || w == "reboot" ? w : "crash";
+}
+
+}  // namespace
+
+int cmd_monitor(Context& ctx, DomId n, const std::string& uuid) {
+  const Paths& p = ctx.paths;
+  const std::string dir = p.domain_dir(n);
+  auto rec = read_record(dir);
+  if (!ours(rec, uuid)) {
+    log_line(ctx, fmt::format("dom{}: no record of domain {} here; nothing to monitor", n, uuid));
+    return 1;
+  }
+  log_line(ctx, fmt::format("{} (id {}, pid {}): on_poweroff = {}, on_reboot = {}, on_crash = {}", rec->name, n,
+                            rec->pid, rec->on_poweroff, rec->on_reboot, rec->on_crash));
+  const auto began = std::chrono::steady_clock::now();
+  // (glibc 2.36's <sys/pidfd.h> declares pidfd_open without C linkage: the system call itself)
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, rec->pid, 0)));  // fails only if it is gone already
+  while (pidfd && process_is(rec->pid, rec->program)) {
+    pollfd pfd{pidfd.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 500) > 0) break;
+    if (!ours(read_record(dir), uuid)) return 0;  // destroyed meanwhile (and we were not stopped)
+  }
+
+  std::optional<RunLock> lock;
+  lock.emplace(p.lock_file());
+  rec = read_record(dir);
+  if (!ours(rec, uuid)) return 0;  // `xpv destroy` / `xpv shutdown` got there first
+  const std::string reason = shutdown_reason(p, n);
+  const std::string& action = reason == "poweroff" ? rec->on_poweroff : reason == "reboot" ? rec->on_reboot : rec->on_crash;
+  const double ran = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  log_line(ctx, fmt::format("{} (id {}) stopped after {:.1f} s: {}; on_{} = {}", rec->name, n, ran, reason, reason,
+                            action));
+  if (action == "preserve") return 0;
+
+  auto xs = Xenstore::try_connect(p.xenstore_socket);
+  if (!xs) log_line(ctx, "xpv-xenstored is not running: cleaning up the host side only");
+  const auto doms = gather_domains(p, xs.get());
+  for (const auto& d : doms) {
+    if (d.domid == n && ours(d.record, uuid)) {
+      destroy_domain(ctx, xs.get(), d);
+      break;
+    }
+  }
+  log_line(ctx, fmt::format("{} (id {}) destroyed", rec->name, n));
+  if (action != "restart") return 0;
+  lock.reset();  // `create` takes it
+  try {
+    cmd_create(ctx, rec->config, true);
+  } catch (const std::exception& e) {
+    log_line(ctx, fmt::format("cannot restart {} from {}: {}", rec->name, rec->config, e.what()));
+    return 1;
+  }
+  log_line(ctx, fmt::format("{} restarted from {}", rec->name, rec->config));
+  return 0;
+}
+
+void cmd_reboot(Context& ctx, const std::string& which, std::chrono::milliseconds timeout) {
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  if (!xs) throw ToolstackError(fmt::format("xpv-xenstored is not running (no {})", ctx.paths.xenstore_socket));
+  DomainSummary d;
+  {
+    RunLock lock(ctx.paths.lock_file());
+    d = live_domain(ctx, *xs, which);
+    // As `xl reboot`: only through the guest's PV drivers; a domain without them cannot be asked.
+    const std::string control = domain_path(d.domid) + "/control";
+    if (xs->read(control + "/feature-reboot").value_or("") != "1") {
+      throw ToolstackError(fmt::format("{} does not offer reboot through its PV drivers (no control/feature-reboot); "
+                                       "shut it down and create it again",
+                                       domain_label(d)));
+    }
+    xs->write(control + "/shutdown", "reboot");
+  }
+  if (!wait_gone(d.pid, timeout)) {
+    throw ToolstackError(fmt::format("{} was asked to reboot (control/shutdown) but is still running after {} s",
+                                     domain_label(d), std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+  }
+  const std::string action = d.record ? d.record->on_reboot : "restart";
+  if (action != "restart") {
+    ctx.out << fmt::format("Domain {} rebooted; on_reboot = {}: not restarted\n", domain_label(d), action);
+    return;
+  }
+  // Its monitor destroys it and creates it again; wait for the new domain of that name to run.
+  const auto deadline = std::chrono::steady_clock::now() + timeout + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& nd : gather_domains(ctx.paths, xs.get())) {
+      if (nd.name == d.name && nd.pid > 0 && nd.pid != d.pid && nd.record && nd.record->monitor_pid > 0) {
+        ctx.out << fmt::format("Rebooted domain {} (now id {}, pid {})\n", domain_label(d), nd.domid, nd.pid);
+        return;
+      }
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  throw ToolstackError(fmt::format("{} shut down to reboot, but no new domain {} appeared (see {})", domain_label(d),
+                                   d.name, ctx.paths.log_file("monitor-" + d.name)));
+}
+
+void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key) {
+  if (key.size() != 1 || !std::isalnum(static_cast<unsigned char>(key[0]))) {
+    throw ToolstackError(fmt::format("sysrq key '{}': expected one letter or digit", key));
+  }
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  if (!xs) throw ToolstackError(fmt::format("xpv-xenstored is not running (no {})", ctx.paths.xenstore_socket));
+  RunLock lock(ctx.paths.lock_file());
+  const DomainSummary d = live_domain(ctx, *xs, which);
+  xs->write(domain_path(d.domid) + "/control/sysrq", key);
+  ctx.out << fmt::format("Sent sysrq '{}' to {}\n", key, domain_label(d));
+}
+
+}  // namespace xpv::toolstack
