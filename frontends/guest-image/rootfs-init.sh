@@ -42,12 +42,13 @@ for arg in $(cat /proc/cmdline); do
   esac
 done
 
+END=poweroff  # what finish does: poweroff, or what the host asked for through the kernel (reboot, halt)
 finish() {
   say "XPV-DONE $RUN rc=$1"
   sync
   mount -o remount,ro / 2>/dev/null
   sync
-  poweroff -f
+  $END -f
   echo o > /proc/sysrq-trigger 2>/dev/null
   sleep 10
   exit "$1"
@@ -138,7 +139,7 @@ case "$RUN" in
       sleep "$SHUTDOWN_WAIT" &
       wait $!
       kill $! 2>/dev/null
-      [ -n "$REQ" ] && say "XPV-SHUTDOWN-REQUESTED $REQ"
+      [ -n "$REQ" ] && say "XPV-SHUTDOWN-REQUESTED $REQ" && END=$REQ
     fi
     finish 0
     ;;

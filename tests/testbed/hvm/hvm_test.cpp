@@ -152,7 +152,10 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     // The Xen PV console (hvc0): the guest's init wrote its markers there too; its log and
     // `xpv console -t pv` show them.
     EXPECT_NE(s.find("XPV-TEST: pv-console-attach 1"), std::string::npos) << "xpv console -t pv shows hvc0\n" << s;
-    EXPECT_NE(s.find("XPV-TEST: pv-console-done 1"), std::string::npos) << "hvc0's log has the selftest's end\n" << s;
+    // (intx: both boots' ends, before the reboot and before the poweroff)
+    EXPECT_NE(s.find(std::string("XPV-TEST: pv-console-done ") + (std::string(mode) == "intx" ? "2" : "1")),
+              std::string::npos)
+        << "hvc0's log has the selftest's end\n" << s;
     EXPECT_NE(s.find("xpv-vmm: guest stopped: poweroff"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: file xpv-selftest-ok"), std::string::npos) << "the guest's fsync'd file\n" << s;
     // Backend restart without a guest reboot (hvm_session.sh's restart_backends): both daemons
@@ -170,6 +173,21 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("(the guest was asked through control/shutdown)"), std::string::npos) << s;
     EXPECT_EQ(s.find("did not shut down within"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: shutdown-requested 1"), std::string::npos) << s;
+    if (m == "intx") {
+      // `xpv sysrq` (control/sysrq: the guest's kernel ran its SysRq handler, whose help went to
+      // the console) and `xpv reboot` (control/shutdown = reboot: the kernel restarted, the VMM
+      // stopped with "reboot", the monitor destroyed the domain and created it again; the second
+      // boot ran its selftest on the same disk and is the one `xpv shutdown` ended).
+      EXPECT_NE(s.find("XPV-TEST: sysrq rc=0 Sent sysrq 'h' to gintx"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: sysrq-help 1"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: reboot rc=0 Rebooted domain gintx"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-SHUTDOWN-REQUESTED reboot"), std::string::npos) << s;
+      EXPECT_NE(s.find(": reboot; on_reboot = restart"), std::string::npos) << s;
+      EXPECT_NE(s.find("restarted from"), std::string::npos) << s;
+      std::size_t ready = 0;
+      for (auto at = s.find("\nXPV-READY"); at != std::string::npos; at = s.find("\nXPV-READY", at + 1)) ++ready;
+      EXPECT_EQ(ready, 2u) << "two boots on the serial console\n" << s;
+    }
   }
 }
 

@@ -152,19 +152,23 @@ void cmd_reboot(Context& ctx, const std::string& which, std::chrono::millisecond
     ctx.out << fmt::format("Domain {} rebooted; on_reboot = {}: not restarted\n", domain_label(d), action);
     return;
   }
-  // Its monitor destroys it and creates it again; wait for the new domain of that name to run.
+  // Its monitor destroys it and creates it again; wait for the new domain of that name to run, or
+  // for the monitor to have finished without one (the guest stopped for another reason).
+  const pid_t monitor = d.record ? d.record->monitor_pid : 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout + 30s;
   while (std::chrono::steady_clock::now() < deadline) {
+    const bool monitor_done = monitor <= 0 || !process_alive(monitor);
     for (const auto& nd : gather_domains(ctx.paths, xs.get())) {
       if (nd.name == d.name && nd.pid > 0 && nd.pid != d.pid && nd.record && nd.record->monitor_pid > 0) {
         ctx.out << fmt::format("Rebooted domain {} (now id {}, pid {})\n", domain_label(d), nd.domid, nd.pid);
         return;
       }
     }
+    if (monitor_done) break;
     std::this_thread::sleep_for(100ms);
   }
-  throw ToolstackError(fmt::format("{} shut down to reboot, but no new domain {} appeared (see {})", domain_label(d),
-                                   d.name, ctx.paths.log_file("monitor-" + d.name)));
+  throw ToolstackError(fmt::format("{} stopped but was not created again (see {})", domain_label(d),
+                                   ctx.paths.log_file("monitor-" + d.name)));
 }
 
 void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key) {
