@@ -4,9 +4,13 @@
 // bad usage is CLI11's message and exit status 2 (106 for CLI11's own codes, as it reports them).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -25,6 +29,19 @@ int run_bench(const std::string& suite_name, const std::string& json_path, bool 
   opts.json_path = json_path;
   for (const auto& s : xpv::bench::suites()) {
     if (s.name != suite_name) continue;
+    // Where the JSON goes is settled before a suite runs for minutes: its directory is made (as
+    // `xpv demo --out DIR` is) and must be writable.
+    if (!json_path.empty()) {
+      std::filesystem::path dir = std::filesystem::path(json_path).parent_path();
+      if (dir.empty()) dir = ".";
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec || ::access(dir.c_str(), W_OK) != 0) {
+        fmt::print(stderr, "xpv bench: --json {}: cannot write into {}: {}\n", json_path, dir.string(),
+                   ec ? ec.message() : std::strerror(errno));
+        return 1;
+      }
+    }
     auto results = s.run(opts);
     xpv::bench::print_table(s.name, results);
     if (!json_path.empty()) {

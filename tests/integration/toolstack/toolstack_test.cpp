@@ -566,6 +566,22 @@ TEST_F(Toolstack, RebootNeedsThePvControlProtocolAndSysrqOneKey) {
   EXPECT_EQ(c.read("/local/domain/1/control/sysrq").value_or("?"), "s");
 }
 
+// `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite
+// runs for minutes (it used to fail only when the results were written); an unknown suite makes
+// nothing.
+TEST_F(Toolstack, BenchJsonDirectoryIsSettledBeforeTheSuiteRuns) {
+  TestHost h(kBin, kFake, {});
+  const std::string file = h.write("plain", "not a directory\n");
+  auto r = h.run({"bench", "ring", "--quick", "--json", file + "/r.json"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv bench: --json " + file + "/r.json: cannot write into " + file + ": Not a directory\n");
+  EXPECT_EQ(r.out, "") << "no suite ran";
+  r = h.run({"bench", "nosuch", "--json", h.dir + "/new/r.json"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("xpv bench: unknown suite 'nosuch'"));
+  EXPECT_FALSE(fs::exists(h.dir + "/new"));
+}
+
 // ── with the real xpv-front and xpv-blkback ──────────────────────────────────────────────────
 
 class RealFront : public Toolstack {
