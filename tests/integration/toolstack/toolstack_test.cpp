@@ -584,6 +584,13 @@ TEST_F(Toolstack, BenchJsonDirectoryIsSettledBeforeTheSuiteRuns) {
 
 // ── with the real xpv-front and xpv-blkback ──────────────────────────────────────────────────
 
+// `xpv create` of the process domain web1 (64 MiB) with a 16 MiB PV disk xvda (dom1).
+RunResult create_web1_with_disk(TestHost& h) {
+  const auto img = image(h, "a.img", 16);
+  return h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
+                                              "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n")});
+}
+
 class RealFront : public Toolstack {
  protected:
   void SetUp() override {
@@ -642,12 +649,9 @@ TEST_F(RealFront, CreateListBlockAttachDestroy) {
 // exits; nothing is left.
 TEST_F(RealFront, ShutdownAsksThroughThePvControlProtocol) {
   TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
-  auto r = h.run({"up"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(h.run({"up"}).rc, 0);
   const auto before = tree(h.xs_socket);
-  const auto img = image(h, "a.img", 16);
-  r = h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
-                                           "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n")});
+  auto r = create_web1_with_disk(h);
   ASSERT_EQ(r.rc, 0) << r.err;
   const pid_t front = *pid_in(h.run_dir + "/dom1/pid");
   {
@@ -673,17 +677,14 @@ TEST_F(RealFront, ShutdownAsksThroughThePvControlProtocol) {
 
 // `xpv reboot` as `xl reboot`: asked through control/shutdown, the domain closes its devices and
 // stops saying "reboot"; its monitor destroys it and creates it again from its configuration (a
-// new id, as xl's restart), disk and all; what was written before is read back after. A domain
+// new domain: new process, record and uuid, the lowest free id), disk and all; what was written before is read back after. A domain
 // stopping by itself (SIGTERM to its process: xpv-front's poweroff) is destroyed (on_poweroff);
-// on_reboot = "destroy" ends it. `xpv sysrq` reaches it (xpv-front logs and clears the key).
+// on_reboot = "destroy" ends it. `xpv sysrq` reaches it (xpv-front clears the key, as Linux does, and logs it).
 TEST_F(RealFront, RebootRestartsTheDomainThroughItsMonitor) {
   TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
-  auto r = h.run({"up"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(h.run({"up"}).rc, 0);
   const auto before = tree(h.xs_socket);
-  const auto img = image(h, "a.img", 16);
-  r = h.run({"create", h.write("web1.cfg", "name = \"web1\"\ntype = \"process\"\nmemory = 64\n"
-                                           "disk = [ 'format=raw, vdev=xvda, access=rw, target=" + img + "' ]\n")});
+  auto r = create_web1_with_disk(h);
   ASSERT_EQ(r.rc, 0) << r.err;
   const pid_t first = *pid_in(h.run_dir + "/dom1/pid");
   xenbus::client::SyncClient c(h.xs_socket);
