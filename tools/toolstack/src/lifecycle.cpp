@@ -128,20 +128,19 @@ int cmd_monitor(Context& ctx, DomId n, const std::string& uuid) {
 }
 
 void cmd_reboot(Context& ctx, const std::string& which, std::chrono::milliseconds timeout) {
-  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
-  if (!xs) throw ToolstackError(fmt::format("xpv-xenstored is not running (no {})", ctx.paths.xenstore_socket));
+  Xenstore xs(ctx.paths.xenstore_socket);
   DomainSummary d;
   {
     RunLock lock(ctx.paths.lock_file());
-    d = live_domain(ctx, *xs, which);
+    d = live_domain(ctx, xs, which);
     // As `xl reboot`: only through the guest's PV drivers; a domain without them cannot be asked.
     const std::string control = domain_path(d.domid) + "/control";
-    if (xs->read(control + "/feature-reboot").value_or("") != "1") {
+    if (xs.read(control + "/feature-reboot").value_or("") != "1") {
       throw ToolstackError(fmt::format("{} does not offer reboot through its PV drivers (no control/feature-reboot); "
                                        "shut it down and create it again",
                                        domain_label(d)));
     }
-    xs->write(control + "/shutdown", "reboot");
+    xs.write(control + "/shutdown", "reboot");
   }
   if (!wait_gone(d.pid, timeout)) {
     throw ToolstackError(fmt::format("{} was asked to reboot (control/shutdown) but is still running after {} s",
@@ -158,7 +157,7 @@ void cmd_reboot(Context& ctx, const std::string& which, std::chrono::millisecond
   const auto deadline = std::chrono::steady_clock::now() + timeout + 30s;
   while (std::chrono::steady_clock::now() < deadline) {
     const bool monitor_done = monitor <= 0 || !process_alive(monitor);
-    for (const auto& nd : gather_domains(ctx.paths, xs.get())) {
+    for (const auto& nd : gather_domains(ctx.paths, &xs)) {
       if (nd.name == d.name && nd.pid > 0 && nd.pid != d.pid && nd.record && nd.record->monitor_pid > 0) {
         ctx.out << fmt::format("Rebooted domain {} (now id {}, pid {})\n", domain_label(d), nd.domid, nd.pid);
         return;
@@ -175,11 +174,10 @@ void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key) {
   if (key.size() != 1 || !std::isalnum(static_cast<unsigned char>(key[0]))) {
     throw ToolstackError(fmt::format("sysrq key '{}': expected one letter or digit", key));
   }
-  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
-  if (!xs) throw ToolstackError(fmt::format("xpv-xenstored is not running (no {})", ctx.paths.xenstore_socket));
+  Xenstore xs(ctx.paths.xenstore_socket);
   RunLock lock(ctx.paths.lock_file());
-  const DomainSummary d = live_domain(ctx, *xs, which);
-  xs->write(domain_path(d.domid) + "/control/sysrq", key);
+  const DomainSummary d = live_domain(ctx, xs, which);
+  xs.write(domain_path(d.domid) + "/control/sysrq", key);
   ctx.out << fmt::format("Sent sysrq '{}' to {}\n", key, domain_label(d));
 }
 
