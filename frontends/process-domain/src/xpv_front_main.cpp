@@ -150,9 +150,11 @@ int main(int argc, char** argv) {
     std::string word = "crash";
     ~ShutdownRecord() {
       if (file.empty()) return;
-      if (FILE* f = std::fopen(file.c_str(), "we")) {
-        std::fprintf(f, "%s\n", word.c_str());
-        std::fclose(f);
+      FILE* f = std::fopen(file.c_str(), "we");
+      bool ok = f != nullptr && std::fprintf(f, "%s\n", word.c_str()) >= 0;
+      if (f != nullptr && std::fclose(f) != 0) ok = false;
+      if (!ok) {
+        std::fprintf(stderr, "xpv-front: cannot write the shutdown reason to %s\n", file.c_str());
       }
     }
   } shutdown_record{shutdown_file};
