@@ -238,7 +238,11 @@ void BlkfrontQueue::arm_locked() {
 void BlkfrontQueue::on_event() {
   std::lock_guard l(lock_);
   reap_locked();
-  arm_locked();
+  // Re-arm rsp_event only for someone asleep on it. A completion thread that is spinning pops
+  // the answers itself, and arms before it sleeps; re-arming here every time made the backend
+  // notify for every response, so a notification per request kept itself going (and woke this
+  // thread each time) even while the completion thread spun.
+  if (sleepers_ > 0) arm_locked();
 }
 
 BlkifRequest BlkfrontQueue::prepare(std::uint32_t id, bool write, std::uint64_t sector, const std::uint8_t* buf,
