@@ -302,4 +302,47 @@ TEST(Image, FailedBuildLeavesNothing) {
   EXPECT_TRUE(fs::is_empty(t.path() / "cache")) << "a half-built image was left behind";
 }
 
+TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
+  // rootfs-init.sh's spread_nic_irqs, run by the image's own shell (busybox) against a made-up
+  // /proc/interrupts and /proc/irq: netfront's vifD-qN-tx/rx and virtio-net's virtioM-*.N lines go
+  // to vCPU N mod vCPUs; other lines are left alone; an irq the kernel refuses is said as kept.
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path irq = t.path() / "irq";
+  for (int n : {24, 25, 26, 27, 29, 30, 31}) fs::create_directories(irq / std::to_string(n));
+  // 28 (vif0-q2-rx) has no directory: the write fails, as the kernel's would for an INTx upcall.
+  std::ofstream(t.path() / "interrupts") << "           CPU0       CPU1       CPU2\n"
+                                            "  1:          9          0          0   IO-APIC   1-edge      i8042\n"
+                                            " 24:       1234          0          0  xen-dyn    -edge      vif0-q0-tx\n"
+                                            " 25:       5678          0          0  xen-dyn    -edge      vif0-q0-rx\n"
+                                            " 26:         12          0          0  xen-dyn    -edge      vif0-q1-tx\n"
+                                            " 27:         34          0          0  xen-dyn    -edge      vif0-q1-rx\n"
+                                            " 28:         34          0          0  xen-dyn    -edge      vif0-q2-rx\n"
+                                            " 29:         34          0          0  xen-dyn    -edge      blkif\n"
+                                            " 30:          1          0          0  PCI-MSI 1-edge      virtio1-input.4\n"
+                                            " 31:          1          0          0  PCI-MSI 1-edge      virtio1-output.5\n";
+  const fs::path fn = t.path() / "spread.sh";
+  const auto cut = sh("sed -n '/^spread_nic_irqs() {/,/^}/p' " + quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") +
+                          " > " + quote(fn.string()),
+                      t.path());
+  ASSERT_EQ(cut.rc, 0) << cut.err;
+  ASSERT_NE(slurp(fn).find("spread_nic_irqs"), std::string::npos) << "rootfs-init.sh has no spread_nic_irqs()";
+  const auto r = sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
+                                            (t.path() / "interrupts").string() + " " + irq.string() + " 3"),
+                    t.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(trim(r.out), "XPV-IRQS spread 24:0 25:0 26:1 27:1 30:1 31:2 (kept: 28)");
+  EXPECT_EQ(r.err, "");
+  for (auto [n, cpu] : {std::pair{24, "0"}, {25, "0"}, {26, "1"}, {27, "1"}, {30, "1"}, {31, "2"}}) {
+    EXPECT_EQ(trim(slurp(irq / std::to_string(n) / "smp_affinity_list")), cpu) << "irq " << n;
+  }
+  EXPECT_FALSE(fs::exists(irq / "29" / "smp_affinity_list")) << "blkif's interrupt is not the NIC's";
+
+  std::ofstream(t.path() / "interrupts", std::ios::trunc) << "  1:          9   IO-APIC   1-edge      i8042\n";
+  const auto none = sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
+                                               (t.path() / "interrupts").string() + " " + irq.string() + " 2"),
+                       t.path());
+  EXPECT_EQ(trim(none.out), "XPV-IRQS none (no NIC queue interrupts in " + (t.path() / "interrupts").string() + ")");
+}
+
 }  // namespace
