@@ -13,14 +13,14 @@
 
 namespace xpv::blkback {
 
-Disk Disk::open(const std::string& path, bool readonly) {
+Disk Disk::open(const std::string& path, bool readonly, bool direct) {
   const int mode = readonly ? O_RDONLY : O_RDWR;
   DiskInfo info;
   info.readonly = readonly;
-  UniqueFd fd(::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT));
+  UniqueFd fd(direct ? ::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT) : ::open(path.c_str(), mode | O_CLOEXEC));
   if (fd) {
-    info.direct = true;
-  } else if (errno == EINVAL) {
+    info.direct = direct;
+  } else if (direct && errno == EINVAL) {
     // The file system has no O_DIRECT (tmpfs, some FUSE): buffered I/O, flushes still honoured.
     fd.reset(::open(path.c_str(), mode | O_CLOEXEC));
     if (fd) spdlog::info("{}: no O_DIRECT on this file system; using buffered I/O", path);

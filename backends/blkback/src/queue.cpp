@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/uio.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 namespace xpv::blkback {
 
@@ -202,6 +204,29 @@ BlkifQueue::Admit BlkifQueue::admit_indirect(const BlkifRequest& raw, Pending& p
   return Admit::queued;
 }
 
+namespace {
+// pwritev until done, an error, or no progress: the bytes written, or -errno.
+int write_now(int fd, std::vector<iovec>& iov, std::uint64_t offset) noexcept {
+  std::size_t total = 0, first = 0;
+  while (first < iov.size()) {
+    const ssize_t n = ::pwritev(fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                                static_cast<off_t>(offset + total));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) break;  // short: complete() reports it
+    total += static_cast<std::size_t>(n);
+    for (std::size_t left = static_cast<std::size_t>(n); first < iov.size() && left > 0;) {
+      const std::size_t take = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<std::uint8_t*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      left -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return static_cast<int>(total);
+}
+}  // namespace
+
 BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot) noexcept {
   counters_.requests.fetch_add(1, std::memory_order_relaxed);
   Pending& p = pending_[slot];
@@ -217,6 +242,7 @@ BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot)
   std::int16_t reject = kError;
   Admit a = Admit::answered;
   bool queued = false;
+  std::optional<int> sync_result;  // a write done in this thread (buffered disks): its result
   const int fd = disk_.fd();
 
   switch (req.operation) {
@@ -246,8 +272,19 @@ BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot)
         a = Admit::answered;
         break;
       }
-      queued = write ? io_.writev(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot)
-                     : io_.readv(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot);
+      if (write && !disk_.info().direct) {
+        // Through the page cache (no O_DIRECT: tmpfs and the like), io_uring cannot write without
+        // blocking on most file systems and hands every such write to an io-wq worker: a thread
+        // hand-off per request that costs more than the copy itself. Measured in the testbed's L1
+        // (Linux 6.1, tmpfs, fio 128 KiB writes): psync 394 MB/s, io_uring 181 MB/s at qd1 and
+        // 302 at qd16. So the queue thread copies it here; the answer still goes out in its turn.
+        // (Reads of cached pages complete inside io_uring's submit already.)
+        sync_result = write_now(fd, p.iov, sector * kSector);
+        queued = true;
+      } else {
+        queued = write ? io_.writev(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot)
+                       : io_.readv(fd, p.iov.data(), static_cast<unsigned>(p.iov.size()), sector * kSector, slot);
+      }
       (write ? counters_.sectors_written : counters_.sectors_read).fetch_add(sectors, std::memory_order_relaxed);
       (write ? counters_.writes : counters_.reads).fetch_add(1, std::memory_order_relaxed);
       break;
@@ -297,6 +334,7 @@ BlkifQueue::Admit BlkifQueue::admit(const BlkifRequest& req, std::uint32_t slot)
     return a;
   }
   p.state = Pending::State::in_flight;
+  if (sync_result) complete(slot, *sync_result);
   return a;
 }
 

@@ -23,8 +23,9 @@ struct DiskInfo {
 class Disk {
  public:
   // Throws std::runtime_error naming the path and the reason (missing, not a regular file or
-  // block device, size not a multiple of 512, permission).
-  static Disk open(const std::string& path, bool readonly);
+  // block device, size not a multiple of 512, permission). `direct` false opens without
+  // O_DIRECT (through the page cache), as happens by itself where the file system has none.
+  static Disk open(const std::string& path, bool readonly, bool direct = true);
 
   int fd() const noexcept { return fd_.get(); }
   const DiskInfo& info() const noexcept { return info_; }
