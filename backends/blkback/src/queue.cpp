@@ -453,11 +453,11 @@ void BlkifQueue::run() noexcept {
       continue;
     }
     if (stopping && io_.in_flight() == 0) break;
-    // Spin only while no I/O of ours is in flight. While the kernel works on one, a spinning
-    // thread holds up its completion (the CQE is posted by task work that runs when this thread
-    // enters the kernel; on a 2-vCPU machine it also takes the CPU the completion wants): at qd1
-    // on a cloud volume, spinning through the I/O halved the IOPS (backends/README.md). An I/O
-    // the kernel finished within the submit (page cache, tmpfs) is not in flight: reap it first.
+    // Spin only while no I/O of ours is in flight: spinning through it held the I/O up — at qd1
+    // on a cloud volume it halved the IOPS (backends/README.md; likely because the CQE is posted
+    // by task work that runs when this thread enters the kernel, and on two vCPUs the spinner
+    // takes a CPU the completion needs — not proven). An I/O the kernel finished within the
+    // submit (page cache, tmpfs) is not in flight: reap it first.
     if (io_.in_flight() > 0 && io_.completions_ready()) continue;
     const bool io_busy = io_.in_flight() > 0;
     if (!io_busy && poll_.spin([this] { return work_ready(); })) {
