@@ -17,7 +17,7 @@ Disk Disk::open(const std::string& path, bool readonly, bool direct) {
   const int mode = readonly ? O_RDONLY : O_RDWR;
   DiskInfo info;
   info.readonly = readonly;
-  UniqueFd fd(direct ? ::open(path.c_str(), mode | O_CLOEXEC | O_DIRECT) : ::open(path.c_str(), mode | O_CLOEXEC));
+  UniqueFd fd(::open(path.c_str(), mode | O_CLOEXEC | (direct ? O_DIRECT : 0)));
   if (fd) {
     info.direct = direct;
   } else if (direct && errno == EINVAL) {
