@@ -205,25 +205,14 @@ BlkifQueue::Admit BlkifQueue::admit_indirect(const BlkifRequest& raw, Pending& p
 }
 
 namespace {
-// pwritev until done, an error, or no progress: the bytes written, or -errno.
-int write_now(int fd, std::vector<iovec>& iov, std::uint64_t offset) noexcept {
-  std::size_t total = 0, first = 0;
-  while (first < iov.size()) {
-    const ssize_t n = ::pwritev(fd, iov.data() + first, static_cast<int>(iov.size() - first),
-                                static_cast<off_t>(offset + total));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -errno;
-    if (n == 0) break;  // short: complete() reports it
-    total += static_cast<std::size_t>(n);
-    for (std::size_t left = static_cast<std::size_t>(n); first < iov.size() && left > 0;) {
-      const std::size_t take = std::min(left, iov[first].iov_len);
-      iov[first].iov_base = static_cast<std::uint8_t*>(iov[first].iov_base) + take;
-      iov[first].iov_len -= take;
-      left -= take;
-      if (iov[first].iov_len == 0) ++first;
-    }
-  }
-  return static_cast<int>(total);
+// One pwritev (again after a signal): the bytes written, or -errno. A short write of a regular
+// file means the next call would fail; complete() answers it as the io_uring path's short I/O.
+int write_now(int fd, const std::vector<iovec>& iov, std::uint64_t offset) noexcept {
+  ssize_t n;
+  do {
+    n = ::pwritev(fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(offset));
+  } while (n < 0 && errno == EINTR);
+  return n < 0 ? -errno : static_cast<int>(n);
 }
 }  // namespace
 

@@ -327,9 +327,14 @@ TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
                       t.path());
   ASSERT_EQ(cut.rc, 0) << cut.err;
   ASSERT_NE(slurp(fn).find("spread_nic_irqs"), std::string::npos) << "rootfs-init.sh has no spread_nic_irqs()";
-  const auto r = sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
-                                            (t.path() / "interrupts").string() + " " + irq.string() + " 3"),
-                    t.path());
+  // The function as the image's busybox runs it, `say` printing to stdout.
+  auto spread = [&](int vcpus) {
+    return sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
+                                      (t.path() / "interrupts").string() + " " + irq.string() + " " +
+                                      std::to_string(vcpus)),
+              t.path());
+  };
+  const auto r = spread(3);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(trim(r.out), "XPV-IRQS spread 24:0 25:0 26:1 27:1 30:1 31:2 (kept: 28)");
   EXPECT_EQ(r.err, "");
@@ -339,9 +344,7 @@ TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
   EXPECT_FALSE(fs::exists(irq / "29" / "smp_affinity_list")) << "blkif's interrupt is not the NIC's";
 
   std::ofstream(t.path() / "interrupts", std::ios::trunc) << "  1:          9   IO-APIC   1-edge      i8042\n";
-  const auto none = sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
-                                               (t.path() / "interrupts").string() + " " + irq.string() + " 2"),
-                       t.path());
+  const auto none = spread(2);
   EXPECT_EQ(trim(none.out), "XPV-IRQS none (no NIC queue interrupts in " + (t.path() / "interrupts").string() + ")");
 }
 
