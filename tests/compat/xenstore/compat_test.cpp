@@ -212,6 +212,26 @@ TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {
   EXPECT_FALSE(std::filesystem::exists(sock));
 }
 
+TEST(XenstoredCli, ASigtermAsSoonAsTheSocketExistsIsACleanShutdown) {
+  // The socket is bound before the SIGTERM handler could be installed: a stop sent in between
+  // (`xpv down` right after `xpv up`) must still be a clean shutdown, socket removed. Sent here
+  // the moment the socket file appears, 20 times (bounded: 10 s per start).
+  for (int i = 0; i < 20; ++i) {
+    xpv::test::TempDir dir;
+    const std::string sock = dir.path() + "/socket";
+    xpv::test::Proc p({XPV_XENSTORED_BIN, "--foreground", "--socket", sock, "--log-level", "error"}, {});
+    bool seen = false;
+    for (int j = 0; j < 100000 && !seen; ++j) {
+      seen = std::filesystem::exists(sock);
+      if (!seen) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_TRUE(seen) << "no socket after 10 s";
+    ::kill(p.pid(), SIGTERM);
+    EXPECT_EQ(p.wait(std::chrono::seconds(20)), 0) << "start " << i << ": " << p.err();
+    EXPECT_FALSE(std::filesystem::exists(sock)) << "start " << i;
+  }
+}
+
 TEST(XenstoreCompatQuota, TransactionAndWatchQuotasGiveStandardErrors) {
   Daemon d(XPV_XENSTORED_BIN, {"--quota", "transactions=1", "--quota", "watches=2"});
   auto r = run({XPV_XS_CLIENT_BIN, "quota"}, d.env());

@@ -13,6 +13,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <signal.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -105,6 +106,14 @@ int main(int argc, char** argv) {
     xpv::xenbus::Store store(quotas, hooks);
     xpv::xenbus::daemon::Domains domains(io, store, run_dir);
     domains_ptr = &domains;
+    // From the moment the socket listens a client may connect and then send SIGTERM (`xpv down`,
+    // a test's quick stop); until the handler below exists that signal would kill us the
+    // default way, socket left behind. Hold SIGTERM/SIGINT until then (the mask survives fork).
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigaddset(&term, SIGINT);
+    ::pthread_sigmask(SIG_BLOCK, &term, nullptr);
     xpv::xenbus::daemon::SocketServer server(io, store, socket_path);
 
     if (!foreground) {
@@ -118,15 +127,15 @@ int main(int argc, char** argv) {
       spdlog::set_default_logger(std::make_shared<spdlog::logger>("xenstored", sink));
       spdlog::set_level(*level);
     }
-    xpv::daemon::PidFile pid;
-    if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
-    launcher.ready();
-
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
     signals.async_wait([&](boost::system::error_code ec, int sig) {
       if (!ec) spdlog::info("xenstored: signal {}, shutting down", sig);
       io.stop();
     });
+    ::pthread_sigmask(SIG_UNBLOCK, &term, nullptr);  // one that came meanwhile is handled now
+    xpv::daemon::PidFile pid;
+    if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
+    launcher.ready();
     ::signal(SIGPIPE, SIG_IGN);
     spdlog::info("xenstored: listening on {}", socket_path);
     io.run();
