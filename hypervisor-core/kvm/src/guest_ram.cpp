@@ -1,7 +1,9 @@
 #include "xpv/kvm/guest_ram.h"
 
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,34 @@
 #include <stdexcept>
 
 namespace xpv::kvm {
+namespace {
+
+constexpr std::uint64_t kHugePage = 2ull << 20;
+
+// A file of `bytes` on a tmpfs of its own, mounted huge=within_size, or an invalid fd with *why
+// set. The tmpfs is made with the new mount API (fsopen/fsconfig/fsmount): it is never attached to
+// any mount point, so no mount table shows it and nothing is left behind by a crash; it lives as
+// long as the file's last fd or mapping. Needs CAP_SYS_ADMIN and a kernel with THP.
+UniqueFd huge_tmpfs_file(std::uint64_t bytes, std::string* why) {
+  const auto fail = [why](const char* what) {
+    *why = fmt::format("{}: {}", what, std::strerror(errno));
+    return UniqueFd();
+  };
+  UniqueFd fs(fsopen("tmpfs", FSOPEN_CLOEXEC));
+  if (!fs.valid()) return fail("fsopen tmpfs");
+  // The size limit only has to let the file's last huge page exist.
+  const std::string size = std::to_string((bytes + kHugePage - 1) / kHugePage * kHugePage);
+  if (fsconfig(fs.get(), FSCONFIG_SET_STRING, "huge", "within_size", 0) != 0) return fail("tmpfs huge=within_size");
+  if (fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", size.c_str(), 0) != 0) return fail("tmpfs size");
+  if (fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0) return fail("tmpfs create");
+  UniqueFd mnt(fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOEXEC | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  if (!mnt.valid()) return fail("fsmount tmpfs");
+  UniqueFd file(openat(mnt.get(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!file.valid()) return fail("O_TMPFILE on the tmpfs");
+  return file;
+}
+
+}  // namespace
 
 GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& device)
     : size_(size) {
@@ -36,8 +66,15 @@ GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t
     }
   }
   file_size_ = file;
-  fd_ = UniqueFd(memfd_create("xpv-guest-ram", MFD_CLOEXEC));
-  if (!fd_.valid()) throw std::runtime_error(fmt::format("memfd_create: {}", std::strerror(errno)));
+  std::string why;
+  fd_ = huge_tmpfs_file(file, &why);
+  if (fd_.valid()) {
+    backing_ = "tmpfs huge=within_size";
+  } else {
+    fd_ = UniqueFd(memfd_create("xpv-guest-ram", MFD_CLOEXEC));
+    if (!fd_.valid()) throw std::runtime_error(fmt::format("memfd_create: {}", std::strerror(errno)));
+    backing_ = "memfd (no huge tmpfs: " + why + ")";
+  }
   if (ftruncate(fd_.get(), static_cast<off_t>(file)) != 0) {
     throw std::runtime_error(fmt::format("guest memory: ftruncate({} bytes): {}", file, std::strerror(errno)));
   }
@@ -46,6 +83,8 @@ GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t
     throw std::runtime_error(fmt::format("guest memory: mmap({} bytes): {}", file, std::strerror(errno)));
   }
   base_ = static_cast<std::uint8_t*>(p);
+  // For the memfd: huge pages where the host's shmem_enabled is "advise" (a hint, no error if not).
+  (void)madvise(p, file, MADV_HUGEPAGE);
   regions_.push_back(Region{0, low, 0, base_});
   if (size > low) regions_.push_back(Region{kHighRamBase, size - low, low, base_ + low});
   std::uint64_t off = size;

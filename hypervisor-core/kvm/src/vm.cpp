@@ -173,6 +173,7 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
   if (ioctl(vm_fd_.get(), KVM_CREATE_PIT2, &pit) < 0) fail_setup("KVM_CREATE_PIT2");
 
   ram_ = std::make_unique<GuestRam>(cfg.memory_bytes, cfg.device_memory);
+  spdlog::info("vm: {} MiB of guest RAM on {}", cfg.memory_bytes >> 20, ram_->backing());
   std::uint32_t slot = 0;
   for (const auto& r : ram_->regions()) {
     kvm_userspace_memory_region region{};

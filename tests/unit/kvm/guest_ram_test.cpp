@@ -1,7 +1,16 @@
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "xpv/kvm/guest_ram.h"
 
@@ -62,6 +71,47 @@ TEST(GuestRam, RefusesBadDeviceMemory) {
 TEST(GuestRam, RefusesBadSizes) {
   EXPECT_THROW(GuestRam(0), std::runtime_error);
   EXPECT_THROW(GuestRam(4097), std::runtime_error);
+}
+
+// The smaps field `key` of the mapping that contains addr, or -1.
+long smaps_field(const void* addr, const std::string& key) {
+  std::ifstream in("/proc/self/smaps");
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind(key + ":", 0) == 0) {
+      return std::stol(line.substr(key.size() + 1));
+    }
+  }
+  return -1;
+}
+
+TEST(GuestRam, RamIsEligibleForHugePagesWhereTheHostHasThem) {
+  std::ifstream knob("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::stringstream setting;
+  setting << knob.rdbuf();
+  if (!knob || setting.str().find("[deny]") != std::string::npos) GTEST_SKIP() << "no shmem THP on this host";
+  if (geteuid() != 0) GTEST_SKIP() << "a tmpfs of its own needs CAP_SYS_ADMIN";
+  GuestRam ram(64ull << 20);
+  EXPECT_EQ(ram.backing(), "tmpfs huge=within_size");
+  struct statfs fs {};
+  ASSERT_EQ(fstatfs(ram.fd(), &fs), 0);
+  EXPECT_EQ(fs.f_type, static_cast<decltype(fs.f_type)>(TMPFS_MAGIC));
+  const std::uint8_t* host = ram.regions()[0].host;
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(host) % (2u << 20), 0u) << "KVM maps 2 MiB only for an aligned mapping";
+  // Whatever the host's shmem_enabled (Debian: never, which leaves a memfd on 4 KiB pages).
+  EXPECT_EQ(smaps_field(host, "THPeligible"), 1) << setting.str();
+  // Dom0 services map the same fd and see the guest's bytes.
+  auto page = ram.memory().translate(0x20'0000, 4096);
+  ASSERT_TRUE(page);
+  (*page)[5] = 0xa5;
+  void* other = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, ram.fd(), 0x20'0000);
+  ASSERT_NE(other, MAP_FAILED);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(other)[5], 0xa5);
+  munmap(other, 4096);
 }
 
 }  // namespace
