@@ -5,7 +5,7 @@
 //   host: xpv image build (cached) ── XPV_BENCH_IMAGE ──► xpv testbed --share S -- xpv bench hvm
 //   L1 (XPV_TESTBED set, this same file's inner()):
 //     xpv:  xpv up (xenstored, blkback, netback; run/log dirs in L1's tmpfs /tmp), then two boots of
-//           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "intx" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
+//           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
 //             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=64
@@ -189,10 +189,10 @@ fs::path fresh_disk(const Inner& in, const std::string& name) {
 }
 
 // The upcall mode of xpv's guest: XPV_BENCH_HVM_UPCALL (vector | callback | intx; it reaches L1
-// like every XPV_* variable), "intx" by default (see XpvVm).
+// like every XPV_* variable), "callback" by default (see XpvVm).
 std::string bench_upcall() {
   const char* v = std::getenv("XPV_BENCH_HVM_UPCALL");
-  if (v == nullptr || *v == '\0') return "intx";
+  if (v == nullptr || *v == '\0') return "callback";
   const std::string u = v;
   if (u != "vector" && u != "callback" && u != "intx") {
     throw std::runtime_error("XPV_BENCH_HVM_UPCALL='" + u + "': must be vector, callback or intx");
@@ -200,18 +200,32 @@ std::string bench_upcall() {
   return u;
 }
 
+// XPV_BENCH_HVM_APPEND: more kernel parameters for both guests (e.g. xen_netfront.max_queues=1
+// for an experiment; a parameter one kernel side does not know is ignored by it).
+std::string bench_append() {
+  const char* v = std::getenv("XPV_BENCH_HVM_APPEND");
+  if (v == nullptr || *v == '\0') return {};
+  const std::string a = v;
+  if (a.find_first_of("\"'\\\n") != std::string::npos) {
+    throw std::runtime_error("XPV_BENCH_HVM_APPEND='" + a + "': quotes, backslashes and newlines are not allowed");
+  }
+  return " " + a;
+}
+
 class XpvVm : public Vm {
  public:
   XpvVm(const Inner& in, const std::string& name, const std::string& extra) : in_(in), name_(name) {
     disk_ = fresh_disk(in, name);
     const fs::path cfg = in.work / (name + ".cfg");
-    // INTx upcalls: in the testbed, L1's kernel has panicked inside its KVM with vector-mode guests
-    // (3 of about 6 boots on 2026-11-30; tools/testbed/README.md), never so far with INTx ones.
+    // Callback-vector upcalls by default, what Linux uses on Xen: PV spinlocks and IPIs, and NIC
+    // queue interrupts the guest can spread over its vCPUs (INTx keeps every event on vCPU 0;
+    // its guest's transmit starved under iperf3 --bidir: min/max 0.11 against callback's 0.46 on
+    // 2026-12-01). Vector mode has taken L1's kernel down in the testbed (tools/testbed/README.md).
     std::ofstream(cfg) << "name = \"" << name << "\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\nupcall = \"" << bench_upcall()
                        << "\"\n"
                        << "kernel = \"" << (in.image / "vmlinuz").string() << "\"\n"
                        << "ramdisk = \"" << (in.image / "initrd.cpio").string() << "\"\n"
-                       << "extra = \"root=/dev/xvda panic=-1 xpv.ip=" << kGuestIp << "/24 " << extra << "\"\n"
+                       << "extra = \"root=/dev/xvda panic=-1 xpv.ip=" << kGuestIp << "/24 " << extra << bench_append() << "\"\n"
                        << "disk = [ 'vdev=xvda, target=" << disk_.string() << "' ]\n"
                        << "vif = [ 'mac=00:16:3e:00:00:01, ip=" << kGuestIp << "/24' ]\n";
     console_ = std::make_unique<Console>(fs::path(std::getenv("XPV_LOG_DIR")) / ("console-" + name + ".log"));
@@ -253,7 +267,7 @@ class QemuVm : public Vm {
         "qemu-system-x86_64", "-enable-kvm", "-cpu", "host", "-m", "512", "-smp", "2", "-nodefaults",
         "-display", "none", "-monitor", "none", "-no-reboot", "-serial", "file:" + log.string(),
         "-kernel", (in.image / "vmlinuz").string(), "-initrd", (in.image / "initrd.cpio").string(),
-        "-append", "console=ttyS0 root=/dev/vda panic=-1 xpv.ip=" + std::string(kGuestIp) + "/24 " + extra,
+        "-append", "console=ttyS0 root=/dev/vda panic=-1 xpv.ip=" + std::string(kGuestIp) + "/24 " + extra + bench_append(),
         "-drive", "file=" + disk_.string() + ",if=virtio,format=raw,cache=writeback",
         "-netdev", std::string("tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=") + (vhost ? "on" : "off"),
         "-device", "virtio-net-pci,netdev=n0"};
@@ -530,6 +544,7 @@ Result metric(const std::string& name, const std::string& unit, std::optional<do
 
 std::vector<Result> inner(const xpv::bench::Options& opts) {
   (void)bench_upcall();  // a bad value fails here, before any boot
+  (void)bench_append();
   const char* image = std::getenv("XPV_BENCH_IMAGE");
   if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
   Inner in;
@@ -598,6 +613,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   // The image: `xpv image build` (a cache hit after the first time). Its root.ext4 is only ever
   // copied (inside L1), never booted.
   (void)bench_upcall();  // a bad value fails here, before the testbed starts
+  (void)bench_append();
   say("building the guest image (xpv image build)");
   const std::string image_line = capture(q(self) + " image build");
   std::string image = image_line.substr(0, image_line.find('\n'));
