@@ -756,7 +756,11 @@ StopReason Vm::run() noexcept {
     }
     for (auto& v : vcpus_) {
       Vcpu* vp = v.get();
-      v->thread = std::thread([this, vp] { vcpu_thread(*vp); });
+      v->thread = std::thread([this, vp] {
+        const std::string name = fmt::format("vcpu{}", vp->id);
+        pthread_setname_np(pthread_self(), name.c_str());
+        vcpu_thread(*vp);
+      });
       v->started.store(true);
     }
     // Monitor: wait for a stop; every halt_poll, sample all vCPUs (see vm.h).

@@ -2,6 +2,7 @@
 
 #include <boost/asio/post.hpp>
 #include <fmt/core.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -237,7 +238,10 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     unpause_cv_.notify_all();
     return true;
   });
-  io_thread_ = std::thread([this] { io_.run(); });
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "xen-events");  // dom0 kicks → upcalls; the control socket
+    io_.run();
+  });
   reassert_thread_ = std::thread([this] { reassert_loop(); });
 }
 
