@@ -15,7 +15,6 @@ namespace xpv::kvm {
 namespace {
 
 constexpr std::uint64_t kHugePage = 2ull << 20;
-constexpr const char* kHugeTmpfs = "tmpfs huge=within_size";
 
 // A file of `bytes` on a tmpfs of its own, mounted huge=within_size, or an invalid fd with *why
 // set. The tmpfs is made with the new mount API (fsopen/fsconfig/fsmount): it is never attached to
@@ -69,8 +68,9 @@ GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t
   file_size_ = file;
   std::string why;
   fd_ = huge_tmpfs_file(file, &why);
-  if (fd_.valid()) {
-    backing_ = kHugeTmpfs;
+  const bool huge_tmpfs = fd_.valid();
+  if (huge_tmpfs) {
+    backing_ = "tmpfs huge=within_size";
   } else {
     fd_ = UniqueFd(memfd_create("xpv-guest-ram", MFD_CLOEXEC));
     if (!fd_.valid()) throw std::runtime_error(fmt::format("memfd_create: {}", std::strerror(errno)));
@@ -87,7 +87,7 @@ GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t
   // The memfd gets huge pages where the host's shmem_enabled is "advise" (a hint, no error if not).
   // Not for the tmpfs: there huge pages come from the mount, and MADV_HUGEPAGE would also let each
   // first touch stall in direct compaction (transparent_hugepage/defrag "madvise", the default).
-  if (backing_ != kHugeTmpfs) (void)madvise(p, file, MADV_HUGEPAGE);
+  if (!huge_tmpfs) (void)madvise(p, file, MADV_HUGEPAGE);
   regions_.push_back(Region{0, low, 0, base_});
   if (size > low) regions_.push_back(Region{kHighRamBase, size - low, low, base_ + low});
   std::uint64_t off = size;
