@@ -31,9 +31,11 @@ int run_bench(const std::string& suite_name, const std::string& json_path, bool 
     if (s.name != suite_name) continue;
     // Where the JSON goes is settled before a suite runs for minutes: its directory is made (as
     // `xpv demo --out DIR` is) and must be writable.
+    std::vector<std::filesystem::path> made;  // directories made here, deepest first
     if (!json_path.empty()) {
       std::filesystem::path dir = std::filesystem::path(json_path).parent_path();
       if (dir.empty()) dir = ".";
+      for (auto d = dir; !d.empty() && !std::filesystem::exists(d); d = d.parent_path()) made.push_back(d);
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       if (ec || ::access(dir.c_str(), W_OK) != 0) {
@@ -42,7 +44,18 @@ int run_bench(const std::string& suite_name, const std::string& json_path, bool 
         return 1;
       }
     }
-    auto results = s.run(opts);
+    std::vector<xpv::bench::Result> results;
+    try {
+      results = s.run(opts);
+    } catch (...) {
+      // A suite that failed (a bad setting, before it measured anything) leaves no directory it
+      // did not write into; one holding logs stays.
+      for (const auto& d : made) {
+        std::error_code ignored;
+        if (!std::filesystem::remove(d, ignored)) break;
+      }
+      throw;
+    }
     xpv::bench::print_table(s.name, results);
     if (!json_path.empty()) {
       if (!xpv::bench::write_json(json_path, s.name, results)) return 1;

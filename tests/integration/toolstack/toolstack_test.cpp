@@ -567,8 +567,8 @@ TEST_F(Toolstack, RebootNeedsThePvControlProtocolAndSysrqOneKey) {
 }
 
 // `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite
-// runs for minutes (it used to fail only when the results were written); an unknown suite makes
-// nothing.
+// runs for minutes (it used to fail only when the results were written); an unknown suite, or a
+// suite refusing its settings, leaves nothing made.
 TEST_F(Toolstack, BenchJsonDirectoryIsSettledBeforeTheSuiteRuns) {
   TestHost h(kBin, kFake, {});
   const std::string file = h.write("plain", "not a directory\n");
@@ -580,6 +580,17 @@ TEST_F(Toolstack, BenchJsonDirectoryIsSettledBeforeTheSuiteRuns) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.err, HasSubstr("xpv bench: unknown suite 'nosuch'"));
   EXPECT_FALSE(fs::exists(h.dir + "/new"));
+  // A suite that refuses its settings (before any testbed or boot) leaves the directories it
+  // was given made for it behind neither.
+  r = h.run({"bench", "hvm", "--json", h.dir + "/new/deeper/r.json"}, {"XPV_BENCH_HVM_APPEND=a\"b"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv bench: XPV_BENCH_HVM_APPEND='a\"b': quotes, backslashes and newlines are not allowed\n");
+  EXPECT_FALSE(fs::exists(h.dir + "/new"));
+  r = h.run({"bench", "hvm", "--json", h.dir + "/new/r.json"}, {"XPV_BENCH_HVM_UPCALL=msi"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv bench: XPV_BENCH_HVM_UPCALL='msi': must be vector, callback or intx\n");
+  EXPECT_FALSE(fs::exists(h.dir + "/new"));
+  EXPECT_TRUE(fs::exists(h.dir)) << "only what the command made is removed";
 }
 
 // ── with the real xpv-front and xpv-blkback ──────────────────────────────────────────────────
