@@ -27,6 +27,7 @@ WAIT=20
 SIZE=256
 REPEAT=1
 CLIENTS=0
+PAIRS=0
 FIO=randread-4k
 SHUTDOWN_WAIT=0
 for arg in $(cat /proc/cmdline); do
@@ -37,6 +38,7 @@ for arg in $(cat /proc/cmdline); do
     xpv.size=*) SIZE="${arg#xpv.size=}" ;;
     xpv.repeat=*) REPEAT="${arg#xpv.repeat=}" ;;
     xpv.clients=*) CLIENTS="${arg#xpv.clients=}" ;;
+    xpv.pairs=*) PAIRS="${arg#xpv.pairs=}" ;;
     xpv.fio=*) FIO="${arg#xpv.fio=}" ;;
     xpv.shutdown_wait=*) SHUTDOWN_WAIT="${arg#xpv.shutdown_wait=}" ;;
   esac
@@ -55,7 +57,7 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS SHUTDOWN_WAIT; do
+for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
@@ -189,6 +191,25 @@ case "$RUN" in
       rc=$?
       [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
       say "XPV-IPERF3-SERVED $n rc=$rc"
+      n=$((n + 1))
+    done
+    # Then pairs: two servers at once, one per port, each its own process (and thread), so that
+    # two clients can drive both directions at the same time without iperf3 --bidir's one loop.
+    n=1
+    while [ "$n" -le "$PAIRS" ]; do
+      iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
+      pid=$!
+      iperf3 -s -1 -p 5202 > /tmp/iperf3b.log 2>&1 &
+      pid2=$!
+      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
+      wait_listen 5202 || fatal "iperf3 -s is not listening on port 5202 after 10 s: $(tail -n 1 /tmp/iperf3b.log)"
+      say "XPV-IPERF3-LISTENING 5201+5202 pair=$n"
+      wait_until "$pid" "$deadline"
+      rc=$?
+      wait_until "$pid2" "$deadline"
+      rc2=$?
+      { [ "$rc" -eq 124 ] || [ "$rc2" -eq 124 ]; } && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) pairs"; finish 124; }
+      say "XPV-IPERF3-SERVED pair $n rc=$rc,$rc2"
       n=$((n + 1))
     done
     finish 0

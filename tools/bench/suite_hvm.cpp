@@ -8,7 +8,7 @@
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
-//             boot 1: xpv.run=iperf3 xpv.clients=3   boot 2: xpv.run=bonnie xpv.size=64
+//             boot 1: xpv.run=iperf3 xpv.clients=3 xpv.pairs=1   boot 2: xpv.run=bonnie xpv.size=64
 //     QEMU: qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2, same vmlinuz + initrd.cpio, a
 //           fresh copy of root.ext4 as virtio-blk (cache=writeback: the copy lives on tmpfs, which
 //           has no O_DIRECT; xpv-blkback falls back to buffered I/O there too), virtio-net on a
@@ -20,6 +20,11 @@
 //   iperf3 host->guest, guest->host (-R)   Gbit/s received, iperf3 -t 5 from L1 to 10.0.0.2
 //   iperf3 bidir total                     Gbit/s, both directions of --bidir summed
 //   iperf3 bidir min/max                   the smaller direction over the larger (1 = fair)
+//   iperf3 2-process bidir total, min/max  the same with two iperf3 clients at once (host->guest to
+//                                          5201, guest->host -R to 5202), each against its own guest
+//                                          server process (xpv.pairs=1): iperf3 3.12's --bidir runs
+//                                          both streams in one thread that sends up to 10 blocks per
+//                                          block it reads, so its split is partly iperf3's own
 //   bonnie++ run (host clock)              s between XPV-PHASE bonnie-1 begin/end as L1 sees them
 //                                          on the console: THE disk metric (lower is better)
 //   bonnie++ block write/read/rewrite      KiB/s from bonnie++'s CSV (the guest's clock; +++++
@@ -319,6 +324,7 @@ class QemuVm : public Vm {
 
 struct NetFigures {
   std::optional<double> up, down, bidir_total, bidir_fairness;
+  std::optional<double> pair_total, pair_fairness;  // two iperf3 processes, one per direction
   std::string error;
   std::string retried;  // why a first attempt failed, when the figures come from a second
 };
@@ -336,11 +342,8 @@ struct Iperf {
   double fwd = 0, rev = 0;
 };
 
-// iperf3 from L1 to the guest's server; Gbit/s as received. Throws Failure with iperf3's error.
-Iperf iperf(int seconds, const std::string& mode) {
-  const std::string cmd = "timeout " + std::to_string(seconds + 40) + " iperf3 -J -c " + kGuestIp + " -t " +
-                          std::to_string(seconds) + " " + mode + " 2>&1";
-  const std::string out = capture(cmd);
+// One iperf3 -J run's figures (Gbit/s as received); throws Failure with iperf3's error.
+Iperf parse_iperf(const std::string& out, const std::string& mode) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(out);
@@ -359,6 +362,34 @@ Iperf iperf(int seconds, const std::string& mode) {
   }
 }
 
+std::string iperf_cmd(int seconds, const std::string& mode) {
+  return "timeout " + std::to_string(seconds + 40) + " iperf3 -J -c " + std::string(kGuestIp) + " -t " +
+         std::to_string(seconds) + " " + mode;
+}
+
+// iperf3 from L1 to the guest's server; Gbit/s as received.
+Iperf iperf(int seconds, const std::string& mode) { return parse_iperf(capture(iperf_cmd(seconds, mode) + " 2>&1"), mode); }
+
+// Two iperf3 clients at once, two processes: host->guest to port 5201 and guest->host (-R) to
+// 5202 (the guest's xpv.pairs servers). fwd = host->guest, rev = guest->host.
+Iperf iperf_pair(int seconds, const fs::path& dir) {
+  const fs::path a = dir / "iperf-pair-up.json", b = dir / "iperf-pair-down.json";
+  (void)capture(iperf_cmd(seconds, "-p 5201") + " > " + q(a.string()) + " 2>&1 & " + iperf_cmd(seconds, "-p 5202 -R") +
+                " > " + q(b.string()) + " 2>&1 & wait");
+  const auto slurp = [](const fs::path& f) {
+    std::ifstream in(f);
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::error_code ec;
+    fs::remove(f, ec);
+    return s;
+  };
+  const std::string up = slurp(a), down = slurp(b);
+  Iperf r;
+  r.fwd = parse_iperf(up, "-p 5201 (pair)").fwd;
+  r.rev = parse_iperf(down, "-p 5202 -R (pair)").fwd;
+  return r;
+}
+
 NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
   NetFigures f;
   try {
@@ -375,9 +406,14 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
     f.bidir_total = b.fwd + b.rev;
     const double lo = std::min(b.fwd, b.rev), hi = std::max(b.fwd, b.rev);
     if (hi > 0) f.bidir_fairness = lo / hi;
+    c.await("XPV-IPERF3-LISTENING 5201+5202 pair=1", 60, alive);
+    const Iperf p = iperf_pair(in.iperf_s, in.work);
+    f.pair_total = p.fwd + p.rev;
+    if (const double phi = std::max(p.fwd, p.rev); phi > 0) f.pair_fairness = std::min(p.fwd, p.rev) / phi;
     c.await("XPV-DONE iperf3 rc=0", 60, alive);
     say(who + ": iperf3 done: " + std::to_string(*f.up) + " / " + std::to_string(*f.down) + " Gbit/s, bidir " +
-        std::to_string(b.fwd) + " + " + std::to_string(b.rev));
+        std::to_string(b.fwd) + " + " + std::to_string(b.rev) + ", two processes " + std::to_string(p.fwd) + " + " +
+        std::to_string(p.rev));
   } catch (const Failure& e) {
     f.error = e.what();
     say(who + ": iperf3 FAILED: " + f.error);
@@ -492,7 +528,7 @@ Side measure_xpv(const Inner& in) {
     s.net.error = s.disk.error = "xpv up failed (see toolstack.log)";
   } else {
     s.net = guarded("xpv", [&](int attempt) {
-      XpvVm vm(in, attempt_name("hvm-iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)));
+      XpvVm vm(in, attempt_name("hvm-iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=" + std::to_string(4 * (in.iperf_s + 30)));
       return run_iperf(vm, in, "xpv");
     });
     s.disk = guarded("xpv", [&](int attempt) {
@@ -516,7 +552,7 @@ Side measure_qemu(const Inner& in) {
     return s;
   }
   s.net = guarded("qemu", [&](int attempt) {
-    QemuVm vm(in, attempt_name("iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.wait=" + std::to_string(3 * (in.iperf_s + 30)), vhost);
+    QemuVm vm(in, attempt_name("iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=" + std::to_string(4 * (in.iperf_s + 30)), vhost);
     return run_iperf(vm, in, "qemu");
   });
   s.disk = guarded("qemu", [&](int attempt) {
@@ -589,6 +625,13 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                        r.net.error, net + "; both directions of --bidir summed"));
   out.push_back(metric("iperf3 bidir min/max", "ratio", x.net.bidir_fairness, r.net.bidir_fairness, x.net.error,
                        r.net.error, net + "; the smaller direction of --bidir over the larger (1 = fair)"));
+  out.push_back(metric("iperf3 2-process bidir total", "Gbit/s", x.net.pair_total, r.net.pair_total, x.net.error,
+                       r.net.error, net + "; two iperf3 clients at once (host->guest, guest->host -R), each against its own "
+                       "guest server process, summed"));
+  out.push_back(metric("iperf3 2-process bidir min/max", "ratio", x.net.pair_fairness, r.net.pair_fairness, x.net.error,
+                       r.net.error, net + "; the smaller of the two processes' directions over the larger (1 = fair): "
+                       "both directions at once without iperf3 3.12's one-thread --bidir loop, which sends up to "
+                       "10 blocks (multisend) for each block it reads"));
   out.push_back(metric("bonnie++ run (host clock)", "s", x.disk.wall_s, r.disk.wall_s, x.disk.error, r.disk.error,
                        "THE disk metric: L1's steady clock between the console markers XPV-PHASE bonnie-1 "
                        "begin/end (every bonnie++ phase, per-char and seeks included); " + disk_common,
