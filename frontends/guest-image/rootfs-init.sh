@@ -132,6 +132,34 @@ wait_until() {
   wait "$1"
 }
 
+# serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
+# process (and thread), so that two clients can drive both directions at the same time without
+# iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
+# finish 124.
+serve_pairs() {
+  n=1
+  while [ "$n" -le "$1" ]; do
+    iperf3 -s -1 -p 5201 > "${LOGDIR:-/tmp}/iperf3.log" 2>&1 &
+    pid=$!
+    iperf3 -s -1 -p 5202 > "${LOGDIR:-/tmp}/iperf3b.log" 2>&1 &
+    pid2=$!
+    wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
+    wait_listen 5202 || fatal "iperf3 -s is not listening on port 5202 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3b.log")"
+    say "XPV-IPERF3-LISTENING 5201+5202 pair=$n"
+    wait_until "$pid" "$2"
+    rc=$?
+    wait_until "$pid2" "$2"
+    rc2=$?
+    if [ "$rc" -eq 124 ] || [ "$rc2" -eq 124 ]; then
+      kill "$pid" "$pid2" 2>/dev/null
+      say "XPV-IPERF3-TIMEOUT after $((n - 1)) pairs"
+      finish 124
+    fi
+    say "XPV-IPERF3-SERVED pair $n rc=$rc,$rc2"
+    n=$((n + 1))
+  done
+}
+
 case "$RUN" in
   selftest)
     say "XPV-MOUNTS-BEGIN"
@@ -175,7 +203,7 @@ case "$RUN" in
     if [ "$CLIENTS" -eq 0 ]; then
       iperf3 -s > /tmp/iperf3.log 2>&1 &
       pid=$!
-      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
+      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
       say "XPV-IPERF3-LISTENING 5201"
       wait_until "$pid" "$deadline"
       say "XPV-IPERF3-STOPPED"
@@ -185,7 +213,7 @@ case "$RUN" in
     while [ "$n" -le "$CLIENTS" ]; do
       iperf3 -s -1 > /tmp/iperf3.log 2>&1 &
       pid=$!
-      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
+      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
       say "XPV-IPERF3-LISTENING 5201 client=$n"
       wait_until "$pid" "$deadline"
       rc=$?
@@ -193,25 +221,7 @@ case "$RUN" in
       say "XPV-IPERF3-SERVED $n rc=$rc"
       n=$((n + 1))
     done
-    # Then pairs: two servers at once, one per port, each its own process (and thread), so that
-    # two clients can drive both directions at the same time without iperf3 --bidir's one loop.
-    n=1
-    while [ "$n" -le "$PAIRS" ]; do
-      iperf3 -s -1 -p 5201 > /tmp/iperf3.log 2>&1 &
-      pid=$!
-      iperf3 -s -1 -p 5202 > /tmp/iperf3b.log 2>&1 &
-      pid2=$!
-      wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 /tmp/iperf3.log)"
-      wait_listen 5202 || fatal "iperf3 -s is not listening on port 5202 after 10 s: $(tail -n 1 /tmp/iperf3b.log)"
-      say "XPV-IPERF3-LISTENING 5201+5202 pair=$n"
-      wait_until "$pid" "$deadline"
-      rc=$?
-      wait_until "$pid2" "$deadline"
-      rc2=$?
-      { [ "$rc" -eq 124 ] || [ "$rc2" -eq 124 ]; } && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) pairs"; finish 124; }
-      say "XPV-IPERF3-SERVED pair $n rc=$rc,$rc2"
-      n=$((n + 1))
-    done
+    serve_pairs "$PAIRS" "$deadline"
     finish 0
     ;;
   bonnie)

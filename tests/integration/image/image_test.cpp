@@ -348,4 +348,61 @@ TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
   EXPECT_EQ(trim(none.out), "XPV-IRQS none (no NIC queue interrupts in " + (t.path() / "interrupts").string() + ")");
 }
 
+TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
+  // rootfs-init.sh's serve_pairs (xpv.pairs=N), run by busybox sh in a network namespace of its own
+  // (loopback only) with the host's iperf3: both servers listen before the marker, two clients at
+  // once (5201 and 5202 -R) are served by two processes, the pair is reported with both exit
+  // statuses; a deadline that passes with no client kills both servers and finishes 124.
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (unshare -n)";
+  if (sh("command -v iperf3 && command -v busybox && command -v unshare", "/tmp").rc != 0) {
+    GTEST_SKIP() << "needs iperf3, busybox and unshare (scripts/setup installs them)";
+  }
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = t.path() / "bin";
+  fs::create_directories(bin);
+  for (const char* applet : {"netstat", "usleep"}) fs::create_symlink("/usr/bin/busybox", bin / applet);
+  const fs::path fn = t.path() / "funcs.sh";
+  const auto cut = sh("sed -n '/^wait_listen() {/,/^}/p; /^wait_until() {/,/^}/p; /^serve_pairs() {/,/^}/p' " +
+                          quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") + " > " + quote(fn.string()),
+                      t.path());
+  ASSERT_EQ(cut.rc, 0) << cut.err;
+  ASSERT_NE(slurp(fn).find("serve_pairs()"), std::string::npos) << "rootfs-init.sh has no serve_pairs()";
+  const std::string dir = t.path().string();
+  // say/finish/fatal as the image has them, writing to a file; `finish` ends the serving shell.
+  const std::string prelude = "export PATH=" + bin.string() + ":$PATH LOGDIR=" + dir + "; busybox ip link set lo up; " +
+                              "say() { echo \"$*\" >> " + dir + "/markers; }; finish() { say \"FINISH $1\"; exit \"$1\"; }; " +
+                              "fatal() { say \"XPV-FATAL $*\"; finish 1; }; . " + fn.string() + "; ";
+  auto markers = [&] { return slurp(t.path() / "markers"); };
+
+  const std::string served =
+      prelude + "(serve_pairs 1 $(( $(date +%s) + 60 )); say RETURNED) & srv=$!; i=0; "
+                "while [ $i -lt 100 ] && ! grep -q 'pair=1' " + dir + "/markers 2>/dev/null; do usleep 100000; i=$((i+1)); done; "
+                "iperf3 -J -c 127.0.0.1 -p 5201 -t 1 > " + dir + "/up.json 2>&1 & a=$!; "
+                "iperf3 -J -c 127.0.0.1 -p 5202 -t 1 -R > " + dir + "/down.json 2>&1 & b=$!; "
+                "wait $a; wait $b; wait $srv";
+  const auto r = sh("timeout 60 unshare -n busybox sh -c " + quote(served), t.path());
+  ASSERT_EQ(r.rc, 0) << r.err << markers();
+  EXPECT_EQ(markers(), "XPV-IPERF3-LISTENING 5201+5202 pair=1\nXPV-IPERF3-SERVED pair 1 rc=0,0\nRETURNED\n");
+  for (const char* f : {"up.json", "down.json"}) {
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(slurp(t.path() / f))) << f << ": " << slurp(t.path() / f);
+    ASSERT_FALSE(j.contains("error")) << f << ": " << j.dump();
+    EXPECT_GT(j.at("end").at("sum_received").at("bits_per_second").get<double>(), 0) << f;
+  }
+  const auto up = nlohmann::json::parse(slurp(t.path() / "up.json"));
+  const auto down = nlohmann::json::parse(slurp(t.path() / "down.json"));
+  EXPECT_EQ(up.at("start").at("connecting_to").at("port").get<int>(), 5201);
+  EXPECT_EQ(down.at("start").at("connecting_to").at("port").get<int>(), 5202);
+  EXPECT_EQ(down.at("start").at("test_start").at("reverse").get<int>(), 1);
+
+  // Nobody comes: the deadline ends both servers; finish 124 after the timeout marker.
+  fs::remove(t.path() / "markers");
+  const auto late = sh("timeout 60 unshare -n busybox sh -c " +
+                           quote(prelude + "serve_pairs 2 $(( $(date +%s) + 2 )); say RETURNED"),
+                       t.path());
+  EXPECT_EQ(late.rc, 124) << late.err;
+  EXPECT_EQ(markers(), "XPV-IPERF3-LISTENING 5201+5202 pair=1\nXPV-IPERF3-TIMEOUT after 0 pairs\nFINISH 124\n");
+}
+
 }  // namespace
