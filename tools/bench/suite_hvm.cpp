@@ -25,6 +25,11 @@
 //                                          server process (xpv.pairs=1): iperf3 3.12's --bidir runs
 //                                          both streams in one thread that sends up to 10 blocks per
 //                                          block it reads, so its split is partly iperf3's own
+//   ping rtt idle                          ms, mean round trip of 50 pings 50 ms apart from L1 before
+//                                          the first iperf3 run (lower is better)
+//   ping rtt under host->guest / guest->host load
+//                                          ms, pings 100 ms apart during the single-stream runs: the
+//                                          queueing behind a bulk transfer (lower is better)
 //   bonnie++ run (host clock)              s between XPV-PHASE bonnie-1 begin/end as L1 sees them
 //                                          on the console: THE disk metric (lower is better)
 //   bonnie++ block write/read/rewrite      KiB/s from bonnie++'s CSV (the guest's clock; +++++
@@ -61,6 +66,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "bench/hvm_output.h"
 
 namespace fs = std::filesystem;
 
@@ -81,26 +87,12 @@ int shell(const std::string& cmd) {
 
 std::string capture(const std::string& cmd) { return xpv::bench::shell_capture(cmd).out; }
 
-std::string last_lines(const std::string& text, std::size_t n) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) {
-    l.erase(std::remove(l.begin(), l.end(), '\r'), l.end());
-    if (!l.empty()) lines.push_back(l);
-  }
-  std::string out;
-  for (std::size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) {
-    out += (out.empty() ? "" : " | ") + lines[i];
-  }
-  return out;
-}
-
 void say(const std::string& s) { std::cout << "xpv bench hvm: " << s << std::endl; }
 
 // A step that failed: its message goes into the notes of the metrics it would have measured.
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// The parsers of hvm_output.h throw the same type.
+using Failure = xpv::bench::hvm::HvmOutputError;
+using xpv::bench::hvm::last_lines;
 
 // A guest's console log, read as it grows. Markers are consumed in order (`cursor_`): each
 // await() searches after the previous match (a marker may be printed on ttyS0 and hvc0 both).
@@ -325,6 +317,10 @@ class QemuVm : public Vm {
 struct NetFigures {
   std::optional<double> up, down, bidir_total, bidir_fairness;
   std::optional<double> pair_total, pair_fairness;  // two iperf3 processes, one per direction
+  // Round trips from L1 to the guest (ping), with the link idle and during the single-stream runs;
+  // a ping that failed leaves its figure empty and says why in ping_error (the iperf3 figures stand).
+  std::optional<xpv::bench::hvm::Ping> rtt_idle, rtt_up, rtt_down;
+  std::string ping_error;
   std::string error;
   std::string retried;  // why a first attempt failed, when the figures come from a second
 };
@@ -338,29 +334,8 @@ struct DiskFigures {
 
 constexpr double kReadyTimeout = 300;  // boot to the workload's first marker (nested KVM under TCG)
 
-struct Iperf {
-  double fwd = 0, rev = 0;
-};
-
-// One iperf3 -J run's figures (Gbit/s as received); throws Failure with iperf3's error.
-Iperf parse_iperf(const std::string& out, const std::string& mode) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(out);
-  } catch (const std::exception&) {
-    throw Failure("iperf3 " + mode + " printed no JSON: " + last_lines(out, 2));
-  }
-  if (j.contains("error")) throw Failure("iperf3 " + mode + ": " + j.at("error").get<std::string>());
-  try {
-    const auto& end = j.at("end");
-    Iperf r;
-    r.fwd = end.at("sum_received").at("bits_per_second").get<double>() / 1e9;
-    if (mode == "--bidir") r.rev = end.at("sum_received_bidir_reverse").at("bits_per_second").get<double>() / 1e9;
-    return r;
-  } catch (const std::exception& e) {
-    throw Failure("iperf3 " + mode + ": unexpected JSON (" + std::string(e.what()) + ")");
-  }
-}
+using xpv::bench::hvm::Iperf;
+using xpv::bench::hvm::parse_iperf;
 
 std::string iperf_cmd(int seconds, const std::string& mode) {
   return "timeout " + std::to_string(seconds + 40) + " iperf3 -J -c " + std::string(kGuestIp) + " -t " +
@@ -370,20 +345,50 @@ std::string iperf_cmd(int seconds, const std::string& mode) {
 // iperf3 from L1 to the guest's server; Gbit/s as received.
 Iperf iperf(int seconds, const std::string& mode) { return parse_iperf(capture(iperf_cmd(seconds, mode) + " 2>&1"), mode); }
 
+std::string slurp_and_remove(const fs::path& f) {
+  std::ifstream in(f);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::error_code ec;
+  fs::remove(f, ec);
+  return s;
+}
+
+// ping from L1 to the guest: `count` echo requests `interval` s apart, each waited for at most 2 s.
+std::string ping_cmd(int count, const char* interval) {
+  return "timeout " + std::to_string(count + 30) + " ping -n -q -c " + std::to_string(count) + " -i " + interval +
+         " -W 2 " + kGuestIp;
+}
+
+// The idle round trip: 50 pings 50 ms apart (2.5 s).
+xpv::bench::hvm::Ping ping_idle() { return xpv::bench::hvm::parse_ping(capture(ping_cmd(50, "0.05") + " 2>&1")); }
+
+// A single-stream iperf3 run with pings 100 ms apart from its second 1 to half a second before its
+// end (the latency a flow sees while a bulk transfer fills the path: queues in the TAP, the
+// backend and the guest's rings). The iperf3 figure is returned; the ping's is put in `rtt`, or
+// its failure in `ping_error` (the iperf3 figure stands either way).
+Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir,
+                      std::optional<xpv::bench::hvm::Ping>& rtt, std::string& ping_error) {
+  const fs::path pf = dir / "ping-under-load.txt";
+  const int count = std::max(3, (seconds - 1) * 10 - 5);
+  const std::string out =
+      capture("(sleep 1; " + ping_cmd(count, "0.1") + " > " + q(pf.string()) + " 2>&1) & " + iperf_cmd(seconds, mode) + " 2>&1; wait");
+  const std::string pings = slurp_and_remove(pf);
+  try {
+    rtt = xpv::bench::hvm::parse_ping(pings);
+  } catch (const Failure& e) {
+    ping_error += std::string(ping_error.empty() ? "" : "; ") + "under iperf3 " + (mode.empty() ? "host->guest" : mode) +
+                  ": " + e.what();
+  }
+  return parse_iperf(out, mode);
+}
+
 // Two iperf3 clients at once, two processes: host->guest to port 5201 and guest->host (-R) to
 // 5202 (the guest's xpv.pairs servers). fwd = host->guest, rev = guest->host.
 Iperf iperf_pair(int seconds, const fs::path& dir) {
   const fs::path a = dir / "iperf-pair-up.json", b = dir / "iperf-pair-down.json";
   (void)capture(iperf_cmd(seconds, "-p 5201") + " > " + q(a.string()) + " 2>&1 & " + iperf_cmd(seconds, "-p 5202 -R") +
                 " > " + q(b.string()) + " 2>&1 & wait");
-  const auto slurp = [](const fs::path& f) {
-    std::ifstream in(f);
-    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::error_code ec;
-    fs::remove(f, ec);
-    return s;
-  };
-  const std::string up = slurp(a), down = slurp(b);
+  const std::string up = slurp_and_remove(a), down = slurp_and_remove(b);
   Iperf r;
   r.fwd = parse_iperf(up, "-p 5201 (pair)").fwd;
   r.rev = parse_iperf(down, "-p 5202 -R (pair)").fwd;
@@ -398,9 +403,14 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
     const auto t0 = Clock::now();
     c.await("XPV-IPERF3-LISTENING 5201 client=1", kReadyTimeout, alive);
     say(who + ": iperf3 server listening " + std::to_string(xpv::bench::seconds_since(t0)) + " s after start");
-    f.up = iperf(in.iperf_s, "").fwd;
+    try {
+      f.rtt_idle = ping_idle();
+    } catch (const Failure& e) {
+      f.ping_error = std::string("idle: ") + e.what();
+    }
+    f.up = iperf_with_ping(in.iperf_s, "", in.work, f.rtt_up, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=2", 60, alive);
-    f.down = iperf(in.iperf_s, "-R").fwd;
+    f.down = iperf_with_ping(in.iperf_s, "-R", in.work, f.rtt_down, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=3", 60, alive);
     const Iperf b = iperf(in.iperf_s, "--bidir");
     f.bidir_total = b.fwd + b.rev;
@@ -422,25 +432,6 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
   return f;
 }
 
-// bonnie++ 1.98 CSV: [11] block output K/s, [13] rewrite K/s, [17] block input K/s.
-std::optional<double> csv_field(const std::vector<std::string>& v, std::size_t i, const char* name, std::string& note) {
-  if (i >= v.size() || v[i].empty()) {
-    note += std::string(note.empty() ? "" : "; ") + name + ": no field";
-    return std::nullopt;
-  }
-  if (v[i].find('+') != std::string::npos) {
-    note += std::string(note.empty() ? "" : "; ") + name + ": +++++ (too fast for bonnie++ to time)";
-    return std::nullopt;
-  }
-  char* end = nullptr;
-  const double x = std::strtod(v[i].c_str(), &end);
-  if (end == v[i].c_str()) {
-    note += std::string(note.empty() ? "" : "; ") + name + ": '" + v[i] + "' is not a number";
-    return std::nullopt;
-  }
-  return x;
-}
-
 DiskFigures run_bonnie(Vm& vm, const std::string& who) {
   DiskFigures f;
   try {
@@ -454,19 +445,12 @@ DiskFigures run_bonnie(Vm& vm, const std::string& who) {
     const std::string& t = c.text();
     const auto b = t.find("XPV-BONNIE-BEGIN");
     const auto e = t.find("XPV-BONNIE-END", b);
-    std::istringstream lines(t.substr(b, e - b));
-    std::vector<std::string> fields;
-    for (std::string l; std::getline(lines, l);) {
-      l.erase(std::remove(l.begin(), l.end(), '\r'), l.end());
-      if (l.rfind("1.9", 0) != 0 || std::count(l.begin(), l.end(), ',') < 20) continue;
-      std::stringstream ss(l);
-      for (std::string x; std::getline(ss, x, ',');) fields.push_back(x);
-      break;
-    }
+    const std::vector<std::string> fields = xpv::bench::hvm::bonnie_csv_fields(t.substr(b, e - b));
     if (fields.empty()) throw Failure("no bonnie++ CSV line between XPV-BONNIE-BEGIN and XPV-BONNIE-END");
-    f.block_write = csv_field(fields, 11, "block write", f.csv_note);
-    f.rewrite = csv_field(fields, 13, "rewrite", f.csv_note);
-    f.block_read = csv_field(fields, 17, "block read", f.csv_note);
+    // bonnie++ 1.98 CSV: [11] block output K/s, [13] rewrite K/s, [17] block input K/s.
+    f.block_write = xpv::bench::hvm::bonnie_field(fields, 11, "block write", f.csv_note);
+    f.rewrite = xpv::bench::hvm::bonnie_field(fields, 13, "rewrite", f.csv_note);
+    f.block_read = xpv::bench::hvm::bonnie_field(fields, 17, "block read", f.csv_note);
     c.await("XPV-DONE bonnie rc=0", 60, alive);
   } catch (const Failure& e) {
     f.error = e.what();
@@ -563,6 +547,12 @@ Side measure_qemu(const Inner& in) {
   return s;
 }
 
+std::string fmt_ms(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", ms);
+  return b;
+}
+
 // One metric from both sides: a missing figure is NaN (xpv) or no reference, and the note says why.
 Result metric(const std::string& name, const std::string& unit, std::optional<double> x, std::optional<double> r,
               const std::string& x_err, const std::string& r_err, const std::string& what, bool lower = false) {
@@ -632,6 +622,40 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                        r.net.error, net + "; the smaller of the two processes' directions over the larger (1 = fair): "
                        "both directions at once without iperf3 3.12's one-thread --bidir loop, which sends up to "
                        "10 blocks (multisend) for each block it reads"));
+  const auto rtt = [](const std::optional<xpv::bench::hvm::Ping>& p) -> std::optional<double> {
+    if (p) return p->avg_ms;
+    return std::nullopt;
+  };
+  const auto rtt_err = [](const NetFigures& n) { return n.error.empty() ? n.ping_error : n.error; };
+  const auto lost = [&](const std::string& what, std::optional<xpv::bench::hvm::Ping> NetFigures::*which) {
+    std::string s;
+    for (const auto& [side, n] : {std::pair<const char*, const NetFigures*>{"xpv", &x.net}, {"QEMU", &r.net}}) {
+      if (const auto& p = n->*which) {
+        s += std::string("; ") + side + ": " + std::to_string(p->received) + " of " + std::to_string(p->sent) +
+             " answered, min " + fmt_ms(p->min_ms) + " max " + fmt_ms(p->max_ms) + " ms";
+      }
+    }
+    return what + s;
+  };
+  const std::string ping_common = "ping from L1 to the guest " + std::string(kGuestIp) + ", the mean round trip of the "
+                                  "echo requests answered; xpv: " + bench_upcall() + " upcalls, xen-netfront ↔ "
+                                  "xpv-netback; QEMU: virtio-net, " + r.setup;
+  out.push_back(metric("ping rtt idle", "ms", rtt(x.net.rtt_idle), rtt(r.net.rtt_idle), rtt_err(x.net),
+                       rtt_err(r.net), lost("50 echo requests 50 ms apart, nothing else on the link; " + ping_common,
+                                            &NetFigures::rtt_idle),
+                       true));
+  out.push_back(metric("ping rtt under host->guest load", "ms", rtt(x.net.rtt_up), rtt(r.net.rtt_up),
+                       rtt_err(x.net), rtt_err(r.net),
+                       lost("echo requests 100 ms apart during the iperf3 host->guest run (from its second 1): "
+                            "the queueing a flow meets behind a bulk transfer; " + ping_common,
+                            &NetFigures::rtt_up),
+                       true));
+  out.push_back(metric("ping rtt under guest->host load", "ms", rtt(x.net.rtt_down), rtt(r.net.rtt_down),
+                       rtt_err(x.net), rtt_err(r.net),
+                       lost("echo requests 100 ms apart during the iperf3 guest->host (-R) run (from its second 1); " +
+                                ping_common,
+                            &NetFigures::rtt_down),
+                       true));
   out.push_back(metric("bonnie++ run (host clock)", "s", x.disk.wall_s, r.disk.wall_s, x.disk.error, r.disk.error,
                        "THE disk metric: L1's steady clock between the console markers XPV-PHASE bonnie-1 "
                        "begin/end (every bonnie++ phase, per-char and seeks included); " + disk_common,

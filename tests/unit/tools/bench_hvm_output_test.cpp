@@ -1,0 +1,149 @@
+// The parsers `xpv bench hvm` reads its figures with (tools/bench/hvm_output.h): real outputs of
+// iputils ping, iperf3 -J and bonnie++ 1.98 in, figures or one clear error out.
+#include "bench/hvm_output.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+using xpv::bench::hvm::bonnie_csv_fields;
+using xpv::bench::hvm::bonnie_field;
+using xpv::bench::hvm::HvmOutputError;
+using xpv::bench::hvm::parse_iperf;
+using xpv::bench::hvm::parse_ping;
+
+// iputils-ping 20221126 (Debian 12), -q.
+constexpr const char* kPingOk =
+    "PING 10.0.0.2 (10.0.0.2) 56(84) bytes of data.\n"
+    "\n"
+    "--- 10.0.0.2 ping statistics ---\n"
+    "35 packets transmitted, 33 received, 5.71429% packet loss, time 3406ms\n"
+    "rtt min/avg/max/mdev = 0.412/2.875/11.093/2.330 ms\n";
+
+constexpr const char* kPingNone =
+    "PING 10.0.0.2 (10.0.0.2) 56(84) bytes of data.\n"
+    "\n"
+    "--- 10.0.0.2 ping statistics ---\n"
+    "2 packets transmitted, 0 received, +2 errors, 100% packet loss, time 1025ms\n"
+    "\n";
+
+TEST(BenchHvmOutput, PingGivesCountsAndRoundTrips) {
+  const auto p = parse_ping(kPingOk);
+  EXPECT_EQ(p.sent, 35);
+  EXPECT_EQ(p.received, 33);
+  EXPECT_DOUBLE_EQ(p.min_ms, 0.412);
+  EXPECT_DOUBLE_EQ(p.avg_ms, 2.875);
+  EXPECT_DOUBLE_EQ(p.max_ms, 11.093);
+}
+
+TEST(BenchHvmOutput, PingWithNoReplyIsAnErrorNotAZero) {
+  try {
+    (void)parse_ping(kPingNone);
+    FAIL() << "no error";
+  } catch (const HvmOutputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no reply (2 sent, 0 received)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BenchHvmOutput, PingThatPrintedSomethingElseIsNamed) {
+  try {
+    (void)parse_ping("ping: connect: Network is unreachable\n");
+    FAIL() << "no error";
+  } catch (const HvmOutputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no packet counts: ping: connect: Network is unreachable"), std::string::npos)
+        << e.what();
+  }
+  // Counts but no rtt line (cut off): no figure.
+  EXPECT_THROW(parse_ping("3 packets transmitted, 3 received, 0% packet loss, time 405ms\n"), HvmOutputError);
+}
+
+TEST(BenchHvmOutput, IperfReceivedRateAndBidirReverse) {
+  const std::string one = R"({"start":{},"end":{"sum_sent":{"bits_per_second":2.1e9},
+                              "sum_received":{"bits_per_second":2.05e9}}})";
+  EXPECT_DOUBLE_EQ(parse_iperf(one, "").fwd, 2.05);
+  EXPECT_DOUBLE_EQ(parse_iperf(one, "").rev, 0);
+  const std::string bidir = R"({"end":{"sum_received":{"bits_per_second":4.0e8},
+                                "sum_received_bidir_reverse":{"bits_per_second":6.29e7}}})";
+  const auto b = parse_iperf(bidir, "--bidir");
+  EXPECT_DOUBLE_EQ(b.fwd, 0.4);
+  EXPECT_DOUBLE_EQ(b.rev, 0.0629);
+  // --bidir without the reverse sum: not a zero, an error.
+  EXPECT_THROW(parse_iperf(one, "--bidir"), HvmOutputError);
+}
+
+TEST(BenchHvmOutput, IperfErrorsAreIperfsOwnWords) {
+  try {
+    (void)parse_iperf(R"({"start":{},"error":"unable to connect to server: Connection refused"})", "-R");
+    FAIL() << "no error";
+  } catch (const HvmOutputError& e) {
+    EXPECT_STREQ(e.what(), "iperf3 -R: unable to connect to server: Connection refused");
+  }
+  try {
+    (void)parse_iperf("iperf3: error - unable to connect\nsecond line\n", "");
+    FAIL() << "no error";
+  } catch (const HvmOutputError& e) {
+    EXPECT_STREQ(e.what(), "iperf3  printed no JSON: iperf3: error - unable to connect | second line");
+  }
+}
+
+TEST(BenchHvmOutput, BonnieCsvFieldsAndWhatHasNoFigure) {
+  // A guest's console in `xpv bench hvm` (bonnie++ 2.00a, CSV format 1.98), CRs from the serial console.
+  const std::string text =
+      "XPV-BONNIE-BEGIN\r\n"
+      "Using uid:0, gid:0.\r\n"
+      "1.98,2.00a,xpv-guest,1,1796147809,64M,,8192,5,91,99,13198,49,80007,82,304,99,+++++,+++,13939,556,,,,,,,,,,,,,,,,,,"
+      "141ms,807ms,19902us,49901us,1577us,72619us,,,,,,\r\n"
+      "XPV-BONNIE-END\r\n";
+  const auto f = bonnie_csv_fields(text);
+  ASSERT_GT(f.size(), 17u);
+  std::string note;
+  EXPECT_EQ(bonnie_field(f, 11, "block write", note), 13198.0);
+  EXPECT_EQ(bonnie_field(f, 13, "rewrite", note), 80007.0);
+  EXPECT_EQ(note, "");
+  EXPECT_FALSE(bonnie_field(f, 17, "block read", note));
+  EXPECT_EQ(note, "block read: +++++ (too fast for bonnie++ to time)");
+  EXPECT_FALSE(bonnie_field(f, 21, "create", note));
+  EXPECT_EQ(note, "block read: +++++ (too fast for bonnie++ to time); create: no field");
+  EXPECT_FALSE(bonnie_field(f, 500, "past the end", note));
+  EXPECT_TRUE(bonnie_csv_fields("no csv here\n1.98,too,few,commas\n").empty());
+}
+
+// What Debian 12's own ping and iperf3 print, parsed: both run in a network namespace of the
+// test's own (unshare -n, loopback only), which goes away with them.
+std::string run(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+
+TEST(BenchHvmOutput, TheInstalledPingAndIperf3PrintWhatIsParsed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (unshare -n)";
+  if (run("command -v ping && command -v iperf3 && command -v unshare").empty()) {
+    GTEST_SKIP() << "needs ping, iperf3 and unshare (scripts/setup installs them)";
+  }
+  const std::string ping = run(
+      "timeout 30 unshare -n sh -c 'ip link set lo up && ping -n -q -c 3 -i 0.2 -W 2 127.0.0.1' 2>&1");
+  const auto p = parse_ping(ping);
+  EXPECT_EQ(p.sent, 3) << ping;
+  EXPECT_EQ(p.received, 3) << ping;
+  EXPECT_GT(p.avg_ms, 0) << ping;
+  EXPECT_LE(p.min_ms, p.avg_ms);
+  EXPECT_LE(p.avg_ms, p.max_ms);
+
+  const std::string iperf = run(
+      "timeout 60 unshare -n sh -c 'ip link set lo up && (timeout 30 iperf3 -s -1 -p 5201 >/dev/null 2>&1 &) && "
+      "for i in $(seq 100); do ss -ltn | grep -q :5201 && break; sleep 0.1; done; "
+      "iperf3 -J -c 127.0.0.1 -p 5201 -t 1 -R' 2>&1");
+  const auto i = parse_iperf(iperf, "-R");
+  EXPECT_GT(i.fwd, 0) << iperf;
+}
+
+}  // namespace

@@ -1,0 +1,45 @@
+// What `xpv bench hvm` reads from the programs it runs in L1 and in the guests: iperf3's JSON,
+// iputils ping's summary and bonnie++'s CSV line. Pure text in, figures out; a text that does not
+// hold the figure throws HvmOutputError naming the program and what was missing (the suite turns
+// it into the metric's note, never into a number).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xpv::bench::hvm {
+
+struct HvmOutputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The last n non-empty lines of text (CRs dropped), joined with " | ": for error messages.
+std::string last_lines(const std::string& text, std::size_t n);
+
+// iperf3 -J: Gbit/s as received. fwd is the test's own direction (sum_received); rev is filled for
+// --bidir only (sum_received_bidir_reverse). `mode` is how the run was started, for messages.
+struct Iperf {
+  double fwd = 0, rev = 0;
+};
+Iperf parse_iperf(const std::string& out, const std::string& mode);
+
+// iputils ping -q: "N packets transmitted, M received" and "rtt min/avg/max/mdev = a/b/c/d ms".
+// Throws when either line is missing or nothing came back (no rtt line then).
+struct Ping {
+  int sent = 0, received = 0;
+  double min_ms = 0, avg_ms = 0, max_ms = 0;
+};
+Ping parse_ping(const std::string& out);
+
+// bonnie++ 1.98's CSV line (starts with "1.9", 20+ commas) in `text`; empty when there is none.
+std::vector<std::string> bonnie_csv_fields(const std::string& text);
+
+// Field i of that line as a number (KiB/s). No figure when the field is missing, empty, "+++++"
+// (too fast for bonnie++ to time) or not a number; `note` then gets "name: why" appended.
+std::optional<double> bonnie_field(const std::vector<std::string>& fields, std::size_t i, const char* name,
+                                   std::string& note);
+
+}  // namespace xpv::bench::hvm
