@@ -240,7 +240,10 @@ class XpvVm : public Vm {
   void stop() override {
     if (stopped_) return;
     stopped_ = true;
-    // The guest powered off (or is given up on): the toolstack ends the VMM and the devices.
+    // After its workload the guest powers off and xpv-vmm exits by itself, printing its exit and
+    // hypercall counters (--stats) into its log: a bounded grace for that, as for QEMU below.
+    // Then (or for a guest given up on) the toolstack ends the VMM and removes the devices.
+    for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     (void)shell(q(in_.xpv) + " destroy " + q(name_) + " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1");
     std::error_code ec;
     fs::remove(disk_, ec);
