@@ -27,6 +27,8 @@
 //                                          block it reads, so its split is partly iperf3's own
 //   ping rtt idle                          ms, mean round trip of 50 pings 50 ms apart from L1 before
 //                                          the first iperf3 run (lower is better)
+//   ping rtt 10 ms apart                   ms, the same with 300 pings 10 ms apart right after
+//                                          (against the above: the cost of waking sleeping threads)
 //   ping rtt under host->guest / guest->host load
 //                                          ms, pings 100 ms apart during the single-stream runs: the
 //                                          queueing behind a bulk transfer (lower is better)
@@ -322,7 +324,7 @@ struct NetFigures {
   std::optional<double> pair_total, pair_fairness;  // two iperf3 processes, one per direction
   // Round trips from L1 to the guest (ping), with the link idle and during the single-stream runs;
   // a ping that failed leaves its figure empty and says why in ping_error (the iperf3 figures stand).
-  std::optional<xpv::bench::hvm::Ping> rtt_idle, rtt_up, rtt_down;
+  std::optional<xpv::bench::hvm::Ping> rtt_idle, rtt_close, rtt_up, rtt_down;
   std::string ping_error;
   std::string error;
   std::string retried;  // why a first attempt failed, when the figures come from a second
@@ -362,8 +364,11 @@ std::string ping_cmd(int count, const char* interval) {
          " -W 2 " + kGuestIp;
 }
 
-// The idle round trip: 50 pings 50 ms apart (2.5 s).
-xpv::bench::hvm::Ping ping_idle() { return xpv::bench::hvm::parse_ping(capture(ping_cmd(50, "0.05") + " 2>&1")); }
+// Round trips on a quiet link: `count` pings `interval` s apart (50 × 50 ms: every thread on the
+// way has gone to sleep between two; 300 × 10 ms: fewer have).
+xpv::bench::hvm::Ping ping_quiet(int count, const char* interval) {
+  return xpv::bench::hvm::parse_ping(capture(ping_cmd(count, interval) + " 2>&1"));
+}
 
 // A single-stream iperf3 run with pings 100 ms apart from its second 1 to half a second before its
 // end (the latency a flow sees while a bulk transfer fills the path: queues in the TAP, the
@@ -407,9 +412,14 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
     c.await("XPV-IPERF3-LISTENING 5201 client=1", kReadyTimeout, alive);
     say(who + ": iperf3 server listening " + std::to_string(xpv::bench::seconds_since(t0)) + " s after start");
     try {
-      f.rtt_idle = ping_idle();
+      f.rtt_idle = ping_quiet(50, "0.05");
     } catch (const Failure& e) {
       f.ping_error = std::string("idle: ") + e.what();
+    }
+    try {
+      f.rtt_close = ping_quiet(300, "0.01");
+    } catch (const Failure& e) {
+      f.ping_error += std::string(f.ping_error.empty() ? "" : "; ") + "10 ms apart: " + e.what();
     }
     f.up = iperf_with_ping(in.iperf_s, "", in.work, f.rtt_up, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=2", 60, alive);
@@ -646,6 +656,13 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   out.push_back(metric("ping rtt idle", "ms", rtt(x.net.rtt_idle), rtt(r.net.rtt_idle), rtt_err(x.net),
                        rtt_err(r.net), lost("50 echo requests 50 ms apart, nothing else on the link; " + ping_common,
                                             &NetFigures::rtt_idle),
+                       true));
+  out.push_back(metric("ping rtt 10 ms apart", "ms", rtt(x.net.rtt_close), rtt(r.net.rtt_close), rtt_err(x.net),
+                       rtt_err(r.net),
+                       lost("300 echo requests 10 ms apart right after the idle ones, nothing else on the link "
+                            "(against 'ping rtt idle': what waking the threads on the way from sleep costs); " +
+                                ping_common,
+                            &NetFigures::rtt_close),
                        true));
   out.push_back(metric("ping rtt under host->guest load", "ms", rtt(x.net.rtt_up), rtt(r.net.rtt_up),
                        rtt_err(x.net), rtt_err(r.net),
