@@ -10,8 +10,16 @@
 # are in the summary too, but in the testbed one run says little about them (tools/README.md).
 # Everything it makes lives in L1 (its /tmp, a TAP, two VMs) and goes with L1.
 set -u
+me=exits-per-ping.sh
+[ $# -eq 2 ] || { echo "usage: $me IMAGE_DIR OUT_DIR (inside xpv testbed; see the header)"; exit 2; }
 IMG=$1 OUT=$2
 XPV=${XPV:-$(dirname "$0")/../../build/bin/xpv}
+for f in vmlinuz initrd.cpio root.ext4; do
+  [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
+done
+[ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
+[ -x "$XPV" ] || { echo "$me: no xpv at $XPV (build first, or set XPV)"; exit 2; }
+[ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-exits; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 T=/sys/kernel/tracing
