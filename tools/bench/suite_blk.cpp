@@ -5,14 +5,17 @@
 // (grants, rings, event channels in memfd memory) ↔ the control socket ↔ ForeignDomain +
 // GrantMapper + BlkifQueue on io_uring over the image — exactly what xpv-front and xpv-blkback
 // run — with the disk exposed as a FUSE file (what `losetup` and the user see).
-//   fio:      through the FUSE file (io_uring, O_DIRECT)  vs  the image file (io_uring, O_DIRECT)
+//   fio:      through the FUSE file (io_uring, O_DIRECT)  vs  the image file (io_uring, O_DIRECT);
+//             the FUSE file on FUSE over io_uring where the kernel has it (the fuse module's
+//             enable_uring is switched on for the run), and the same PV disk through a second
+//             FUSE file on /dev/fuse (extra rows, "PV over /dev/fuse")
 //   library:  the same job shapes through the Blkfront API directly (the PV path without FUSE)
 //   FUSE:     the same fio jobs through a FUSE file that passes straight to the image, with no PV
 //             path: what FUSE costs by itself (reported as extra rows)
 //   bonnie++: ext4 on a loop device over the FUSE file  vs  ext4 on a loop device over the image
 //             (loop with --direct-io=on, bonnie++ -f -D -s 1024: O_DIRECT bulk phases; block read
 //             still comes out "+++++" here — the cloud volume serves it from the host's cache)
-// Each fio job runs in all four variants back to back before the next job (the volume's speed
+// Each fio job runs in all five variants back to back before the next job (the volume's speed
 // drifts over minutes). 1.5 GiB image, written in full first.
 #include <fcntl.h>
 #include <fmt/core.h>
@@ -33,6 +36,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -342,9 +346,15 @@ std::vector<Result> run_blk(const Options& opt) {
   run_capture("dd if=/dev/zero of=" + image + " bs=1M count=1536 oflag=direct status=none");
 
   std::vector<Result> results;
-  std::vector<double> ref, pv, fuse_only, lib;
+  std::vector<double> ref, pv, pv_dev, fuse_only, lib;
   std::array<double, 3> bonnie_pv{}, bonnie_ref{};
+  std::string transport;  // what carried the main rows' FUSE requests
   {
+    // FUSE over io_uring where the kernel has it (Linux ≥ 6.14): the fuse module's enable_uring
+    // is switched on for the run (and back off after, if it was off), so that the FUSE files
+    // below are offered it; the PV disk is also measured over /dev/fuse, side by side.
+    std::optional<frontends::FuseUringEnable> uring_on;
+    if (frontends::FuseUringEnable::available()) uring_on.emplace();
     // Every variant of one job runs back to back (image, FUSE alone, PV through FUSE, PV
     // library), job after job: the disk under /var/tmp is a cloud volume whose speed drifts by
     // tens of percent over minutes, and a reference measured minutes before its counterpart
@@ -355,11 +365,23 @@ std::vector<Result> run_blk(const Options& opt) {
     PvDisk d(dir, image);
     fs::create_directories(dir + "/fuse");
     frontends::FuseDisk pv_disk(dir + "/fuse", "xvda", d.front());
+    fs::create_directories(dir + "/fuse-dev");
+    frontends::FuseDiskOptions dev_only;
+    dev_only.uring = false;
+    frontends::FuseDisk pv_dev_disk(dir + "/fuse-dev", "xvda", d.front(), dev_only);
     for (const auto& j : kJobs) {
       ref.push_back(fio(j, image, seconds));
       fuse_only.push_back(fio(j, fuse_only_disk.file_path(), seconds));
       pv.push_back(fio(j, pv_disk.file_path(), seconds));
+      pv_dev.push_back(fio(j, pv_dev_disk.file_path(), seconds));
       lib.push_back(library(d.front(), j, seconds));
+    }
+    if (pv_disk.uring_active()) {
+      transport = fmt::format("FUSE over io_uring, {} requests through the rings", pv_disk.uring_requests());
+    } else if (uring_on) {
+      transport = "/dev/fuse: the kernel offered FUSE over io_uring but xpv's rings were not set up (its log says why)";
+    } else {
+      transport = "/dev/fuse: this kernel has no FUSE over io_uring";
     }
     if (opt.scale >= 1.0) {
       bonnie_ref = bonnie(image, dir + "/mnt");
@@ -370,7 +392,14 @@ std::vector<Result> run_blk(const Options& opt) {
   for (std::size_t i = 0; i < std::size(kJobs); ++i) {
     const bool iops = std::string(kJobs[i].bs) == "4k";
     results.push_back({kJobs[i].metric, iops ? "IOPS" : "MB/s", pv[i], ref[i],
-                       "xpv: fio io_uring O_DIRECT on the PV disk's FUSE file (2 blkif queues); reference: the same on the image file"});
+                       "xpv: fio io_uring O_DIRECT on the PV disk's FUSE file (2 blkif queues; " + transport +
+                           "); reference: the same on the image file"});
+  }
+  for (std::size_t i = 0; i < std::size(kJobs); ++i) {
+    const bool iops = std::string(kJobs[i].bs) == "4k";
+    results.push_back({std::string(kJobs[i].metric) + " (PV over /dev/fuse)", iops ? "IOPS" : "MB/s", pv_dev[i], ref[i],
+                       "the same PV disk through a second FUSE file that reads and writes /dev/fuse (libfuse's own "
+                       "transport, worker threads); reference: fio on the image"});
   }
   for (std::size_t i = 0; i < std::size(kJobs); ++i) {
     const bool iops = std::string(kJobs[i].bs) == "4k";
@@ -380,7 +409,8 @@ std::vector<Result> run_blk(const Options& opt) {
   for (std::size_t i = 0; i < std::size(kJobs); ++i) {
     const bool iops = std::string(kJobs[i].bs) == "4k";
     results.push_back({std::string(kJobs[i].metric) + " (FUSE alone)", iops ? "IOPS" : "MB/s", fuse_only[i], ref[i],
-                       "a FUSE file passing straight to the image, no PV path: what FUSE costs by itself"});
+                       "a FUSE file passing straight to the image (synchronous pread/pwrite), no PV path: what FUSE "
+                       "costs by itself (" + transport.substr(0, transport.find(',')) + ")"});
   }
   if (opt.scale >= 1.0) {
     const char* names[] = {"bonnie++ block write", "bonnie++ block read", "bonnie++ rewrite"};

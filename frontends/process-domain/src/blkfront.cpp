@@ -56,13 +56,18 @@ bool Blkfront::start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std
   if (completers_.empty() || (write && readonly()) || !one_request(offset, len)) return false;
   // `done` stays the caller's unless the request started.
   auto held = std::make_shared<Done>(std::move(done));
-  const int rc = my_queue().start(write, offset / kSector, buf, len / kSector,
-                                  [held, len](int r) { (*held)(r == 0 ? static_cast<long>(len) : r); });
-  if (rc != 0) {
-    done = std::move(*held);
-    return false;
+  // The caller's queue first; if all its slots are in flight, the next queue with a free slot
+  // (an asynchronous caller must not wait for one: FUSE's io_uring worker starts every request
+  // of its CPU's queue from one thread).
+  const std::size_t first = my_queue_index();
+  for (std::size_t k = 0; k < queues_.size(); ++k) {
+    const int rc = queues_[(first + k) % queues_.size()]->start(
+        write, offset / kSector, buf, len / kSector, [held, len](int r) { (*held)(r == 0 ? static_cast<long>(len) : r); });
+    if (rc == 0) return true;
+    if (rc != -EBUSY) break;
   }
-  return true;
+  done = std::move(*held);
+  return false;
 }
 
 void Blkfront::connect(const BlkfrontGeometry& g) { geometry_ = g; }
@@ -82,12 +87,14 @@ Blkfront::Stats Blkfront::stats() const {
 
 Blkfront::Stats Blkfront::queue_stats(std::uint32_t queue) const { return queues_.at(queue)->stats(); }
 
-BlkfrontQueue& Blkfront::my_queue() noexcept {
+std::size_t Blkfront::my_queue_index() const noexcept {
   // Process-wide, so a thread keeps one ordinal for every Blkfront (see blkfront.h).
   static std::atomic<std::uint32_t> next_ordinal{0};
   thread_local const std::uint32_t ordinal = next_ordinal.fetch_add(1, std::memory_order_relaxed);
-  return *queues_[ordinal % queues_.size()];
+  return ordinal % queues_.size();
 }
+
+BlkfrontQueue& Blkfront::my_queue() noexcept { return *queues_[my_queue_index()]; }
 
 int Blkfront::io_sectors(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect) {
   BlkfrontQueue& q = my_queue();

@@ -121,11 +121,20 @@ class BlkPath : public ::testing::Test {
   blkback::BlkifQueue& queue(std::size_t q = 0) { return *queues_.at(q); }
   // ext4 on a loop device over the PV disk's FUSE file (after start()), written, unmounted,
   // and checked straight from the image.
-  void ext4_over_fuse() {
+  // uring: the FUSE file on FUSE over io_uring (the caller holds FuseUringEnable); returns the
+  // requests the rings carried.
+  std::uint64_t ext4_over_fuse(bool uring = false) {
+    std::uint64_t ring_requests = 0;
+    ext4_over_fuse_into(uring, ring_requests);
+    return ring_requests;
+  }
+  void ext4_over_fuse_into(bool uring, std::uint64_t& ring_requests) {
     const std::string mnt = dir_ + "/fuse", fsdir = dir_ + "/fs";
     std::filesystem::create_directories(mnt);
     std::filesystem::create_directories(fsdir);
-    frontends::FuseDisk fuse(mnt, "xvda", *front_);
+    frontends::FuseDiskOptions o;
+    o.uring = uring;
+    frontends::FuseDisk fuse(mnt, "xvda", *front_, o);
     test::LoopDevice loop(fuse.file_path());
     ASSERT_FALSE(loop.empty()) << "no free loop device";
     test::UnmountAtExit unmount{fsdir};
@@ -141,6 +150,7 @@ class BlkPath : public ::testing::Test {
     std::uint64_t flushes = 0;
     for (auto& q : queues_) flushes += q->counters().flushes.load();
     EXPECT_GE(flushes, 1u);
+    ring_requests = fuse.uring_requests();
   }
 
   std::string image_bytes(off_t off, std::size_t n) {
@@ -358,6 +368,27 @@ TEST_F(BlkPath, AsyncRequestsKeepTheRingFullFromOneThread) {
   EXPECT_FALSE(front_->broken());
 }
 
+// FUSE's io_uring worker starts every request of its CPU's queue from one thread: when that
+// thread's blkif queue has no free slot, the start goes to the next queue rather than failing
+// (which would send the request to a blocking thread).
+TEST_F(BlkPath, AnAsynchronousStartTakesTheNextQueueWhenItsOwnIsFull) {
+  frontends::BlkfrontConfig f;
+  f.completion_threads = true;
+  f.queues = 2;
+  start(f, {}, /*serve=*/false);  // nobody answers: every started request keeps its slot
+  std::vector<std::uint8_t> buf(4096);
+  frontends::BlockTarget::Done done;
+  int started = 0;
+  for (; started < 100; ++started) {
+    done = [](long) { ADD_FAILURE() << "nobody answers"; };
+    if (!front_->start_read(std::uint64_t(started) * 4096, buf, done)) break;
+  }
+  EXPECT_EQ(started, 64) << "32 slots on each of two one-page rings, all from one thread";
+  EXPECT_EQ(front_->queue_stats(0).async_requests, 32u);
+  EXPECT_EQ(front_->queue_stats(1).async_requests, 32u);
+  EXPECT_TRUE(static_cast<bool>(done)) << "a start that did not happen leaves `done` with the caller";
+}
+
 TEST_F(BlkPath, AsyncRequestsFinishWithEioWhenTheBackendBreaksTheRing) {
   start({}, {}, /*serve=*/false);
   ASSERT_TRUE(hostile_ring_);
@@ -466,6 +497,27 @@ TEST_F(BlkPath, Ext4OverFuseAndLoopThroughTheAsynchronousPath) {
   EXPECT_GT(st.async_requests, 0u);
   EXPECT_EQ(st.responses, st.requests);
   EXPECT_THROW(front_->complete(0, 1), std::logic_error) << "the completion threads own complete()";
+}
+
+// The same over FUSE's io_uring rings (Linux ≥ 6.14; the test switches the fuse module's
+// enable_uring on for its time): mkfs, mount, fsync'd writes, and the image holds them.
+TEST_F(BlkPath, Ext4OverFuseOverIoUringThroughTheAsynchronousPath) {
+  if (::geteuid() != 0 || ::access("/dev/fuse", R_OK | W_OK) != 0 || std::system("command -v losetup >/dev/null") != 0) {
+    GTEST_SKIP() << "needs root, /dev/fuse and losetup";
+  }
+  if (!frontends::FuseUringEnable::available()) GTEST_SKIP() << "this kernel has no FUSE over io_uring";
+  frontends::FuseUringEnable on;
+  frontends::BlkfrontConfig f;
+  f.completion_threads = true;
+  f.queues = 2;
+  f.indirect_segments = 32;
+  blkback::QueueConfig b;
+  b.max_indirect_segments = 32;
+  start(f, b);
+  EXPECT_GT(ext4_over_fuse(/*uring=*/true), 0u) << "the rings carried the requests";
+  const auto st = front_->stats();
+  EXPECT_GT(st.async_requests, 0u);
+  EXPECT_EQ(st.responses, st.requests);
 }
 
 }  // namespace

@@ -16,6 +16,13 @@
 // queue in flight instead of one blocked worker per request. A target without (or one refusing
 // this one) gets the blocking read/write on the worker. The destructor unmounts, joins the loop's
 // threads and waits for the replies of requests still in flight.
+//
+// Transport: where the kernel offers FUSE over io_uring (Linux ≥ 6.14 with the fuse module's
+// enable_uring on) and FuseDiskOptions::uring allows, requests travel through io_uring rings
+// (src/fuse_uring.h) instead of reads and writes of /dev/fuse: libfuse still decodes them and
+// builds the replies, xpv's code carries them. Work that would block a ring's worker (a flush,
+// a discard, a read or write the target cannot start asynchronously) runs on a thread pool.
+// Where the kernel does not offer it, or the rings cannot be set up, /dev/fuse serves as before.
 #pragma once
 
 #include <cstdint>
@@ -50,17 +57,34 @@ class BlockTarget {
   }
 };
 
+struct FuseDiskOptions {
+  // Take FUSE over io_uring when the kernel offers it (see above); false: /dev/fuse always.
+  bool uring = true;
+  // Ring entries per kernel queue (one queue per possible CPU), each with a payload area of
+  // max_write (1 MiB, reserved lazily); 0: 32 up to 4 queues, fewer beyond, at least 4.
+  unsigned uring_entries = 0;
+  // Worker threads for the rings (each serves every n-th queue); 0: one per queue, at most 4.
+  unsigned uring_threads = 0;
+};
+
 class FuseDisk {
  public:
   // Mounts at `mountpoint` (an existing empty directory). Throws std::runtime_error naming the
   // mountpoint if FUSE cannot be set up; nothing stays mounted then.
-  FuseDisk(std::string mountpoint, std::string name, BlockTarget& target);
+  FuseDisk(std::string mountpoint, std::string name, BlockTarget& target, FuseDiskOptions options = {});
   ~FuseDisk();
   FuseDisk(const FuseDisk&) = delete;
   FuseDisk& operator=(const FuseDisk&) = delete;
 
   std::string file_path() const { return mountpoint_ + "/" + name_; }
   const std::string& mountpoint() const { return mountpoint_; }
+
+  // Whether the rings were accepted (known once the kernel's FUSE_INIT was answered, i.e. after
+  // the first request), and how many requests came through them.
+  bool uring_active() const noexcept;
+  std::uint64_t uring_requests() const noexcept;
+  // The fuse module's enable_uring parameter reads Y: new mounts are offered FUSE over io_uring.
+  static bool uring_offered();
 
   struct Impl;  // the libfuse callbacks reach it through fuse_get_context()->private_data
 
@@ -69,6 +93,25 @@ class FuseDisk {
   std::string name_;
   std::unique_ptr<Impl> impl_;
   std::thread loop_;
+};
+
+// Turns the fuse module's enable_uring parameter on for this object's lifetime (root; for
+// tests and `xpv bench blk`), and back off when the last such object in any process goes, if it
+// was off before the first. Holders count through a shared flock on
+// /run/lock/xpv-fuse-uring.lock; a marker file next to it says the parameter was off. Throws
+// std::runtime_error if the kernel has no such parameter (before Linux 6.14) or it cannot be
+// written.
+class FuseUringEnable {
+ public:
+  FuseUringEnable();
+  ~FuseUringEnable();
+  FuseUringEnable(const FuseUringEnable&) = delete;
+  FuseUringEnable& operator=(const FuseUringEnable&) = delete;
+  // The parameter exists (the kernel can do FUSE over io_uring at all).
+  static bool available();
+
+ private:
+  int lock_fd_ = -1;
 };
 
 }  // namespace xpv::frontends

@@ -10,8 +10,8 @@
 // different queues, so N busy threads spread over N queues and each queue's lock is taken
 // mostly by its own threads, and one thread's requests stay on one ring. (Round-robin per
 // request would spread even one thread's requests, but every caller would contend for every
-// queue's lock and cache lines.) A thread whose queue is full waits for a slot on it even if
-// another queue has room.
+// queue's lock and cache lines.) A blocking call whose queue is full waits for a slot on it
+// even if another queue has room; an asynchronous start takes the next queue with room.
 //
 // Large I/O is split into requests of at most the queue's segments (11 direct, or the
 // negotiated indirect segments); partial sectors are read-modify-written (one at a time).
@@ -104,8 +104,9 @@ class Blkfront final : public BlockTarget {
             BlkfrontQueue::Done done);
   // Not with completion_threads (std::logic_error): those threads complete every request.
   unsigned complete(std::uint32_t queue, unsigned min);
-  // BlockTarget's asynchronous path (with completion_threads; the calling thread's queue): whole
-  // sectors of at most max_io_bytes() in range, on a queue with a free slot; otherwise false.
+  // BlockTarget's asynchronous path (with completion_threads): whole sectors of at most
+  // max_io_bytes() in range, on the calling thread's queue or, if all its slots are in flight,
+  // the next queue with a free one; otherwise false.
   bool start_read(std::uint64_t offset, std::span<std::uint8_t> out, Done& done) override;
   bool start_write(std::uint64_t offset, std::span<const std::uint8_t> in, Done& done) override;
 
@@ -115,6 +116,7 @@ class Blkfront final : public BlockTarget {
 
  private:
   BlkfrontQueue& my_queue() noexcept;  // the calling thread's
+  std::size_t my_queue_index() const noexcept;
   // Sector-aligned I/O of whole sectors, split into requests on the caller's queue; 0 or -errno.
   int io_sectors(bool write, std::uint64_t sector, std::uint8_t* buf, std::uint64_t nsect);
   bool start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done);
