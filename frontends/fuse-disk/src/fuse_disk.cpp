@@ -9,6 +9,7 @@
 #include <linux/fuse.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -453,6 +454,12 @@ FuseDisk::~FuseDisk() {
   // the session (the kernel drops them): it is destroyed only after the last one.
   fuse_session_exit(impl_->se);
   if (auto* u = impl_->uring.load(std::memory_order_acquire)) u->closing();
+  // End the connection now, also while files on it are open (a loop device, a reader): MNT_FORCE
+  // has the kernel abort it (fuse's umount_begin), so their requests fail (ENOTCONN) instead of
+  // waiting for a server that is going away, and the loop's threads leave their reads of the
+  // device. Then the mount goes — detached if still in use. libfuse's unmount, seeing the
+  // connection gone, only closes its descriptor.
+  if (::umount2(mountpoint_.c_str(), MNT_FORCE) != 0) (void)::umount2(mountpoint_.c_str(), MNT_DETACH);
   fuse_session_unmount(impl_->se);
   if (loop_.joinable()) loop_.join();
   if (impl_->blocking) impl_->blocking->join();  // every job it was given has replied

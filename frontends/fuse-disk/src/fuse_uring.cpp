@@ -5,6 +5,7 @@
 #include <linux/fuse.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -94,7 +95,21 @@ std::span<unsigned char> FuseUring::current_payload() noexcept { return t_payloa
 
 FuseUring::FuseUring(int dev_fd, unsigned queues, unsigned entries, unsigned threads, std::size_t payload_size,
                      Process process)
-    : dev_fd_(dev_fd), payload_size_(payload_size), process_(std::move(process)) {
+    : payload_size_(payload_size), process_(std::move(process)) {
+  // Our own descriptor of the device: libfuse closes its own when it unmounts, and answers still
+  // to be committed after that must not find the number gone (or taken by another file).
+  dev_fd_ = ::fcntl(dev_fd, F_DUPFD_CLOEXEC, 0);
+  if (dev_fd_ < 0) throw std::runtime_error(std::string("FUSE io_uring: dup of /dev/fuse: ") + std::strerror(errno));
+  try {
+    set_up(queues, entries, threads);
+  } catch (...) {
+    release();  // nothing is left half made
+    throw;
+  }
+}
+
+void FuseUring::set_up(unsigned queues, unsigned entries, unsigned threads) {
+  const std::size_t payload_size = payload_size_;
   if (queues == 0 || entries == 0 || threads == 0 || queues > 0xffff) {
     throw std::runtime_error("FUSE io_uring: bad geometry (queues " + std::to_string(queues) + ", entries " +
                              std::to_string(entries) + ", threads " + std::to_string(threads) + ")");
@@ -141,11 +156,18 @@ FuseUring::FuseUring(int dev_fd, unsigned queues, unsigned entries, unsigned thr
 
 FuseUring::~FuseUring() {
   stop();
+  release();
+}
+
+void FuseUring::release() noexcept {
   for (auto& w : workers_) {
     if (w->ring_ok) io_uring_queue_exit(&w->ring);  // cancels the commands the kernel still holds
     if (w->wake_fd >= 0) ::close(w->wake_fd);
     if (w->area) ::munmap(w->area, w->area_size);
   }
+  workers_.clear();
+  if (dev_fd_ >= 0) ::close(dev_fd_);
+  dev_fd_ = -1;
 }
 
 void FuseUring::start() {

@@ -109,10 +109,12 @@ class FuseUring {
   struct Entry;
 
  private:
+  void set_up(unsigned queues, unsigned entries, unsigned threads);
+  void release() noexcept;
   void run(Worker& w);
   void handle(Worker& w, Entry& e);
 
-  int dev_fd_;
+  int dev_fd_ = -1;  // a dup of the session's /dev/fuse descriptor
   std::size_t payload_size_;
   Process process_;
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -371,6 +371,45 @@ TEST_P(FuseDiskTest, ManyRequestsInFlightGetTheirOwnAnswers) {
   }
 }
 
+// The disk is destroyed while four threads still read and write it (their files open): the
+// destructor ends the connection — their later requests fail, none hangs — and returns with
+// nothing left mounted. Bounded: 400 I/Os a thread.
+TEST_P(FuseDiskTest, DestroyingTheDiskWhileItIsInUseEndsCleanly) {
+  MemoryTarget t(4 << 20, false);
+  mount(t);
+  constexpr int kThreads = 4, kOps = 400;
+  std::atomic<int> done_ops{0}, failed{0}, started{0};
+  std::vector<std::thread> ts;
+  for (int th = 0; th < kThreads; ++th) {
+    ts.emplace_back([&, th] {
+      UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
+      void* p = nullptr;
+      if (!fd || ::posix_memalign(&p, 4096, 4096) != 0) return (void)++failed;
+      std::unique_ptr<void, decltype(&std::free)> buf(p, &std::free);
+      ++started;
+      for (int i = 0; i < kOps; ++i) {
+        const off_t off = (off_t{i % 64} * kThreads + th) * 4096;
+        std::memset(p, th + 1, 4096);
+        const bool ok = (i & 1) ? ::pread(fd.get(), p, 4096, off) == 4096 : ::pwrite(fd.get(), p, 4096, off) == 4096;
+        ok ? ++done_ops : ++failed;
+      }
+    });
+  }
+  // Until every thread is under way (bounded: 10 s).
+  for (int i = 0; i < 10000 && (started < kThreads || done_ops < 2 * kThreads) && failed == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const std::uint64_t through_rings = disk_->uring_requests();
+  disk_.reset();  // with the threads mid-way
+  for (auto& x : ts) x.join();
+  EXPECT_EQ(done_ops.load() + failed.load(), kThreads * kOps) << "every request ended, answered or refused";
+  EXPECT_GT(done_ops.load(), 0);
+  EXPECT_FALSE(is_mounted(dir_));
+  if (uring()) {
+    EXPECT_GT(through_rings, 0u);
+  }
+}
+
 // A flush that takes its time (a disk cache being written back) holds up neither reads nor
 // writes behind it: over /dev/fuse other workers serve them, over the rings the flush waits on
 // a pool thread, not on the ring's worker. Both threads are pinned to one CPU, so that over

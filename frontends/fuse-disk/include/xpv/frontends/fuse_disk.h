@@ -14,8 +14,9 @@
 // gets them so: the worker that took the request from the kernel starts it and goes back for the
 // next one, and the reply is sent from the thread that completes it — a few workers keep a deep
 // queue in flight instead of one blocked worker per request. A target without (or one refusing
-// this one) gets the blocking read/write on the worker. The destructor unmounts, joins the loop's
-// threads and waits for the replies of requests still in flight.
+// this one) gets the blocking read/write on the worker. The destructor ends the connection
+// (files still open on it get errors from then on), unmounts, joins the loop's threads and waits
+// for the replies of requests still in flight.
 //
 // Transport: where the kernel offers FUSE over io_uring (Linux ≥ 6.14 with the fuse module's
 // enable_uring on) and FuseDiskOptions::uring allows, requests travel through io_uring rings
