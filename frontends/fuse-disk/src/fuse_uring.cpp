@@ -144,7 +144,13 @@ void FuseUring::set_up(unsigned queues, unsigned entries, unsigned threads) {
     wr.wake_fd = ::eventfd(0, EFD_CLOEXEC);
     if (wr.wake_fd < 0) throw std::runtime_error(std::string("FUSE io_uring: eventfd: ") + std::strerror(errno));
     io_uring_params p{};
-    p.flags = IORING_SETUP_SQE128;
+    // COOP_TASKRUN: the kernel's work of filling an entry with a new request waits for the
+    // worker's next entry into the kernel instead of interrupting it (an IPI: costly in a VM);
+    // TASKRUN_FLAG marks such work pending in the SQ ring's flags, which the worker looks at.
+    // Measured on this 2-vCPU machine (fio through the PV disk's FUSE file, image on the cloud
+    // volume, two alternations): 4k randread qd32 36–39k against 30–31k IOPS, 4k randwrite qd32
+    // 33–36k against 25k; qd1 within noise.
+    p.flags = IORING_SETUP_SQE128 | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
     unsigned depth = 8;
     while (depth < mine + 2) depth *= 2;
     if (int rc = io_uring_queue_init_params(depth, &wr.ring, &p); rc < 0) {
@@ -236,6 +242,7 @@ void FuseUring::run(Worker& w) {
   for (;;) {
     auto idle = [&] {
       return !w.has_commits.load(std::memory_order_acquire) && io_uring_cq_ready(&w.ring) == 0 &&
+             !(IO_URING_READ_ONCE(*w.ring.sq.kflags) & IORING_SQ_TASKRUN) &&  // a request waits to be filled in
              io_uring_sq_ready(&w.ring) == 0 && !stopping_.load(std::memory_order_relaxed);
     };
     // Spin only with several requests awaiting their replies: with one, the thread that will
