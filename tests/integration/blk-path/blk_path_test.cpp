@@ -107,6 +107,17 @@ class BlkPath : public ::testing::Test {
     }
     front_->connect({disk_->info().sectors, false, true, disk_->info().discard});
   }
+  // Two queues with completion threads and 32 indirect segments: what FUSE's asynchronous
+  // path runs on.
+  void start_async_two_queues() {
+    frontends::BlkfrontConfig f;
+    f.completion_threads = true;
+    f.queues = 2;
+    f.indirect_segments = 32;
+    blkback::QueueConfig b;
+    b.max_indirect_segments = 32;
+    start(f, b);
+  }
   void stop_backend() {
     hostile_port_.reset();
     hostile_ring_.reset();
@@ -485,13 +496,7 @@ TEST_F(BlkPath, Ext4OverFuseAndLoopThroughTheAsynchronousPath) {
   if (::geteuid() != 0 || ::access("/dev/fuse", R_OK | W_OK) != 0 || std::system("command -v losetup >/dev/null") != 0) {
     GTEST_SKIP() << "needs root, /dev/fuse and losetup";
   }
-  frontends::BlkfrontConfig f;
-  f.completion_threads = true;
-  f.queues = 2;
-  f.indirect_segments = 32;
-  blkback::QueueConfig b;
-  b.max_indirect_segments = 32;
-  start(f, b);
+  start_async_two_queues();
   ext4_over_fuse();
   const auto st = front_->stats();
   EXPECT_GT(st.async_requests, 0u);
@@ -507,13 +512,7 @@ TEST_F(BlkPath, Ext4OverFuseOverIoUringThroughTheAsynchronousPath) {
   }
   if (!frontends::FuseUringEnable::available()) GTEST_SKIP() << "this kernel has no FUSE over io_uring";
   frontends::FuseUringEnable on;
-  frontends::BlkfrontConfig f;
-  f.completion_threads = true;
-  f.queues = 2;
-  f.indirect_segments = 32;
-  blkback::QueueConfig b;
-  b.max_indirect_segments = 32;
-  start(f, b);
+  start_async_two_queues();
   EXPECT_GT(ext4_over_fuse(/*uring=*/true), 0u) << "the rings carried the requests";
   const auto st = front_->stats();
   EXPECT_GT(st.async_requests, 0u);
