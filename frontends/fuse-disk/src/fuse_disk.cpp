@@ -462,6 +462,9 @@ FuseDisk::~FuseDisk() {
   if (::umount2(mountpoint_.c_str(), MNT_FORCE) != 0) (void)::umount2(mountpoint_.c_str(), MNT_DETACH);
   fuse_session_unmount(impl_->se);
   if (loop_.joinable()) loop_.join();
+  // The rings' workers stop first (the connection is gone: nothing more to fetch), so that none
+  // hands the pool a job after it was joined; their entries stay until the last reply.
+  if (impl_->uring_owner) impl_->uring_owner->stop();
   if (impl_->blocking) impl_->blocking->join();  // every job it was given has replied
   {
     std::unique_lock l(impl_->m);
@@ -469,8 +472,7 @@ FuseDisk::~FuseDisk() {
       spdlog::warn("{}: waiting for {} request(s) still in flight on the disk", mountpoint_, impl_->in_flight);
     }
   }
-  // The ring's workers go before the session: a late reply still finds the ring.
-  if (impl_->uring_owner) impl_->uring_owner->stop();
+  // The rings go before the session, after the last reply (a late reply still finds its entry).
   impl_->uring.store(nullptr, std::memory_order_release);
   impl_->uring_owner.reset();
   fuse_session_destroy(impl_->se);
