@@ -30,6 +30,8 @@ CLIENTS=0
 PAIRS=0
 FIO=randread-4k
 SHUTDOWN_WAIT=0
+BONNIE_DIRECT=0
+BONNIE_CHUNK=0
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -41,6 +43,8 @@ for arg in $(cat /proc/cmdline); do
     xpv.pairs=*) PAIRS="${arg#xpv.pairs=}" ;;
     xpv.fio=*) FIO="${arg#xpv.fio=}" ;;
     xpv.shutdown_wait=*) SHUTDOWN_WAIT="${arg#xpv.shutdown_wait=}" ;;
+    xpv.bonnie_direct=*) BONNIE_DIRECT="${arg#xpv.bonnie_direct=}" ;;
+    xpv.bonnie_chunk=*) BONNIE_CHUNK="${arg#xpv.bonnie_chunk=}" ;;
   esac
 done
 
@@ -57,7 +61,7 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT; do
+for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
@@ -226,11 +230,18 @@ case "$RUN" in
     ;;
   bonnie)
     ram=$((SIZE / 2))
+    # -f -D: no per-character phases (stdio cannot write O_DIRECT), and the bulk phases (block
+    # write, rewrite, block read) use O_DIRECT: the disk answers them, not the guest's page cache.
+    direct=
+    [ "$BONNIE_DIRECT" -ne 0 ] && direct="-f -D"
+    # xpv.bonnie_chunk=BYTES: bonnie++'s chunk size (its -s SIZE:CHUNK; default 8192).
+    size="$SIZE"
+    [ "$BONNIE_CHUNK" -ne 0 ] && size="$SIZE:$BONNIE_CHUNK"
     mkdir -p /tmp/b
     n=1
     while [ "$n" -le "$REPEAT" ]; do
       say "XPV-PHASE bonnie-$n begin"
-      bonnie++ -u root -d /tmp/b -s "$SIZE" -r "$ram" -n 0 -q > /tmp/bonnie.csv 2> /tmp/bonnie.err
+      bonnie++ -u root -d /tmp/b -s "$size" -r "$ram" -n 0 -q $direct > /tmp/bonnie.csv 2> /tmp/bonnie.err
       rc=$?
       say "XPV-PHASE bonnie-$n end"
       [ "$rc" -eq 0 ] || fatal "bonnie++ failed (exit $rc): $(tail -n 1 /tmp/bonnie.err)"

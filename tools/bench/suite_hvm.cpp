@@ -8,7 +8,10 @@
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
-//             boot 1: xpv.run=iperf3 xpv.clients=3 xpv.pairs=1   boot 2: xpv.run=bonnie xpv.size=64
+//             boot 1: xpv.run=iperf3 xpv.clients=3 xpv.pairs=1
+//             boot 2: xpv.run=bonnie xpv.bonnie_direct=1 xpv.size=512 xpv.bonnie_chunk=65536
+//                     (bonnie++ -f -D -s 512:65536: O_DIRECT bulk phases in 64 KiB chunks, no
+//                     per-char phases)
 //     QEMU: qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2, same vmlinuz + initrd.cpio, a
 //           fresh copy of root.ext4 as virtio-blk (cache=writeback: the copy lives on tmpfs, which
 //           has no O_DIRECT; xpv-blkback falls back to buffered I/O there too), virtio-net on a
@@ -35,11 +38,11 @@
 //   bonnie++ run (host clock)              s between XPV-PHASE bonnie-1 begin/end as L1 sees them
 //                                          on the console: THE disk metric (lower is better)
 //   bonnie++ block write/read/rewrite      KiB/s from bonnie++'s CSV (the guest's clock; +++++
-//                                          = too fast for bonnie++ to time → no figure)
-// Duration (measured, 2-core host with other builds running): --quick 837 s for the testbed
-// session — each guest boot is 65 s (xpv) / 108 s (QEMU) to its workload and bonnie++ has a fixed
-// cost of ~2 min there whatever the size (per-char and seek phases); the full run adds ~1-2 min.
-// --quick: iperf3 -t 2 and xpv.size=32. A step that fails gets one more, fresh boot (guarded());
+//                                          = too fast for bonnie++ to time → no figure); O_DIRECT
+//                                          in the guest (-D), so the disk path, not the page cache
+// Duration (measured, session 15): ~7 min for the testbed session with the 64 MiB file; the
+// 512 MiB one adds about a minute (a 256 MiB run: 25 s of bonnie++ on the xpv side).
+// --quick: iperf3 -t 2 and xpv.size=256. A step that fails gets one more, fresh boot (guarded());
 // one that fails twice leaves its metrics without a figure (NaN → null in the JSON) and says why
 // in `note`; nothing is ever invented.
 // The console logs, daemon logs and QEMU's output are copied back: next to --json as
@@ -176,7 +179,7 @@ struct Inner {
   fs::path logs;    // copied back to the host (in the share)
   std::string xpv;  // this binary
   int iperf_s = 5;
-  int bonnie_mib = 64;
+  int bonnie_mib = 512;
 };
 
 fs::path fresh_disk(const Inner& in, const std::string& name) {
@@ -511,6 +514,15 @@ struct Side {
   std::string setup;  // e.g. "vhost=on"
 };
 
+// The bonnie boot's workload: O_DIRECT bulk phases (-D), so the disk path answers block write,
+// rewrite and block read rather than the guest's page cache (512 MiB of RAM); -f as well (the
+// per-char phases write through stdio, which O_DIRECT refuses). 64 KiB chunks and 512 MiB: with
+// bonnie++'s 8 KiB chunks O_DIRECT writes crawl (2 MB/s in the testbed), and a 64 or 256 MiB
+// file is read in under the half second bonnie++ can time (+++++; 256 MiB: 0.8 s, too close).
+std::string bonnie_cmdline(const Inner& in) {
+  return "xpv.run=bonnie xpv.bonnie_direct=1 xpv.bonnie_chunk=65536 xpv.size=" + std::to_string(in.bonnie_mib);
+}
+
 Side measure_xpv(const Inner& in) {
   Side s;
   const fs::path run = in.work / "xpv-run", log = in.work / "xpv-log";
@@ -529,7 +541,7 @@ Side measure_xpv(const Inner& in) {
       return run_iperf(vm, in, "xpv");
     });
     s.disk = guarded("xpv", [&](int attempt) {
-      XpvVm vm(in, attempt_name("hvm-bonnie", attempt), "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib));
+      XpvVm vm(in, attempt_name("hvm-bonnie", attempt), bonnie_cmdline(in));
       return run_bonnie(vm, "xpv");
     });
   }
@@ -553,7 +565,7 @@ Side measure_qemu(const Inner& in) {
     return run_iperf(vm, in, "qemu");
   });
   s.disk = guarded("qemu", [&](int attempt) {
-    QemuVm vm(in, attempt_name("bonnie", attempt), "xpv.run=bonnie xpv.size=" + std::to_string(in.bonnie_mib), vhost);
+    QemuVm vm(in, attempt_name("bonnie", attempt), bonnie_cmdline(in), vhost);
     return run_bonnie(vm, "qemu");
   });
   (void)shell("ip link del xpvtap0 >/dev/null 2>&1");
@@ -598,7 +610,7 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   fs::create_directories(in.logs);
   in.xpv = fs::read_symlink("/proc/self/exe").string();
   in.iperf_s = std::max(2, static_cast<int>(std::lround(5 * opts.scale)));
-  in.bonnie_mib = std::max(32, static_cast<int>(std::lround(64 * opts.scale)));
+  in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
 
   const auto t0 = Clock::now();
   const Side x = measure_xpv(in);
@@ -616,9 +628,10 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                           "; xpv: HVM guest (" + bench_upcall() + " upcalls), xen-netfront ↔ xpv-netback vif; QEMU 7.2 "
                           "-enable-kvm: virtio-net on a TAP, " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd" +
                           retried("xpv", x.net.retried) + retried("QEMU", r.net.retried);
-  const std::string disk_common = "bonnie++ -s " + std::to_string(in.bonnie_mib) + " MiB -r " +
-                                  std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: the guest's "
-                                  "page cache is involved; xpv: xen-blkfront ↔ xpv-blkback, QEMU: virtio-blk "
+  const std::string disk_common = "bonnie++ -f -D -s " + std::to_string(in.bonnie_mib) + " MiB:64 KiB chunks -r " +
+                                  std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: O_DIRECT "
+                                  "block write, rewrite and block read (the disk answers them, not the guest's page "
+                                  "cache), no per-char phases; xpv: xen-blkfront ↔ xpv-blkback, QEMU: virtio-blk "
                                   "cache=writeback; both disks are copies of root.ext4 on L1's tmpfs" +
                                   retried("xpv", x.disk.retried) + retried("QEMU", r.disk.retried);
   std::vector<Result> out;
@@ -678,7 +691,7 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                        true));
   out.push_back(metric("bonnie++ run (host clock)", "s", x.disk.wall_s, r.disk.wall_s, x.disk.error, r.disk.error,
                        "THE disk metric: L1's steady clock between the console markers XPV-PHASE bonnie-1 "
-                       "begin/end (every bonnie++ phase, per-char and seeks included); " + disk_common,
+                       "begin/end (every bonnie++ phase, seeks included); " + disk_common,
                        true));
   const auto csv_err = [](const DiskFigures& d) { return d.error.empty() ? d.csv_note : d.error; };
   const std::string csv = "from bonnie++'s CSV, timed by the guest's clock (the host-clock metric is "

@@ -55,7 +55,7 @@ Command::Command(CLI::App& app) {
   sub_ = app.add_subcommand("demo", "the main job: build the guest image, run `xpv bench hvm` (HVM guest with Xen "
                                     "PV drivers under xpv vs QEMU+KVM virtio) and print a report");
   sub_->add_option("--out", opts_.out_dir, "where hvm.json, hvm-ratios.png and hvm-logs/ go")->capture_default_str();
-  sub_->add_flag("--quick", opts_.quick, "shorter runs (iperf3 -t 2, bonnie++ 32 MiB)");
+  sub_->add_flag("--quick", opts_.quick, "shorter runs (iperf3 -t 2, bonnie++ 256 MiB)");
 }
 
 bool Command::selected() const { return sub_->parsed(); }
