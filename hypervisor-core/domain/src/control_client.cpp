@@ -94,6 +94,17 @@ void ControlClient::unbind(std::uint32_t port) {
 
 void ControlClient::unpause() { (void)call(MsgType::unpause, {}); }
 
+ControlClient::DirectFds ControlClient::direct_upcall(std::uint32_t vcpu) {
+  DirectUpcallRequest req{vcpu, 0};
+  std::vector<UniqueFd> fds;
+  Message m = call(MsgType::get_direct_upcall, bytes_of(req), &fds);
+  auto r = decode_fixed<DirectUpcallResponse>(m.payload);
+  if (!r || r->nr_vcpus == 0 || vcpu >= r->nr_vcpus) {
+    throw ControlError(EPROTO, "control socket: malformed direct upcall answer");
+  }
+  return {r->nr_vcpus, std::move(fds.at(0)), std::move(fds.at(1))};
+}
+
 XenstoreInfo ControlClient::xenstore() {
   Message m = call(MsgType::get_xenstore, {});
   auto r = decode_fixed<XenstoreResponse>(m.payload);

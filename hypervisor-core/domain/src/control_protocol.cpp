@@ -20,7 +20,7 @@ const char* to_string(ProtoError e) noexcept {
 namespace {
 bool known_request(std::uint16_t t) noexcept {
   return t >= static_cast<std::uint16_t>(MsgType::hello) &&
-         t <= static_cast<std::uint16_t>(MsgType::unpause);
+         t <= static_cast<std::uint16_t>(MsgType::get_direct_upcall);
 }
 }  // namespace
 
@@ -45,6 +45,7 @@ Expected<Message, ProtoError> parse(std::span<const std::uint8_t> datagram) noex
 std::size_t fds_for(std::uint16_t wire_type) noexcept {
   if (wire_type == (static_cast<std::uint16_t>(MsgType::get_memory) | kResponseBit)) return 1;
   if (wire_type == (static_cast<std::uint16_t>(MsgType::bind_interdomain) | kResponseBit)) return 2;
+  if (wire_type == (static_cast<std::uint16_t>(MsgType::get_direct_upcall) | kResponseBit)) return 2;
   return 0;
 }
 

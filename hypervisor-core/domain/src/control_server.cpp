@@ -200,6 +200,18 @@ bool ControlServer::serve_one(Connection& c) {
       if (auto r = handler_.unpause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
       return reply(fd, rsp, seq, {});
     }
+    case MsgType::get_direct_upcall: {
+      auto req = decode_fixed<DirectUpcallRequest>(m->payload);
+      if (!req) return false;
+      auto du = handler_.direct_upcall(req->vcpu);
+      if (!du) {
+        return reply_error(fd, seq, du.error(), "no direct upcalls for vCPU " + std::to_string(req->vcpu) + ": " +
+                                                   std::strerror(du.error()));
+      }
+      DirectUpcallResponse r{du->nr_vcpus, 0};
+      const int fds[2] = {du->table, du->vcpu};
+      return reply(fd, rsp, seq, bytes_of(r), fds);
+    }
   }
   return false;
 }

@@ -156,6 +156,23 @@ Expected<void, int> Domain::unpause() {
   return {};
 }
 
+void Domain::enable_direct_upcalls(std::vector<UniqueFd> vcpu_fds, const GuestMemory& spans_from) {
+  if (direct_) throw std::logic_error("direct upcalls enabled twice");
+  if (vcpu_fds.size() != config_.vcpus) {
+    throw std::invalid_argument(fmt::format("domain {}: {} upcall eventfds for {} vCPUs", config_.name,
+                                            vcpu_fds.size(), config_.vcpus));
+  }
+  direct_ = std::make_unique<DirectTable>(config_.vcpus, evtchn_->max_ports());
+  direct_fds_ = std::move(vcpu_fds);
+  evtchn_->attach_direct(*direct_, spans_from);
+}
+
+Expected<ControlHandler::DirectFds, int> Domain::direct_upcall(std::uint32_t vcpu) {
+  if (!direct_) return fail(EOPNOTSUPP);
+  if (vcpu >= direct_fds_.size()) return fail(ENOENT);
+  return DirectFds{static_cast<std::uint32_t>(direct_fds_.size()), direct_->fd(), direct_fds_[vcpu].get()};
+}
+
 Expected<XenstoreInfo, int> Domain::xenstore() { return XenstoreInfo{xenstore_gfn_, xenstore_port_}; }
 
 }  // namespace xpv::domain

@@ -106,6 +106,22 @@ void EventChannels::set_pending(Port p, std::uint32_t vcpu) noexcept {
   mark_sel_and_upcall(vcpu, port_word(p));
 }
 
+void EventChannels::dom0_kick_locked(Port p) noexcept {
+  // Without a direct table, Xen's rule exactly (a pending port is not signalled again).
+  if (direct_ == nullptr) {
+    set_pending(p, ports_[p].notify_vcpu);
+  } else {
+    kick_pending(p, ports_[p].notify_vcpu);
+  }
+}
+
+void EventChannels::kick_pending(Port p, std::uint32_t vcpu) noexcept {
+  const std::uint64_t bit = port_bit(p);
+  std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_or(bit, std::memory_order_acq_rel);
+  if (std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit) return;
+  mark_sel_and_upcall(vcpu, port_word(p));
+}
+
 void EventChannels::mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept {
   // 3. selector bit for the word in the target vCPU's vcpu_info.
   const std::uint64_t sel_bit = std::uint64_t{1} << word;
@@ -125,6 +141,62 @@ void EventChannels::mark_upcall_pending(std::uint32_t vcpu) noexcept {
 void EventChannels::clear_pending(Port p) noexcept {
   std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_and(~port_bit(p),
                                                              std::memory_order_acq_rel);
+}
+
+// ---- the direct table (table_mu_ held exclusively) ---------------------------------------------
+
+struct EventChannels::DirectWrite {
+  explicit DirectWrite(DirectTable* t) noexcept : t_(t) {
+    if (t_) t_->begin();
+  }
+  ~DirectWrite() {
+    if (t_) t_->end();
+  }
+  DirectTable* t_;
+};
+
+std::uint64_t EventChannels::gpa_of(std::span<std::uint8_t> s) const noexcept {
+  if (direct_mem_ == nullptr) return kNoGpa;
+  const auto* p = s.data();
+  for (const auto& r : direct_mem_->regions()) {
+    if (p >= r.host && p + s.size() <= r.host + r.size) return r.gpa + static_cast<std::uint64_t>(p - r.host);
+  }
+  return kNoGpa;
+}
+
+void EventChannels::publish_endpoint_locked(Port dom0_port) noexcept {
+  if (direct_ == nullptr || dom0_port == 0 || dom0_port >= dom0_.size()) return;
+  const Port gp = dom0_[dom0_port] ? dom0_[dom0_port]->guest_port : 0;
+  direct_->set_endpoint(dom0_port, gp, gp != 0 ? ports_[gp].notify_vcpu : 0);
+}
+
+void EventChannels::publish_port_locked(Port guest_port) noexcept {
+  if (direct_ == nullptr || !port_valid(guest_port)) return;
+  const Channel& c = ports_[guest_port];
+  if (c.state == State::interdomain && c.remote_dom == 0) publish_endpoint_locked(c.remote_port);
+}
+
+void EventChannels::publish_locations_locked() noexcept {
+  if (direct_ == nullptr) return;
+  direct_->set_shared_info(gpa_of(shared_info_));
+  for (unsigned v = 0; v < nr_vcpus_; ++v)
+    direct_->set_vcpu_info(v, vcpus_[v].guest_visible ? gpa_of(vcpus_[v].info) : kNoGpa);
+}
+
+void EventChannels::attach_direct(DirectTable& table, const GuestMemory& spans_from) noexcept {
+  std::unique_lock lk(table_mu_);
+  direct_ = &table;
+  direct_mem_ = &spans_from;
+  DirectWrite w(direct_);
+  publish_locations_locked();
+  for (Port e = 1; e < dom0_.size(); ++e) publish_endpoint_locked(e);
+}
+
+void EventChannels::set_direct_route(unsigned vcpu, bool routed) noexcept {
+  std::unique_lock lk(table_mu_);
+  if (direct_ == nullptr || !vcpu_valid(vcpu)) return;
+  DirectWrite w(direct_);
+  direct_->set_routed(vcpu, routed);
 }
 
 // ---- port table helpers (table_mu_ held) -------------------------------------------------------
@@ -166,6 +238,10 @@ void EventChannels::close_locked(Port p) noexcept {
         // blocked in wait() wakes up and finds (through xenbus) that the frontend went away.
         Dom0Endpoint& e = *dom0_[c.remote_port];
         e.guest_port = 0;
+        {
+          DirectWrite w(direct_);
+          publish_endpoint_locked(c.remote_port);
+        }
         (void)e.to_dom0.notify();
       }
       break;
@@ -232,6 +308,10 @@ Expected<Port, XenErrno> EventChannels::bind_interdomain(DomId remote_dom,
   l.state = State::interdomain;
   l.remote_dom = rdom;
   l.remote_port = remote_port;
+  if (rdom == 0) {
+    DirectWrite w(direct_);
+    publish_endpoint_locked(remote_port);
+  }
   // The remote may have sent while it was unbound (and that was dropped): as Xen, always make
   // the new local port pending once.
   set_pending(*lport, l.notify_vcpu);
@@ -279,9 +359,12 @@ Expected<void, XenErrno> EventChannels::bind_vcpu(Port port, std::uint32_t vcpu)
       c.notify_vcpu = vcpu;
       return {};
     case State::unbound:
-    case State::interdomain:
+    case State::interdomain: {
       c.notify_vcpu = vcpu;
+      DirectWrite w(direct_);
+      publish_port_locked(port);
       return {};
+    }
     default:
       return fail(XenErrno::einval);
   }
@@ -386,6 +469,10 @@ Expected<void, XenErrno> EventChannels::register_vcpu_info(unsigned vcpu,
   s.info = at;
   s.guest_visible = true;
   s.registered = true;
+  if (direct_ != nullptr) {
+    DirectWrite w(direct_);
+    direct_->set_vcpu_info(vcpu, gpa_of(s.info));
+  }
   // As Xen: mark every word as possibly pending and raise an upcall; the guest copes with a
   // spurious one.
   u64_at(s.info, kPendingSelOffset).store(~std::uint64_t{0}, std::memory_order_release);
@@ -445,6 +532,10 @@ Expected<void, XenErrno> EventChannels::move_shared_info(std::span<std::uint8_t>
     if (in_page(old_lo, s.info))
       s.info = page.subspan(reinterpret_cast<std::uintptr_t>(s.info.data()) - old_lo, kVcpuInfoBytes);
   shared_info_ = page;
+  {
+    DirectWrite w(direct_);
+    publish_locations_locked();
+  }
   return {};
 }
 
@@ -542,6 +633,10 @@ Expected<Dom0Fds, XenErrno> EventChannels::bind_to_dom0(Port guest_port) noexcep
   c.state = State::interdomain;
   c.remote_dom = 0;
   c.remote_port = *dp;
+  {
+    DirectWrite w(direct_);
+    publish_endpoint_locked(*dp);
+  }
   // The binder's new port starts pending (Xen's bind_interdomain): the backend looks once.
   (void)e.to_dom0.notify();
   return fds;
@@ -569,6 +664,10 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     c.remote_port = 0;
   }
   dom0_[dom0_port].reset();
+  {
+    DirectWrite w(direct_);
+    publish_endpoint_locked(dom0_port);
+  }
   return {};
 }
 
@@ -594,7 +693,7 @@ Expected<std::uint64_t, XenErrno> EventChannels::service_dom0_kick(Port dom0_por
     return fail(XenErrno::einval);
   const Dom0Endpoint& e = *dom0_[dom0_port];
   const std::uint64_t n = e.from_dom0.consume().value_or(0);
-  if (n != 0 && e.guest_port != 0) set_pending(e.guest_port, ports_[e.guest_port].notify_vcpu);
+  if (n != 0 && e.guest_port != 0) dom0_kick_locked(e.guest_port);
   return n;
 }
 
@@ -604,7 +703,7 @@ std::uint64_t EventChannels::service_dom0_kicks() noexcept {
   for (const auto& e : dom0_) {
     if (!e) continue;
     const std::uint64_t n = e->from_dom0.consume().value_or(0);
-    if (n != 0 && e->guest_port != 0) set_pending(e->guest_port, ports_[e->guest_port].notify_vcpu);
+    if (n != 0 && e->guest_port != 0) dom0_kick_locked(e->guest_port);
     total += n;
   }
   return total;

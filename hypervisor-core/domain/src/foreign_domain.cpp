@@ -1,8 +1,12 @@
 #include "xpv/domain/foreign_domain.h"
 
 #include <fmt/core.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <string_view>
 
 namespace xpv::domain {
 
@@ -16,7 +20,40 @@ ForeignDomain ForeignDomain::connect(std::uint16_t domid, const std::string& cli
   DomainMemory memory = client.map_memory();
   ForeignDomain d(std::move(client), std::move(memory));
   d.refresh_grant_frames();
+  d.connect_direct();
   return d;
+}
+
+ForeignDomain::~ForeignDomain() {
+  if (!direct_) return;
+  try {
+    spdlog::info("dom{}: direct upcalls: {} notifications delivered, {} interrupts raised, {} through the domain",
+                 domid(), direct_->delivered(), direct_->interrupts(), direct_->declined());
+  } catch (...) {
+  }
+}
+
+void ForeignDomain::connect_direct() {
+  // XPV_DIRECT_UPCALL=0: every notification through the domain's event loop (measurements).
+  if (const char* env = std::getenv("XPV_DIRECT_UPCALL"); env != nullptr && std::string_view(env) == "0") return;
+  try {
+    std::vector<UniqueFd> vcpu_fds;
+    UniqueFd table;
+    const std::uint32_t n = client_.domain().nr_vcpus;
+    for (std::uint32_t v = 0; v < n; ++v) {
+      auto f = client_.direct_upcall(v);
+      if (f.nr_vcpus != n) throw ControlError(EPROTO, fmt::format("{} vCPUs in the direct upcall answer, {} in hello", f.nr_vcpus, n));
+      if (v == 0) table = std::move(f.table);
+      vcpu_fds.push_back(std::move(f.vcpu));
+    }
+    direct_ = std::make_shared<DirectUpcall>(std::move(table), std::move(vcpu_fds), UniqueFd(::dup(memory_.fd())),
+                                             memory_.layout());
+    spdlog::info("dom{}: direct upcalls ({} vCPUs): notifications raise the guest's upcall from this process", domid(), n);
+  } catch (const ControlError& e) {
+    if (e.error() != EOPNOTSUPP) spdlog::warn("dom{}: no direct upcalls: {}", domid(), e.what());
+  } catch (const std::exception& e) {
+    spdlog::warn("dom{}: no direct upcalls: {}", domid(), e.what());
+  }
 }
 
 std::size_t ForeignDomain::refresh_grant_frames() {
@@ -43,7 +80,7 @@ std::unique_ptr<gnttab::GrantMapper> ForeignDomain::make_mapper(gnttab::DomId se
 std::unique_ptr<Dom0Port> ForeignDomain::bind(std::uint32_t remote_port, std::uint32_t* dom0_port) {
   Dom0Binding b = client_.bind_interdomain(remote_port);
   if (dom0_port) *dom0_port = b.port;
-  return std::make_unique<Dom0Port>(std::move(b.to_dom0), std::move(b.from_dom0));
+  return std::make_unique<Dom0Port>(std::move(b.to_dom0), std::move(b.from_dom0), direct_, b.port);
 }
 
 void ForeignDomain::unbind(std::uint32_t dom0_port) { client_.unbind(dom0_port); }

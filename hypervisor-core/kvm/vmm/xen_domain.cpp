@@ -75,6 +75,21 @@ class XenDomain::Host final : public xen::PlatformHost {
     }
     return false;
   }
+  void upcall_route(unsigned vcpu, std::uint8_t vector) noexcept override {
+    if (domain_ == nullptr) return;
+    auto r = vm_.route_upcall(vcpu, vector);
+    if (!r) {
+      try {
+        spdlog::warn("vCPU {}: no direct upcalls: {}", vcpu, r.error().message);
+      } catch (...) {
+      }
+    }
+    // Routed or not, the event channels say so to the backends (unrouted: the classic path).
+    domain_->evtchn().set_direct_route(vcpu, r && vector != 0);
+  }
+  // The domain whose direct upcall lines this host routes (null: it has none).
+  domain::Domain* domain_ = nullptr;
+
   void set_intx(bool asserted) noexcept override {
     // The line is an irqfd with a resample fd: KVM lowers it at the guest's EOI by itself.
     if (asserted) vm_.assert_line();
@@ -174,6 +189,17 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     pv_console_ = std::make_unique<PvConsole>(io_, *page, std::move(b->to_dom0), std::move(b->from_dom0), cfg.pv_console);
     pcfg.console_gfn = gfn;
     pcfg.console_port = *port;
+  }
+  // Direct upcalls (direct_upcall.h): one KVM irqfd per vCPU that backends write themselves,
+  // routed to the vCPU's upcall vector once the guest has chosen one (Host::upcall_route).
+  try {
+    std::vector<UniqueFd> lines;
+    for (auto& fd : vm.upcall_lines()) lines.emplace_back(fd.release());
+    domain_->enable_direct_upcalls(std::move(lines), vm.memory());
+    host_->domain_ = domain_.get();
+  } catch (const std::exception& e) {
+    spdlog::warn("dom{}: no direct upcalls (every backend notification through the event loop): {}", cfg.domid,
+                 e.what());
   }
   platform_ = std::make_unique<xen::Platform>(pcfg, *host_);
   platform_->attach(domain_->evtchn());

@@ -29,6 +29,7 @@ std::int64_t Platform::hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& me
       if (u.vcpu >= cfg_.vcpus) return err(XenErrno::enoent);
       if (vcpu_vector_[u.vcpu].exchange(u.vector, std::memory_order_acq_rel) != u.vector) {
         log_upcall_mode(fmt::format("per-vCPU vector {:#x} on vCPU {}", u.vector, u.vcpu));
+        publish_upcall_routes();
       }
       deliver_if_pending(u.vcpu);
       return 0;
@@ -71,6 +72,7 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
         }
       }
       if (callback_kind(old) == CallbackKind::intx && callback_kind(value) != CallbackKind::intx) host_.set_intx(false);
+      if (old != value) publish_upcall_routes();
       if (type == abi::kCallbackTypeVector) {
         for (unsigned v = 0; v < cfg_.vcpus; ++v) deliver_if_pending(v);
       } else {

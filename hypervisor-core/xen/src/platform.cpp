@@ -139,6 +139,15 @@ void Platform::upcall(unsigned vcpu) noexcept {
   upcalls_dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Platform::publish_upcall_routes() noexcept {
+  const std::uint64_t cb = callback_irq_.load(std::memory_order_acquire);
+  const std::uint8_t global = callback_kind(cb) == CallbackKind::vector ? global_callback_vector(cb) : 0;
+  for (unsigned v = 0; v < cfg_.vcpus; ++v) {
+    const std::uint8_t own = vcpu_vector_[v].load(std::memory_order_acquire);
+    host_.upcall_route(v, own != 0 ? own : global);
+  }
+}
+
 void Platform::deliver_if_pending(unsigned vcpu) noexcept {
   if (evtchn_ && evtchn_->upcall_pending(vcpu)) upcall(vcpu);
 }

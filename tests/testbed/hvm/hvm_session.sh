@@ -175,6 +175,17 @@ for M in "$@"; do
   echo "XPV-TEST: shutdown-requested $(grep -c '^XPV-SHUTDOWN-REQUESTED poweroff' $W/log/console-$N.log 2>/dev/null)"
   # What the restarted backends said about the guest's devices.
   grep -h "reconnected\|resuming" $W/log/xpv-netback.log $W/log/xpv-blkback.log | sed 's/^/XPV-TEST: backend-log /'
+  # Direct upcalls: the VMM's routing of the upcall lines, and the interrupts the restarted
+  # backends raised themselves for this domain (logged when they let go of it: wait ≤ 10 s).
+  echo "XPV-TEST: direct-route-failures $(grep -c 'no direct upcalls' $W/log/xpv-vmm-$N.log)"
+  D=$(grep -o 'dom[0-9]*: event upcalls' $W/log/xpv-vmm-$N.log | head -1 | sed 's/: .*//')
+  k=0
+  while [ $k -lt 20 ] && [ "$(grep -h "$D: direct upcalls: " $W/log/xpv-netback.log $W/log/xpv-blkback.log | wc -l)" -lt 2 ]; do
+    sleep 0.5
+    k=$((k + 1))
+  done
+  grep -h "$D: direct upcalls: " $W/log/xpv-netback.log $W/log/xpv-blkback.log |
+    awk '{ for (f = 1; f <= NF; f++) if ($f == "interrupts") n += $(f - 1) } END { print "XPV-TEST: direct-interrupts " n + 0 }'
   rm -f $W/$M.ext4
   echo "XPV-TEST: end $M"
 done

@@ -2,6 +2,7 @@
 // ForeignDomain view of it, over a real control socket: the contract every backend relies on.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
@@ -111,6 +112,57 @@ TEST_F(ForeignDomainTest, EventChannelBothWays) {
   EXPECT_EQ(sink_.count.load(), 1);
   auto* si = reinterpret_cast<const SharedInfo*>(domain_->pages(Domain::kSharedInfoGfn, 1).data());
   EXPECT_NE(si->evtchn_pending[*port / 64] & (std::uint64_t{1} << (*port % 64)), 0u);
+}
+
+TEST_F(ForeignDomainTest, AProcessDomainOffersNoDirectUpcalls) {
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  EXPECT_EQ(d.direct(), nullptr);
+  auto c = ControlClient::connect(domain_->socket_path(), "raw");
+  try {
+    (void)c.direct_upcall(0);
+    ADD_FAILURE() << "a domain without a table answered";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), EOPNOTSUPP) << e.what();
+  }
+}
+
+TEST_F(ForeignDomainTest, DirectUpcallsOverTheControlSocket) {
+  // What xpv-vmm does with its KVM irqfds, here with plain eventfds standing in for them.
+  std::vector<EventFd> lines;
+  std::vector<UniqueFd> theirs;
+  lines.push_back(EventFd::create().value());  // one vCPU
+  theirs.emplace_back(::dup(lines.back().fd()));
+  on_io([&] { domain_->enable_direct_upcalls(std::move(theirs), domain_->mem().view()); });
+  EXPECT_THROW(on_io([&] { domain_->enable_direct_upcalls({}, domain_->mem().view()); }), std::logic_error);
+  auto c = ControlClient::connect(domain_->socket_path(), "raw");
+  try {
+    (void)c.direct_upcall(1);  // the domain has one vCPU
+    ADD_FAILURE() << "vCPU 1 answered";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), ENOENT) << e.what();
+  }
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  ASSERT_NE(d.direct(), nullptr);
+  EXPECT_EQ(d.direct()->nr_vcpus(), 1u);
+  auto port = domain_->evtchn().alloc_unbound(0);
+  ASSERT_TRUE(port);
+  auto ch = d.bind(*port);
+  // Not routed yet (the VMM routes a vCPU once the guest chose its vector): the event loop.
+  ASSERT_TRUE(ch->notify());
+  ASSERT_TRUE(readable(sink_.ev.fd(), 5000));
+  EXPECT_EQ(sink_.count.load(), 1);
+  EXPECT_EQ(lines[0].consume().value(), 0u);
+  // Routed: the service raises vCPU 0's line itself, the domain's sink is not involved.
+  auto* si = reinterpret_cast<SharedInfo*>(domain_->pages(Domain::kSharedInfoGfn, 1).data());
+  std::atomic_ref<std::uint64_t>(si->evtchn_pending[*port / 64]).store(0);
+  std::atomic_ref<std::uint64_t>(si->vcpu_info[0].evtchn_pending_sel).store(0);
+  std::atomic_ref<std::uint8_t>(si->vcpu_info[0].evtchn_upcall_pending).store(0);
+  domain_->evtchn().set_direct_route(0, true);
+  ASSERT_TRUE(ch->notify());
+  EXPECT_EQ(lines[0].consume().value(), 1u);
+  EXPECT_EQ(sink_.count.load(), 1);
+  EXPECT_NE(std::atomic_ref<std::uint64_t>(si->evtchn_pending[*port / 64]).load() & (std::uint64_t{1} << (*port % 64)), 0u);
+  EXPECT_EQ(d.direct()->interrupts(), 1u);
 }
 
 TEST_F(ForeignDomainTest, ABackendThatGoesAwayCanBindAgain) {

@@ -63,6 +63,17 @@ class ControlHandler {
   // Starts a domain that was created paused; EALREADY when it runs already (a process domain
   // always runs).
   virtual Expected<void, int> unpause() { return fail(EALREADY); }
+  // Direct upcalls (direct_upcall.h): the table's memfd and vCPU `vcpu`'s upcall eventfd, both
+  // borrowed (the server sends copies). EOPNOTSUPP where the domain has none; ENOENT bad vCPU.
+  struct DirectFds {
+    std::uint32_t nr_vcpus = 0;
+    int table = -1;
+    int vcpu = -1;
+  };
+  virtual Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) {
+    (void)vcpu;
+    return fail(EOPNOTSUPP);
+  }
 };
 
 class ControlServer {
@@ -114,6 +125,14 @@ class ControlClient {
   void unbind(std::uint32_t port);
   XenstoreInfo xenstore();
   void unpause();
+  // vCPU `vcpu`'s part of the domain's direct upcalls: {nr_vcpus, table memfd, upcall eventfd}.
+  // Throws ControlError (EOPNOTSUPP: the domain has none).
+  struct DirectFds {
+    std::uint32_t nr_vcpus = 0;
+    UniqueFd table;
+    UniqueFd vcpu;
+  };
+  DirectFds direct_upcall(std::uint32_t vcpu);
   // Readable (EOF) once the domain process is gone: a service may watch it.
   int fd() const noexcept { return sock_.get(); }
 

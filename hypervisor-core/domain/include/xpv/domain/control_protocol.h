@@ -16,6 +16,11 @@
 //   bind_interdomain(BindRequest) BindResponse                             to_dom0, from_dom0
 //   unbind(UnbindRequest)         (empty)                                  -
 //   get_xenstore()                XenstoreResponse                         -
+//   unpause()                     (empty)                                  -
+//   get_direct_upcall(DirectUpcallRequest)
+//                                 DirectUpcallResponse                     table memfd, the
+//                                                                          vCPU's upcall eventfd
+//     (direct_upcall.h; a domain without direct upcalls answers EOPNOTSUPP)
 //
 // Ports bound by a connection are unbound when it closes: a backend that dies leaves the guest's
 // ports unbound again (as Xen does when a domain closes its end), so a restarted backend can bind
@@ -51,6 +56,7 @@ enum class MsgType : std::uint16_t {
   unbind = 5,
   get_xenstore = 6,
   unpause = 7,  // no payload, empty answer: a domain created paused starts running (xl unpause)
+  get_direct_upcall = 8,  // DirectUpcallRequest → DirectUpcallResponse + the table, the vCPU's eventfd
 };
 
 enum class DomainKind : std::uint32_t { hvm = 0, process = 1 };
@@ -123,6 +129,18 @@ struct XenstoreResponse {
   std::uint32_t pad;   // 0xc
 };
 static_assert(std::is_standard_layout_v<XenstoreResponse> && sizeof(XenstoreResponse) == 16);
+
+struct DirectUpcallRequest {
+  std::uint32_t vcpu;  // 0x0
+  std::uint32_t pad;   // 0x4
+};
+static_assert(std::is_standard_layout_v<DirectUpcallRequest> && sizeof(DirectUpcallRequest) == 8);
+
+struct DirectUpcallResponse {
+  std::uint32_t nr_vcpus;  // 0x0
+  std::uint32_t pad;       // 0x4
+};
+static_assert(std::is_standard_layout_v<DirectUpcallResponse> && sizeof(DirectUpcallResponse) == 8);
 
 struct ErrorPayload {
   std::int32_t error;  // 0x0: a positive errno value

@@ -8,6 +8,9 @@
 //     backend notify() ──► from_dom0 ──► domain event loop: service_dom0_kick() → port pending,
 //                                        upcall to the guest          (dom0 → guest)
 //
+// Where the domain offers it (xpv-vmm), notify() delivers by itself instead: Dom0Notifier,
+// implemented by direct_upcall.h's DirectUpcall; from_dom0 stays the fallback.
+//
 // Dom0Port wraps the two fds; it is the eventfd-backed `EventChannel` of DESIGN.md §2 (notify /
 // wait), and what backends include — header-only, no link dependency on the domain library
 // (CMake target xpv::domain_port).
@@ -18,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "xpv/domain/event_fd.h"
@@ -51,14 +55,30 @@ struct Dom0Fds {
   UniqueFd from_dom0;            // write to kick the guest
 };
 
+// Delivery without the domain's event loop (direct_upcall.h: DirectUpcall). kick() returns false
+// when it cannot deliver; the port then writes from_dom0 as usual. Any thread.
+class Dom0Notifier {
+ public:
+  virtual ~Dom0Notifier() = default;
+  virtual bool kick(std::uint32_t dom0_port) noexcept = 0;
+};
+
 class Dom0Port final : public EventChannel {
  public:
   Dom0Port(UniqueFd to_dom0, UniqueFd from_dom0) noexcept
       : to_dom0_(std::move(to_dom0)), from_dom0_(std::move(from_dom0)) {}
   explicit Dom0Port(Dom0Fds&& fds) noexcept
       : Dom0Port(std::move(fds.to_dom0), std::move(fds.from_dom0)) {}
+  // With a direct path: notify() tries direct->kick(dom0_port) first.
+  Dom0Port(UniqueFd to_dom0, UniqueFd from_dom0, std::shared_ptr<Dom0Notifier> direct,
+           std::uint32_t dom0_port) noexcept
+      : to_dom0_(std::move(to_dom0)), from_dom0_(std::move(from_dom0)), direct_(std::move(direct)),
+        dom0_port_(dom0_port) {}
 
-  Expected<void, int> notify() noexcept override { return from_dom0_.notify(1); }
+  Expected<void, int> notify() noexcept override {
+    if (direct_ && direct_->kick(dom0_port_)) return {};
+    return from_dom0_.notify(1);
+  }
   Expected<std::uint64_t, int> consume() noexcept override { return to_dom0_.consume(); }
   Expected<std::uint64_t, int> wait(int timeout_ms) noexcept override {
     return to_dom0_.wait(timeout_ms);
@@ -68,6 +88,8 @@ class Dom0Port final : public EventChannel {
  private:
   EventFd to_dom0_;
   EventFd from_dom0_;
+  std::shared_ptr<Dom0Notifier> direct_;
+  std::uint32_t dom0_port_ = 0;
 };
 
 }  // namespace xpv::domain

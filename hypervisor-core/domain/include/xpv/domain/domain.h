@@ -97,6 +97,13 @@ class Domain final : public ControlHandler {
   // runs already. Control thread.
   void set_unpause_handler(std::function<bool()> fn) { unpause_ = std::move(fn); }
 
+  // Direct upcalls (direct_upcall.h): one upcall eventfd per vCPU (xpv-vmm: KVM irqfds), and
+  // `spans_from`, the GuestMemory the shared_info / vcpu_info spans given to evtchn() come from
+  // (it must outlive this Domain). Creates the table, attaches it to the event channels and
+  // offers both over the control socket. Call once, before run. Throws (setup path).
+  void enable_direct_upcalls(std::vector<UniqueFd> vcpu_fds, const GuestMemory& spans_from);
+  Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) override;
+
  private:
   void watch_kicks(std::uint32_t dom0_port);
   void finish_setup();
@@ -107,6 +114,8 @@ class Domain final : public ControlHandler {
   std::uint64_t xenstore_gfn_ = kXenstoreGfn;
   std::uint64_t grant_frames_gfn_ = kFirstGrantGfn;
   std::vector<std::uint64_t> shared_info_placeholder_;  // HVM: until the guest maps shared_info
+  std::unique_ptr<DirectTable> direct_;                  // before evtchn_: outlives it
+  std::vector<UniqueFd> direct_fds_;                      // per vCPU
   std::unique_ptr<EventChannels> evtchn_;
   std::unique_ptr<gnttab::GrantTable> grants_;
   std::uint32_t xenstore_port_ = 0;

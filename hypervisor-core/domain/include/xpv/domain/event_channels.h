@@ -77,6 +77,7 @@
 #include <span>
 #include <vector>
 
+#include "xpv/domain/direct_upcall.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/event_fd.h"
 #include "xpv/domain/evtchn_abi.h"
@@ -200,13 +201,26 @@ class EventChannels {
   // dom0_close(dom0_port) or destruction. -1 for an unknown endpoint.
   int kick_fd(Port dom0_port) const noexcept;
   // Event loop thread, when kick_fd(dom0_port) is readable: consumes the kicks and, if the
-  // endpoint is connected, delivers its guest port. Returns the number of kicks consumed (0 if
+  // endpoint is connected, delivers its guest port. With a direct table attached, a port it finds
+  // already pending and unmasked is signalled again (steps 3–5: at most a spurious upcall), so
+  // that a direct delivery that set the pending bit and then handed over to this path
+  // (DirectUpcall::kick) loses nothing. Returns the number of kicks consumed (0 if
   // none; kicks to an unbound endpoint are consumed and dropped, as Xen drops a send on an
   // unbound port). EINVAL for an unknown endpoint (the loop should drop that fd).
   Expected<std::uint64_t, XenErrno> service_dom0_kick(Port dom0_port) noexcept;
   // Services every endpoint (non-blocking reads); for simple loops and tests. Returns the total
   // number of kicks consumed.
   std::uint64_t service_dom0_kicks() noexcept;
+
+  // ---- direct upcalls (direct_upcall.h) ----
+  // From now on, keep `table` up to date with every dom0 endpoint's guest port and notify vCPU,
+  // every vCPU's vcpu_info and shared_info — as guest-physical addresses, found by looking the
+  // host addresses this object works on up in `spans_from` (the GuestMemory the shared_info and
+  // vcpu_info spans given to it come from; a span outside it is published as kNoGpa). Both must
+  // outlive this object. No vCPU is routed until set_direct_route says so. Exclusive lock.
+  void attach_direct(DirectTable& table, const GuestMemory& spans_from) noexcept;
+  // Whether `vcpu`'s upcall eventfd raises its upcall now (the VMM routed it to the vCPU's vector).
+  void set_direct_route(unsigned vcpu, bool routed) noexcept;
 
   // ---- guest-state inspection (tests, process domains, debugging) ----
   bool upcall_masked(unsigned vcpu) const noexcept;
@@ -252,11 +266,21 @@ class EventChannels {
 
   // Lock-free delivery on guest memory.
   void set_pending(Port p, std::uint32_t vcpu) noexcept;
+  // A dom0 kick: set_pending, but a port already pending (and not masked) still gets steps 3–5.
+  void kick_pending(Port p, std::uint32_t vcpu) noexcept;
+  void dom0_kick_locked(Port guest_port) noexcept;  // kick_pending with a direct table, else set_pending
   void mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept;
   void mark_upcall_pending(std::uint32_t vcpu) noexcept;
   void clear_pending(Port p) noexcept;
   std::uint64_t* pending_word(Port p) const noexcept;
   std::uint64_t* mask_word(Port p) const noexcept;
+
+  // Direct table upkeep (table_mu_ exclusive; no-ops without a table).
+  std::uint64_t gpa_of(std::span<std::uint8_t> s) const noexcept;
+  void publish_endpoint_locked(Port dom0_port) noexcept;
+  void publish_port_locked(Port guest_port) noexcept;  // its dom0 endpoint, if it has one
+  void publish_locations_locked() noexcept;            // shared_info and every vcpu_info
+  struct DirectWrite;                                  // begin()/end() as RAII
 
   const DomId domid_;
   const unsigned nr_vcpus_;
@@ -270,6 +294,8 @@ class EventChannels {
   std::vector<VcpuSlot> vcpus_;
   std::unique_ptr<VcpuInfo[]> placeholder_;                  // one per vCPU ≥ 32
   std::vector<std::unique_ptr<Dom0Endpoint>> dom0_;          // index = dom0 port; [0] unused
+  DirectTable* direct_ = nullptr;
+  const GuestMemory* direct_mem_ = nullptr;
 };
 
 }  // namespace xpv::domain

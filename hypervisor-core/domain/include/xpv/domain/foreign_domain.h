@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "xpv/domain/control.h"
+#include "xpv/domain/direct_upcall.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/mapper.h"
@@ -30,6 +31,10 @@ class ForeignDomain {
   // std::system_error with the socket path in the message.
   static ForeignDomain connect(std::uint16_t domid, const std::string& client_name,
                                const std::string& run_dir = "/run/xpv");
+
+  ForeignDomain(ForeignDomain&&) noexcept = default;
+  ForeignDomain& operator=(ForeignDomain&&) noexcept = default;
+  ~ForeignDomain();  // logs what its direct upcalls did
 
   std::uint16_t domid() const noexcept { return client_.domain().domid; }
   const DomainInfo& info() const noexcept { return client_.domain(); }
@@ -48,7 +53,8 @@ class ForeignDomain {
   std::unique_ptr<gnttab::GrantMapper> make_mapper(gnttab::DomId self = 0,
                                                    std::size_t max_handles = gnttab::GrantMapper::kDefaultMaxHandles) const;
 
-  // Binds the domain's port `remote_port` (unbound for dom0) and returns dom0's end.
+  // Binds the domain's port `remote_port` (unbound for dom0) and returns dom0's end (which
+  // delivers through direct() where there is one).
   std::unique_ptr<Dom0Port> bind(std::uint32_t remote_port, std::uint32_t* dom0_port = nullptr);
   void unbind(std::uint32_t dom0_port);
 
@@ -57,13 +63,20 @@ class ForeignDomain {
   // Becomes readable (EOF) when the domain process goes away.
   int death_fd() const noexcept { return client_.fd(); }
 
+  // The domain's direct upcalls (direct_upcall.h), shared by every port bind() returns; null
+  // where the domain offers none (a process domain) or XPV_DIRECT_UPCALL=0 is set.
+  const std::shared_ptr<DirectUpcall>& direct() const noexcept { return direct_; }
+
  private:
   ForeignDomain(ControlClient client, DomainMemory memory)
       : client_(std::move(client)), memory_(std::move(memory)) {}
 
+  void connect_direct();
+
   ControlClient client_;
   DomainMemory memory_;
   std::vector<std::span<std::uint8_t>> frames_;
+  std::shared_ptr<DirectUpcall> direct_;
 };
 
 }  // namespace xpv::domain

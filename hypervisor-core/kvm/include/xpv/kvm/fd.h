@@ -25,6 +25,7 @@ class UniqueFd {
 
   int get() const noexcept { return fd_; }
   bool valid() const noexcept { return fd_ >= 0; }
+  int release() noexcept { return std::exchange(fd_, -1); }  // the caller owns it now
   void reset() noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;

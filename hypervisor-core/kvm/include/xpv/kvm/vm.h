@@ -133,6 +133,17 @@ class Vm {
   // vCPU index). Any thread.
   void signal_msi(unsigned vcpu, std::uint8_t vector) noexcept;
 
+  // Upcall lines: one eventfd per vCPU, each a KVM irqfd on its own GSI (kFirstUpcallGsi + vCPU,
+  // above the IOAPIC's pins) that route_upcall() routes as an MSI to that vCPU's APIC with a
+  // vector — so whoever holds the eventfd (a backend, through the domain's direct upcalls)
+  // interrupts the vCPU without a thread of this process in between. Made on first use; returns
+  // dups the caller owns (the Vm keeps its own). Setup only (before run()). Throws on failure.
+  static constexpr std::uint32_t kFirstUpcallGsi = 24;
+  std::vector<UniqueFd> upcall_lines();
+  // Routes vCPU `vcpu`'s upcall line to `vector` (0: no route — a write is dropped). Rewrites
+  // KVM's GSI routing (the PIC/IOAPIC defaults plus every routed line). Any thread.
+  Result<void> route_upcall(unsigned vcpu, std::uint8_t vector) noexcept;
+
   // Makes every delivery of `vector` to any vCPU (MSI or IOAPIC) set no in-service bit, so the
   // guest needs no EOI for it: how Xen injects its global callback vector, outside the LAPIC.
   // KVM's userspace API has no such injection with an in-kernel LAPIC; its Hyper-V SynIC has
@@ -203,6 +214,9 @@ class Vm {
   std::mutex auto_eoi_mu_;              // one set_auto_eoi_vector at a time
   std::atomic<std::uint8_t> auto_eoi_vector_{0};
   std::atomic<std::uint64_t> auto_eoi_gen_{0};  // bumped by every change; vCPUs apply to match
+  std::mutex route_mu_;                      // route_upcall: one routing table at a time
+  std::vector<UniqueFd> upcall_fds_;          // per vCPU (upcall_lines)
+  std::vector<std::uint8_t> upcall_vectors_;  // per vCPU, 0 = not routed (route_mu_)
   std::uint32_t resample_gsi_ = 0;
   std::function<void()> on_eoi_;
   UniqueFd irqfd_, resamplefd_, resample_stop_;

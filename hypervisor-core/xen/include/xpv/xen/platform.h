@@ -82,6 +82,14 @@ class PlatformHost {
   // hvm_op then fails and the guest's previous choice stays). vCPU thread of the caller.
   virtual bool set_callback_vector(std::uint8_t vector) noexcept = 0;
   virtual void set_intx(bool asserted) noexcept = 0;  // platform-pci INTA level
+  // The vector an upcall to `vcpu` is injected with is now `vector` (0: none — INTx, or no
+  // callback chosen): a host that raises upcalls by other ways too (xpv-vmm's direct upcall
+  // lines) re-routes them. Called after every change of the guest's upcall mode, for each vCPU,
+  // on the vCPU thread of the hypercall; may repeat an unchanged value.
+  virtual void upcall_route(unsigned vcpu, std::uint8_t vector) noexcept {
+    (void)vcpu;
+    (void)vector;
+  }
   virtual void shutdown(ShutdownReason why) noexcept = 0;
   // A RAM page of the guest; empty span if gfn is not RAM.
   virtual std::span<std::uint8_t> guest_page(std::uint64_t gfn) noexcept = 0;
@@ -152,6 +160,7 @@ class Platform final : public domain::UpcallSink {
   void log_unsupported(const char* what, std::uint64_t code) noexcept;
   // The guest's choice of upcall mode, at info level (rate-limited with log_unsupported).
   void log_upcall_mode(std::string_view what) noexcept;
+  void publish_upcall_routes() noexcept;  // host_.upcall_route for every vCPU
   bool log_allowed() noexcept;
 
   const PlatformConfig cfg_;
