@@ -20,7 +20,7 @@ ForeignDomain ForeignDomain::connect(std::uint16_t domid, const std::string& cli
   DomainMemory memory = client.map_memory();
   ForeignDomain d(std::move(client), std::move(memory));
   d.refresh_grant_frames();
-  d.connect_direct();
+  d.connect_direct(control::socket_path(domid, run_dir), client_name);
   return d;
 }
 
@@ -33,15 +33,18 @@ ForeignDomain::~ForeignDomain() {
   }
 }
 
-void ForeignDomain::connect_direct() {
+void ForeignDomain::connect_direct(const std::string& path, const std::string& client_name) {
   // XPV_DIRECT_UPCALL=0: every notification through the domain's event loop (measurements).
   if (const char* env = std::getenv("XPV_DIRECT_UPCALL"); env != nullptr && std::string_view(env) == "0") return;
   try {
+    // On a connection of its own: a domain process older than the request closes the connection
+    // that sent it (an unknown message type), and this one must survive that.
+    ControlClient probe = ControlClient::connect(path, client_name + " (direct upcalls)");
     std::vector<UniqueFd> vcpu_fds;
     UniqueFd table;
     const std::uint32_t n = client_.domain().nr_vcpus;
     for (std::uint32_t v = 0; v < n; ++v) {
-      auto f = client_.direct_upcall(v);
+      auto f = probe.direct_upcall(v);
       if (f.nr_vcpus != n) throw ControlError(EPROTO, fmt::format("{} vCPUs in the direct upcall answer, {} in hello", f.nr_vcpus, n));
       if (v == 0) table = std::move(f.table);
       vcpu_fds.push_back(std::move(f.vcpu));

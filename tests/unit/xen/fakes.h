@@ -40,6 +40,20 @@ class FakeHost final : public PlatformHost {
     std::lock_guard lk(mu_);
     intx_.push_back(asserted);
   }
+  void upcall_route(unsigned vcpu, std::uint8_t vector) noexcept override {
+    std::lock_guard lk(mu_);
+    routes_[vcpu] = vector;
+    ++route_calls_;
+  }
+  // The last route the platform gave each vCPU (absent: never told).
+  std::map<unsigned, std::uint8_t> routes() {
+    std::lock_guard lk(mu_);
+    return routes_;
+  }
+  unsigned route_calls() {
+    std::lock_guard lk(mu_);
+    return route_calls_;
+  }
   void shutdown(ShutdownReason why) noexcept override {
     std::lock_guard lk(mu_);
     shutdowns_.push_back(why);
@@ -93,6 +107,8 @@ class FakeHost final : public PlatformHost {
   std::map<std::uint64_t, std::unique_ptr<Page>> ram_;
   std::vector<std::pair<unsigned, std::uint8_t>> injected_;
   std::vector<bool> intx_;
+  std::map<unsigned, std::uint8_t> routes_;
+  unsigned route_calls_ = 0;
   std::vector<std::uint8_t> callback_vectors_;
   bool accept_callback_vector_ = true;
   std::vector<ShutdownReason> shutdowns_;

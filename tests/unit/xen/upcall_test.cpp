@@ -1,6 +1,7 @@
 // Upcall routing: per-vCPU vector, global callback vector, platform-pci INTx (level, EOI), the
 // drop-then-deliver-once rule before the guest chose, and the guest's choice over the offer.
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "fakes.h"
@@ -107,6 +108,23 @@ TEST_F(Upcalls, TheHostIsToldOfTheGlobalVectorBeforeItIsUsedAndWhenItIsGivenUp) 
   ASSERT_EQ(set_callback(kVectorCb | 0), 0);  // Linux's marker is no global vector: nothing to tell
   ASSERT_EQ(set_callback(kGsiCb), 0);
   EXPECT_EQ(host_.callback_vectors(), (std::vector<std::uint8_t>{0xf3, 0xe0, 0}));
+}
+
+TEST_F(Upcalls, TheHostLearnsEveryVcpusUpcallRouteWheneverTheGuestChangesIt) {
+  // What xpv-vmm routes its direct upcall lines to (kvm/README.md "Upcall lines").
+  using Routes = std::map<unsigned, std::uint8_t>;
+  EXPECT_TRUE(host_.routes().empty());
+  ASSERT_EQ(set_callback(kVectorCb | 0xf3), 0);  // the global vector: every vCPU
+  EXPECT_EQ(host_.routes(), (Routes{{0, 0xf3}, {1, 0xf3}, {2, 0xf3}, {3, 0xf3}}));
+  ASSERT_EQ(set_vcpu_vector(1, 0xe0), 0);  // a vCPU's own vector wins
+  EXPECT_EQ(host_.routes(), (Routes{{0, 0xf3}, {1, 0xe0}, {2, 0xf3}, {3, 0xf3}}));
+  const unsigned calls = host_.route_calls();
+  ASSERT_EQ(set_vcpu_vector(1, 0xe0), 0);  // no change, nothing to tell
+  EXPECT_EQ(host_.route_calls(), calls);
+  ASSERT_EQ(set_callback(kPciIntxCb), 0);  // INTx: no vector, except vCPU 1's own
+  EXPECT_EQ(host_.routes(), (Routes{{0, 0}, {1, 0xe0}, {2, 0}, {3, 0}}));
+  ASSERT_EQ(set_callback(kVectorCb | 0), 0);  // Linux's marker: still no global vector
+  EXPECT_EQ(host_.routes(), (Routes{{0, 0}, {1, 0xe0}, {2, 0}, {3, 0}}));
 }
 
 TEST_F(Upcalls, AGlobalVectorTheHostCannotDeliverIsRefusedAndThePreviousChoiceStays) {

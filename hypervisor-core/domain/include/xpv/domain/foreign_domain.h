@@ -71,7 +71,7 @@ class ForeignDomain {
   ForeignDomain(ControlClient client, DomainMemory memory)
       : client_(std::move(client)), memory_(std::move(memory)) {}
 
-  void connect_direct();
+  void connect_direct(const std::string& path, const std::string& client_name);
 
   ControlClient client_;
   DomainMemory memory_;
