@@ -95,11 +95,12 @@ std::uint64_t* EventChannels::mask_word(Port p) const noexcept {
   return reinterpret_cast<std::uint64_t*>(shared_info_.data() + kMaskOffset) + port_word(p);
 }
 
-void EventChannels::set_pending(Port p, std::uint32_t vcpu) noexcept {
+void EventChannels::set_pending(Port p, std::uint32_t vcpu, bool resignal) noexcept {
   const std::uint64_t bit = port_bit(p);
-  // 1. pending; an already pending port has already been signalled.
-  if (std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_or(bit, std::memory_order_acq_rel) &
-      bit)
+  // 1. pending; an already pending port has already been signalled (unless told to resignal).
+  if ((std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_or(bit, std::memory_order_acq_rel) &
+       bit) &&
+      !resignal)
     return;
   // 2. masked: the edge is recorded in pending only; unmask() delivers it.
   if (std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit) return;
@@ -108,18 +109,7 @@ void EventChannels::set_pending(Port p, std::uint32_t vcpu) noexcept {
 
 void EventChannels::dom0_kick_locked(Port p) noexcept {
   // Without a direct table, Xen's rule exactly (a pending port is not signalled again).
-  if (direct_ == nullptr) {
-    set_pending(p, ports_[p].notify_vcpu);
-  } else {
-    kick_pending(p, ports_[p].notify_vcpu);
-  }
-}
-
-void EventChannels::kick_pending(Port p, std::uint32_t vcpu) noexcept {
-  const std::uint64_t bit = port_bit(p);
-  std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_or(bit, std::memory_order_acq_rel);
-  if (std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit) return;
-  mark_sel_and_upcall(vcpu, port_word(p));
+  set_pending(p, ports_[p].notify_vcpu, /*resignal=*/direct_ != nullptr);
 }
 
 void EventChannels::mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept {

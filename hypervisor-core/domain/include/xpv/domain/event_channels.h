@@ -265,10 +265,9 @@ class EventChannels {
   Expected<Port, XenErrno> new_dom0_endpoint_locked() noexcept;
 
   // Lock-free delivery on guest memory.
-  void set_pending(Port p, std::uint32_t vcpu) noexcept;
-  // A dom0 kick: set_pending, but a port already pending (and not masked) still gets steps 3–5.
-  void kick_pending(Port p, std::uint32_t vcpu) noexcept;
-  void dom0_kick_locked(Port guest_port) noexcept;  // kick_pending with a direct table, else set_pending
+  // resignal: a port already pending (and not masked) still gets steps 3–5.
+  void set_pending(Port p, std::uint32_t vcpu, bool resignal = false) noexcept;
+  void dom0_kick_locked(Port guest_port) noexcept;  // resignals only with a direct table
   void mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept;
   void mark_upcall_pending(std::uint32_t vcpu) noexcept;
   void clear_pending(Port p) noexcept;
