@@ -57,6 +57,29 @@ TEST(Record, FilesInTheDomainDir) {
   EXPECT_EQ(read_record(t.path + "/nope"), std::nullopt);
 }
 
+TEST(Fs, ReadFileReadsWholeFilesUpToItsLimit) {
+  TempDir t;
+  EXPECT_EQ(read_file(t.path + "/absent"), std::nullopt);
+  write_file_atomic(t.path + "/empty", "");
+  EXPECT_EQ(read_file(t.path + "/empty"), "");
+  // Longer than one read step, and a file past the 1 MiB limit gives its first MiB.
+  std::string big(3 * 8192 + 17, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 4099) big[i] = static_cast<char>('a' + i % 26);
+  write_file_atomic(t.path + "/big", big);
+  EXPECT_EQ(read_file(t.path + "/big"), big);
+  std::string huge((1u << 20) + 4096, 'y');
+  huge[(1u << 20) - 1] = 'z';
+  write_file_atomic(t.path + "/huge", huge);
+  const auto h = read_file(t.path + "/huge");
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->size(), std::size_t{1} << 20);
+  EXPECT_EQ(h->back(), 'z');
+  // /proc files report size 0 and are read to their end all the same.
+  const auto cmdline = read_file("/proc/self/cmdline");
+  ASSERT_TRUE(cmdline.has_value());
+  EXPECT_NE(cmdline->find("toolstack_test"), std::string::npos) << *cmdline;
+}
+
 TEST(Fs, LastLineAndMakeDirs) {
   TempDir t;
   write_file_atomic(t.path + "/log", "one\ntwo\n\n");
