@@ -350,8 +350,17 @@ std::string iperf_cmd(int seconds, const std::string& mode) {
          std::to_string(seconds) + " " + mode;
 }
 
-// iperf3 from L1 to the guest's server; Gbit/s as received.
-Iperf iperf(int seconds, const std::string& mode) { return parse_iperf(capture(iperf_cmd(seconds, mode) + " 2>&1"), mode); }
+// iperf3's own output (its JSON: every interval of both ends) goes with the logs, so that a
+// figure can be read again later — one step that collapses (a direction at a few Mbit/s) shows
+// when and how there.
+void keep(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
+
+// iperf3 from L1 to the guest's server; Gbit/s as received. Its JSON is kept as `keep_as`.
+Iperf iperf(int seconds, const std::string& mode, const fs::path& keep_as) {
+  const std::string out = capture(iperf_cmd(seconds, mode) + " 2>&1");
+  keep(keep_as, out);
+  return parse_iperf(out, mode);
+}
 
 std::string slurp_and_remove(const fs::path& f) {
   std::ifstream in(f);
@@ -377,13 +386,14 @@ xpv::bench::hvm::Ping ping_quiet(int count, const char* interval) {
 // end (the latency a flow sees while a bulk transfer fills the path: queues in the TAP, the
 // backend and the guest's rings). The iperf3 figure is returned; the ping's is put in `rtt`, or
 // its failure in `ping_error` (the iperf3 figure stands either way).
-Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir,
+Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir, const fs::path& keep_as,
                       std::optional<xpv::bench::hvm::Ping>& rtt, std::string& ping_error) {
   const fs::path pf = dir / "ping-under-load.txt";
   const int count = std::max(3, (seconds - 1) * 10 - 5);
   const std::string out =
       capture("(sleep 1; " + ping_cmd(count, "0.1") + " > " + q(pf.string()) + " 2>&1) & " + iperf_cmd(seconds, mode) + " 2>&1; wait");
   const std::string pings = slurp_and_remove(pf);
+  keep(keep_as, out);
   try {
     rtt = xpv::bench::hvm::parse_ping(pings);
   } catch (const Failure& e) {
@@ -395,11 +405,13 @@ Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir,
 
 // Two iperf3 clients at once, two processes: host->guest to port 5201 and guest->host (-R) to
 // 5202 (the guest's xpv.pairs servers). fwd = host->guest, rev = guest->host.
-Iperf iperf_pair(int seconds, const fs::path& dir) {
+Iperf iperf_pair(int seconds, const fs::path& dir, const fs::path& keep_prefix) {
   const fs::path a = dir / "iperf-pair-up.json", b = dir / "iperf-pair-down.json";
   (void)capture(iperf_cmd(seconds, "-p 5201") + " > " + q(a.string()) + " 2>&1 & " + iperf_cmd(seconds, "-p 5202 -R") +
                 " > " + q(b.string()) + " 2>&1 & wait");
   const std::string up = slurp_and_remove(a), down = slurp_and_remove(b);
+  keep(keep_prefix.string() + "-up.json", up);
+  keep(keep_prefix.string() + "-down.json", down);
   Iperf r;
   r.fwd = parse_iperf(up, "-p 5201 (pair)").fwd;
   r.rev = parse_iperf(down, "-p 5202 -R (pair)").fwd;
@@ -408,6 +420,7 @@ Iperf iperf_pair(int seconds, const fs::path& dir) {
 
 NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
   NetFigures f;
+  const fs::path kept = in.logs / (who + "-iperf3");  // + "-up.json" etc.: the last boot's
   try {
     auto& c = vm.console();
     const auto alive = [&] { return vm.alive(); };
@@ -424,16 +437,16 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
     } catch (const Failure& e) {
       f.ping_error += std::string(f.ping_error.empty() ? "" : "; ") + "10 ms apart: " + e.what();
     }
-    f.up = iperf_with_ping(in.iperf_s, "", in.work, f.rtt_up, f.ping_error).fwd;
+    f.up = iperf_with_ping(in.iperf_s, "", in.work, kept.string() + "-up.json", f.rtt_up, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=2", 60, alive);
-    f.down = iperf_with_ping(in.iperf_s, "-R", in.work, f.rtt_down, f.ping_error).fwd;
+    f.down = iperf_with_ping(in.iperf_s, "-R", in.work, kept.string() + "-down.json", f.rtt_down, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=3", 60, alive);
-    const Iperf b = iperf(in.iperf_s, "--bidir");
+    const Iperf b = iperf(in.iperf_s, "--bidir", kept.string() + "-bidir.json");
     f.bidir_total = b.fwd + b.rev;
     const double lo = std::min(b.fwd, b.rev), hi = std::max(b.fwd, b.rev);
     if (hi > 0) f.bidir_fairness = lo / hi;
     c.await("XPV-IPERF3-LISTENING 5201+5202 pair=1", 60, alive);
-    const Iperf p = iperf_pair(in.iperf_s, in.work);
+    const Iperf p = iperf_pair(in.iperf_s, in.work, kept.string() + "-pair");
     f.pair_total = p.fwd + p.rev;
     if (const double phi = std::max(p.fwd, p.rev); phi > 0) f.pair_fairness = std::min(p.fwd, p.rev) / phi;
     c.await("XPV-DONE iperf3 rc=0", 60, alive);
