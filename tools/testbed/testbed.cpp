@@ -2,6 +2,7 @@
 // process's main thread.
 #include "testbed/testbed.h"
 
+#include "xpv/testbed/console_watch.h"
 #include "xpv/testbed/process.h"
 
 #include <CLI/CLI.hpp>
@@ -22,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -167,6 +169,19 @@ class QemuProcess {
   int status_ = 0;
 };
 
+// How long a CPU of L1 may be reported stuck before the session is given up (ConsoleWatch):
+// XPV_TESTBED_LOCKUP_S, default 120 s (the kernel reports a soft lockup after ~20 s and again
+// every ~30 s while it lasts; the ones seen in these L1s, sessions 14 and 16, lasted until the
+// session's timeout); 0: never.
+int lockup_limit_s() {
+  const char* v = std::getenv("XPV_TESTBED_LOCKUP_S");
+  if (v == nullptr || *v == '\0') return 120;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 86400) die(fmt::format("XPV_TESTBED_LOCKUP_S={}: not a number of seconds", v));
+  return static_cast<int>(n);
+}
+
 // Follows a file QEMU appends to (ttyS1) and copies complete lines to our stdout.
 class Tail {
  public:
@@ -279,6 +294,7 @@ int run(const Options& opts) {
       "-virtfs", "local,path=" + run_dir.path().string() + ",mount_tag=xpvctl,security_model=none",
       "-virtfs", "local,path=" + share + ",mount_tag=share,security_model=none,multidevs=remap",
   };
+  const int lockup_s = lockup_limit_s();  // a bad value fails here, before QEMU starts
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -293,10 +309,36 @@ int run(const Options& opts) {
   {
     QemuProcess qemu(argv, run_dir.path() / "qemu.log");
     Tail tail(out);
+    // L1's kernel console, watched for a CPU stuck for good (console_watch.h).
+    ConsoleWatch watch(lockup_s);
+    struct Fd {
+      int fd = -1;
+      ~Fd() {
+        if (fd >= 0) close(fd);
+      }
+    } console_fd;
+    auto watch_console = [&]() -> std::optional<std::string> {
+      if (console_fd.fd < 0) console_fd.fd = open(console.c_str(), O_RDONLY | O_CLOEXEC);
+      if (console_fd.fd < 0) return std::nullopt;
+      char buf[8192];
+      ssize_t n;
+      std::optional<std::string> stuck;
+      while ((n = read(console_fd.fd, buf, sizeof buf)) > 0) {
+        if (auto s = watch.feed(std::string_view(buf, static_cast<std::size_t>(n)))) stuck = s;
+      }
+      return stuck;
+    };
     bool ready = false;
     for (;;) {
       const bool exited = qemu.poll();
       tail.pump(exited);
+      if (!exited) {
+        if (auto stuck = watch_console()) {
+          failure = fmt::format("{}: L1 cannot finish; killed", *stuck);
+          result = 124;
+          break;
+        }
+      }
       if (!ready && fs::exists(run_dir.path() / "ready")) {
         ready = true;
         fmt::print(stderr, "xpv testbed: L1 ready in {:.1f} s (kernel {})\n", elapsed(), k.version);
