@@ -171,8 +171,8 @@ class QemuProcess {
 
 // How long a CPU of L1 may be reported stuck before the session is given up (ConsoleWatch):
 // XPV_TESTBED_LOCKUP_S, default 120 s (the kernel reports a soft lockup after ~20 s and again
-// every ~30 s while it lasts; the ones seen in these L1s, sessions 14 and 16, lasted until the
-// session's timeout); 0: never.
+// every ~30 s while it lasts; none seen in these L1s ended: session 14's ran to the timeout,
+// session 16's was stopped by hand after 313 s); 0: never.
 int lockup_limit_s() {
   const char* v = std::getenv("XPV_TESTBED_LOCKUP_S");
   if (v == nullptr || *v == '\0') return 120;
