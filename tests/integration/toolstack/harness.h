@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -130,15 +131,26 @@ class TestHost {
     }
   }
   ~TestHost() {
-    run({"down", "--force"});
+    // A destructor must not throw (that aborts the whole test binary): a failing step is
+    // reported and the rest of the clean-up still runs.
+    auto step = [](const char* what, auto&& f) {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "TestHost clean-up, " << what << ": " << e.what();
+      }
+    };
+    step("xpv down --force", [&] { run({"down", "--force"}); });
     // Anything left (a test failed half-way): kill it.
-    for (int round = 0; round < 3; ++round) {
-      auto left = processes_mentioning(dir);
-      if (left.empty()) break;
-      for (pid_t p : left) ::kill(p, SIGKILL);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    xpv::toolstack::unmount_under(dir);
+    step("killing what is left", [&] {
+      for (int round = 0; round < 3; ++round) {
+        auto left = processes_mentioning(dir);
+        if (left.empty()) break;
+        for (pid_t p : left) ::kill(p, SIGKILL);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    step("unmounting", [&] { xpv::toolstack::unmount_under(dir); });
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }

@@ -69,7 +69,10 @@ std::vector<std::string> detach_loops_under(const std::string& dir) {
 std::vector<pid_t> processes_mentioning(const std::string& needle) {
   std::vector<pid_t> pids;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+  // increment(ec), not a range-for: its operator++ throws on a read error, and callers clean up
+  // with this (destructors among them).
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::filesystem::directory_entry& e = *it;
     const std::string n = e.path().filename().string();
     if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = static_cast<pid_t>(std::stol(n));
