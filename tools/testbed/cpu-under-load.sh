@@ -1,0 +1,122 @@
+#!/bin/sh
+# Where L1's CPU goes per bit moved, xpv's Xen HVM guest next to QEMU's virtio guest: run INSIDE
+# `xpv testbed` (L1, where KVM runs guests), e.g.
+#   img=$(build/bin/xpv image build | head -1); out=$(mktemp -d /tmp/xpv-load.XXXXXX)
+#   build/bin/xpv testbed --timeout 1200 --share "$out" -- sh tools/testbed/cpu-under-load.sh "$img" "$out" xqxq
+# ORDER (default xqxq) is the sequence of guest boots, x = xpv (callback upcalls, xen-netfront,
+# xpv-netback), q = QEMU 7.2 (virtio-net with vhost): alternating shows whether the order of the
+# runs in one L1 matters. In each boot, iperf3 from L1 to the guest for 10 s host->guest, then
+# 10 s guest->host (-R); over the 5 s in the middle of each, every L1 thread's CPU time (utime +
+# stime from /proc, clock ticks) and /proc/stat's totals are read before and after — counting, no
+# tracing or sampling, so the runs are not slowed. $OUT/cpu-summary.txt: per window the rate
+# received and the ticks of the guest (guest mode, /proc/stat), the vCPU threads (guest mode
+# included), the backend thread(s) (xpv-netback, vhost-N), the VMM's other threads, iperf3 and all
+# of L1 but idle, and that last per 100 Mbit/s. In the testbed one run says little about rates
+# (tools/README.md); the ticks per bit of one window against the next are what this is for.
+# Everything it makes lives in L1 (its /tmp, a TAP, the VMs) and goes with L1.
+set -u
+me=cpu-under-load.sh
+[ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $me IMAGE_DIR OUT_DIR [ORDER of x|q] (inside xpv testbed; see the header)"; exit 2; }
+IMG=$1 OUT=$2 ORDER=${3:-xqxq}
+XPV=${XPV:-$(dirname "$0")/../../build/bin/xpv}
+for f in vmlinuz initrd.cpio root.ext4; do
+  [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
+done
+[ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
+case "$ORDER" in ''|*[!xq]*) echo "$me: ORDER '$ORDER' is not a sequence of x and q"; exit 2 ;; esac
+[ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
+[ -x "$XPV" ] || { echo "$me: no xpv at $XPV (build first, or set XPV)"; exit 2; }
+[ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
+W=/tmp/xpv-load; mkdir -p $W/run $W/log
+export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
+ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.wait=200 xpv.ip=10.0.0.2/24"
+waitfor() { # file marker: bounded at 200 s
+  i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
+  echo "no '$2' in $1 within 200 s"; return 1
+}
+snap() { # every L1 thread as "tid comm ticks" (comm's blanks as _), then /proc/stat's cpu line
+  awk '{ s = $0; sub(/^[^(]*\(/, "", s); c = s; sub(/\).*/, "", c); gsub(/ /, "_", c)
+         sub(/^.*\) /, "", s); split(s, f, " "); print $1, c, f[12] + f[13] }' \
+    /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null
+  head -1 /proc/stat
+}
+window() { # name iperf3-args: 10 s of iperf3, threads read 3 s and 8 s into it
+  timeout 60 iperf3 -J -c 10.0.0.2 -t 10 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
+  sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p
+  sleep 2  # the guest starts its next `iperf3 -s -1`
+}
+measure() { # name: the guest listens; two windows, then the third client it waits for
+  window $1-h2g ""; window $1-g2h -R
+  timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
+}
+boot_x() { # n
+  cp --sparse=always $IMG/root.ext4 $W/x.ext4
+  cat > $W/x.cfg <<CFG
+name = "load$1"
+type = "hvm"
+memory = 512
+vcpus = 2
+upcall = "callback"
+kernel = "$IMG/vmlinuz"
+ramdisk = "$IMG/initrd.cpio"
+extra = "$(echo "$ARGS" | sed 's/XVDA/\/dev\/xvda/')"
+disk = [ 'vdev=xvda, target=$W/x.ext4' ]
+vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
+CFG
+  $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
+  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure x$1; else rc=1; fi
+  waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
+  $XPV destroy load$1 > /dev/null 2>&1
+}
+boot_q() { # n
+  ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
+  cp --sparse=always $IMG/root.ext4 $W/q.ext4
+  timeout 400 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults -display none \
+    -monitor none -name load$1,debug-threads=on -serial file:$OUT/console-qemu$1.log \
+    -kernel $IMG/vmlinuz -initrd $IMG/initrd.cpio -append "console=ttyS0 $(echo "$ARGS" | sed 's/XVDA/\/dev\/vda/')" \
+    -drive file=$W/q.ext4,if=virtio,format=raw,cache=writeback \
+    -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on -device virtio-net-pci,netdev=n0 -no-reboot &
+  qemu=$!
+  if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1; else rc=1; fi
+  waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"
+  sleep 3; kill $qemu 2>/dev/null; wait $qemu
+  ip link del xpvtap0
+}
+summary() { # name
+  rate=$(grep -m1 -A8 '"sum_received"' $OUT/iperf-$1.json | awk -F: '/bits_per_second/ { printf "%.0f", $2 / 1e6 }')
+  awk -v name=$1 -v rate="${rate:-0}" -v ncpu=$(nproc) '
+    FNR == 1 { file++ }
+    /^cpu / { for (i = 2; i <= NF; i++) st[file, i] = $i; next }
+    { if (file == 1) t0[$1] = $3; else { comm[$1] = $2; t1[$1] = $3 } }
+    END {
+      tot = 0; for (i = 2; i <= 11; i++) tot += st[2, i] - st[1, i]
+      idle = (st[2, 5] - st[1, 5]) + (st[2, 6] - st[1, 6]); guest = st[2, 10] - st[1, 10]
+      for (t in t1) {
+        d = t1[t] - (t in t0 ? t0[t] : 0); c = comm[t]
+        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) vcpu += d
+        else if (c == "xpv-netback" || c ~ /^vhost-/) be += d
+        else if (c ~ /^xpv-vmm/ || c ~ /^qemu/ || c ~ /^xen-/ || c ~ /^worker/ || c ~ /^call_rcu/) vmm += d
+        else if (c == "iperf3") ip += d
+      }
+      # tot / ncpu is the window in ticks (reading every thread takes L1 a few seconds too);
+      # CPU seconds per gigabit: busy ticks over the bits received in that time at iperf3s rate
+      busy = tot - idle; secs = tot / ncpu / 100
+      printf "%-7s %5s Mbit/s | guest %4d vcpu %4d backend %4d vmm-other %4d iperf3 %4d | L1 busy %4d of %4d ticks (%.1f s), %.2f CPU s per Gbit\n",
+        name, rate, guest, vcpu, be, vmm, ip, busy, tot, secs, (rate > 0 ? (busy / 100) / (rate / 1000 * secs) : 0)
+    }' $OUT/snap0-$1.txt $OUT/snap1-$1.txt
+}
+rc=0
+$XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }
+n=0
+for v in $(echo "$ORDER" | sed 's/./& /g'); do
+  n=$((n + 1)); boot_$v $n
+done
+cp -r $W/log $OUT/xpv-log
+$XPV down --force > /dev/null 2>&1
+n=0
+for v in $(echo "$ORDER" | sed 's/./& /g'); do
+  n=$((n + 1))
+  for d in h2g g2h; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
+done > $OUT/cpu-summary.txt
+cat $OUT/cpu-summary.txt
+exit $rc
