@@ -20,7 +20,7 @@
 //   the markers are frontends/guest-image/README.md's.
 //
 // Metrics (xpv / QEMU):
-//   iperf3 host->guest, guest->host (-R)   Gbit/s received, iperf3 -t 5 from L1 to 10.0.0.2
+//   iperf3 host->guest, guest->host (-R)   Gbit/s received, iperf3 -t 10 (its default) from L1 to 10.0.0.2
 //   iperf3 bidir total                     Gbit/s, both directions of --bidir summed
 //   iperf3 bidir min/max                   the smaller direction over the larger (1 = fair)
 //   iperf3 2-process bidir total, min/max  the same with two iperf3 clients at once (host->guest to
@@ -622,7 +622,10 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   in.logs = share != nullptr ? fs::path(share) / "logs" : in.work / "logs";
   fs::create_directories(in.logs);
   in.xpv = fs::read_symlink("/proc/self/exe").string();
-  in.iperf_s = std::max(2, static_cast<int>(std::lround(5 * opts.scale)));
+  // iperf3's own default duration, what its users run. 5 s until session 17: both guests ramp up
+  // over the first seconds in the testbed, so a 5 s figure was mostly the ramp (backends/README.md,
+  // "L1's CPU per bit").
+  in.iperf_s = std::max(2, static_cast<int>(std::lround(10 * opts.scale)));
   in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
 
   const auto t0 = Clock::now();
