@@ -29,6 +29,7 @@ case "$ORDER" in ''|*[!xq]*) echo "$me: ORDER '$ORDER' is not a sequence of x an
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
+. "$(dirname "$0")/guests.sh"
 ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.wait=200 xpv.ip=10.0.0.2/24"
 waitfor() { # file marker: bounded at 200 s
   i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
@@ -50,19 +51,7 @@ measure() { # name: the guest listens; two windows, then the third client it wai
   timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
 }
 boot_x() { # n
-  cp --sparse=always $IMG/root.ext4 $W/x.ext4
-  cat > $W/x.cfg <<CFG
-name = "load$1"
-type = "hvm"
-memory = 512
-vcpus = 2
-upcall = "callback"
-kernel = "$IMG/vmlinuz"
-ramdisk = "$IMG/initrd.cpio"
-extra = "$(echo "$ARGS" | sed 's/XVDA/\/dev\/xvda/')"
-disk = [ 'vdev=xvda, target=$W/x.ext4' ]
-vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
-CFG
+  xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
   if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure x$1; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"

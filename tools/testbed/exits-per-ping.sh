@@ -22,6 +22,7 @@ done
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-exits; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
+. "$(dirname "$0")/guests.sh"
 T=/sys/kernel/tracing
 mountpoint -q $T || mount -t tracefs none $T || { echo "no tracefs in L1"; exit 1; }
 ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=1 xpv.wait=200 xpv.ip=10.0.0.2/24"
@@ -49,19 +50,7 @@ summary() { # name
 }
 rc=0
 if $XPV up > $OUT/up.log 2>&1; then
-  cp --sparse=always $IMG/root.ext4 $W/x.ext4
-  cat > $W/x.cfg <<CFG
-name = "exits"
-type = "hvm"
-memory = 512
-vcpus = 2
-upcall = "callback"
-kernel = "$IMG/vmlinuz"
-ramdisk = "$IMG/initrd.cpio"
-extra = "$(echo "$ARGS" | sed 's/XVDA/\/dev\/xvda/')"
-disk = [ 'vdev=xvda, target=$W/x.ext4' ]
-vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
-CFG
+  xpv_guest exits $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create.log 2>&1
   if waitfor $W/log/console-exits.log XPV-IPERF3-LISTENING; then measure x; else rc=1; fi
   waitfor $W/log/console-exits.log "XPV-DONE\|XPV-FATAL"
