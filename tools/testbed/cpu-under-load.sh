@@ -5,14 +5,16 @@
 #   build/bin/xpv testbed --timeout 1200 --share "$out" -- sh tools/testbed/cpu-under-load.sh "$img" "$out" xqxq
 # ORDER (default xqxq) is the sequence of guest boots, x = xpv (callback upcalls, xen-netfront,
 # xpv-netback), q = QEMU 7.2 (virtio-net with vhost): alternating shows whether the order of the
-# runs in one L1 matters. In each boot, iperf3 from L1 to the guest for 10 s host->guest, then
-# 10 s guest->host (-R); over the 5 s in the middle of each, every L1 thread's CPU time (utime +
-# stime from /proc, clock ticks) and /proc/stat's totals are read before and after — counting, no
-# tracing or sampling, so the runs are not slowed. $OUT/cpu-summary.txt: per window the rate
-# received and the ticks of the guest (guest mode, /proc/stat), the vCPU threads (guest mode
-# included), the backend thread(s) (xpv-netback, vhost-N), the VMM's other threads, iperf3 and all
-# of L1 but idle, and that last per 100 Mbit/s. In the testbed one run says little about rates
-# (tools/README.md); the ticks per bit of one window against the next are what this is for.
+# runs in one L1 matters. In each boot, iperf3 from L1 to the guest for 20 s host->guest, then
+# 20 s guest->host (-R); 3 s into each run and 5 s after that, every L1 thread's CPU time (utime +
+# stime from /proc, clock ticks) and /proc/stat's totals are read — counting, no tracing or
+# sampling, so the runs are not slowed (reading them takes L1 a second or two itself: the window,
+# measured in L1's ticks, is longer than 5 s and still ends well inside the run).
+# $OUT/cpu-summary.txt: per window iperf3's rate received and the ticks of the guest (guest mode,
+# /proc/stat), the vCPU threads (guest mode included), the backend thread(s) (xpv-netback,
+# vhost-N), the VMM's other threads, iperf3 and all of L1 but idle, and L1's CPU seconds per
+# gigabit. In the testbed one run says little about rates (tools/README.md); the CPU per bit of
+# one window against the next is what this is for.
 # Everything it makes lives in L1 (its /tmp, a TAP, the VMs) and goes with L1.
 set -u
 me=cpu-under-load.sh
@@ -41,8 +43,8 @@ snap() { # every L1 thread as "tid comm ticks" (comm's blanks as _), then /proc/
     /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null
   head -1 /proc/stat
 }
-window() { # name iperf3-args: 10 s of iperf3, threads read 3 s and 8 s into it
-  timeout 60 iperf3 -J -c 10.0.0.2 -t 10 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
+window() { # name iperf3-args: 20 s of iperf3, threads read 3 s into it and 5 s later
+  timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
   sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p
   sleep 2  # the guest starts its next `iperf3 -s -1`
 }
