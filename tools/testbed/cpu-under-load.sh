@@ -61,12 +61,7 @@ boot_x() { # n
 }
 boot_q() { # n
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
-  cp --sparse=always $IMG/root.ext4 $W/q.ext4
-  timeout 400 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults -display none \
-    -monitor none -name load$1,debug-threads=on -serial file:$OUT/console-qemu$1.log \
-    -kernel $IMG/vmlinuz -initrd $IMG/initrd.cpio -append "console=ttyS0 $(echo "$ARGS" | sed 's/XVDA/\/dev\/vda/')" \
-    -drive file=$W/q.ext4,if=virtio,format=raw,cache=writeback \
-    -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on -device virtio-net-pci,netdev=n0 -no-reboot &
+  qemu_guest load$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
   qemu=$!
   if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1; else rc=1; fi
   waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"

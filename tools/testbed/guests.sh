@@ -1,5 +1,5 @@
 # Sourced by the testbed's measurement scripts (exits-per-ping.sh, cpu-under-load.sh): the guest
-# both VMMs boot there, so that every script boots the same one.
+# each VMM boots there, so that every script compares the same two.
 
 # xpv_guest NAME IMAGE_DIR DISK CMDLINE: a fresh copy of the image's root disk at DISK and the xl
 # config of xpv's guest on stdout — 512 MiB, 2 vCPUs, callback upcalls, root /dev/xvda on DISK,
@@ -18,4 +18,16 @@ extra = "$(echo "$4" | sed 's/XVDA/\/dev\/xvda/')"
 disk = [ 'vdev=xvda, target=$3' ]
 vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
 CFG
+}
+
+# qemu_guest NAME IMAGE_DIR DISK CMDLINE CONSOLE_LOG: QEMU 7.2's guest of the same image, started
+# in the background (at most 400 s): a fresh copy of the root disk at DISK as virtio-blk, virtio-net
+# with vhost on the TAP xpvtap0 (the caller makes it), its vCPU threads named (debug-threads).
+qemu_guest() {
+  cp --sparse=always "$2/root.ext4" "$3"
+  timeout 400 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults -display none \
+    -monitor none -name "$1,debug-threads=on" -serial "file:$5" \
+    -kernel "$2/vmlinuz" -initrd "$2/initrd.cpio" -append "console=ttyS0 $(echo "$4" | sed 's/XVDA/\/dev\/vda/')" \
+    -drive "file=$3,if=virtio,format=raw,cache=writeback" \
+    -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on -device virtio-net-pci,netdev=n0 -no-reboot &
 }
