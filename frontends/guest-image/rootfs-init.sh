@@ -140,6 +140,22 @@ wait_until() {
 # process (and thread), so that two clients can drive both directions at the same time without
 # iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
 # finish 124.
+# net_counters [DIR]: the guest's TCP loss counters (cumulative since boot: snmp's RetransSegs,
+# netstat's TCPTimeouts, TCPLossProbes, TCPSpuriousRTOs) and eth0's drop counters (dev) from
+# DIR (default /proc/net) on one line, so that a host can tell a stalled sender that lost
+# packets from one that was held back.
+net_counters() {
+  awk '$1 == "Tcp:" || $1 == "TcpExt:" {
+         if (!(($1) in hdr)) { hdr[$1] = 1; for (i = 2; i <= NF; i++) name[$1, i] = $i; next }
+         for (i = 2; i <= NF; i++) {
+           n = name[$1, i]
+           if (n == "RetransSegs" || n == "TCPTimeouts" || n == "TCPLossProbes" || n == "TCPSpuriousRTOs")
+             printf "%s=%s ", n, $i
+         }
+       }' "${1:-/proc/net}/snmp" "${1:-/proc/net}/netstat"
+  awk -F'[: ]+' '$2 == "eth0" { printf "eth0_rx_drop=%s eth0_tx_drop=%s", $6, $14 }' "${1:-/proc/net}/dev"
+}
+
 serve_pairs() {
   n=1
   while [ "$n" -le "$1" ]; do
@@ -204,6 +220,7 @@ case "$RUN" in
   iperf3)
     deadline=$(( $(date +%s) + WAIT ))
     spread_nic_irqs
+    say "XPV-NET-COUNTERS start $(net_counters)"
     if [ "$CLIENTS" -eq 0 ]; then
       iperf3 -s > /tmp/iperf3.log 2>&1 &
       pid=$!
@@ -223,6 +240,7 @@ case "$RUN" in
       rc=$?
       [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
       say "XPV-IPERF3-SERVED $n rc=$rc"
+      say "XPV-NET-COUNTERS client=$n $(net_counters)"
       n=$((n + 1))
     done
     serve_pairs "$PAIRS" "$deadline"

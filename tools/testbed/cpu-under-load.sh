@@ -44,8 +44,10 @@ snap() { # every L1 thread as "tid comm ticks" (comm's blanks as _), then /proc/
   head -1 /proc/stat
 }
 window() { # name iperf3-args: 20 s of iperf3, threads read 3 s into it and 5 s later
+  cat /proc/net/dev > $OUT/dev0-$1.txt
   timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
   sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p
+  cat /proc/net/dev > $OUT/dev1-$1.txt
   sleep 2  # the guest starts its next `iperf3 -s -1`
 }
 measure() { # name: the guest listens; two windows, then the third client it waits for
@@ -90,6 +92,22 @@ summary() { # name
       printf "%-7s %5s Mbit/s | guest %4d vcpu %4d backend %4d vmm-other %4d iperf3 %4d | L1 busy %4d of %4d ticks (%.1f s), %.2f CPU s per Gbit\n",
         name, rate, guest, vcpu, be, vmm, ip, busy, tot, secs, (rate > 0 ? (busy / 100) / (rate / 1000 * secs) : 0)
     }' $OUT/snap0-$1.txt $OUT/snap1-$1.txt
+  # Where a window stalled: iperf3's rate per second, the sender's retransmits, the drops of L1's
+  # end of the link (xpv's vif, QEMU's xpvtap0) over the run, and the guest's own counters
+  # (XPV-NET-COUNTERS lines: the run's client against the line before it).
+  rates=$(awk '/^\t"end":/ { exit } /"sum":/ { s = 1 }
+               s && /bits_per_second/ { v = $0; sub(/.*:[ \t]*/, "", v); sub(/,.*/, "", v); printf "%.0f ", v / 1e6; s = 0 }' \
+    $OUT/iperf-$1.json 2>/dev/null)
+  retr=$(awk '/"sum_sent"/ { s = 1 } s && /"retransmits"/ { gsub(/[^0-9]/, "", $0); print; exit }' $OUT/iperf-$1.json 2>/dev/null)
+  drops=$(awk -F'[: ]+' 'FNR == 1 { file++ } $2 ~ /^(vif|xpvtap)/ { rx[file] = $6; tx[file] = $14 }
+                         END { printf "rx %d tx %d", rx[2] - rx[1], tx[2] - tx[1] }' $OUT/dev0-$1.txt $OUT/dev1-$1.txt 2>/dev/null)
+  vm=${1%%-*}; boot=${vm#?}
+  case $vm in x*) con=$OUT/xpv-log/console-load$boot.log ;; *) con=$OUT/console-qemu$boot.log ;; esac
+  client=1; case $1 in *-g2h) client=2 ;; esac
+  guest=$(awk -v c="client=$client" '/XPV-NET-COUNTERS/ { gsub(/\r/, ""); m = 1; while ($m != "XPV-NET-COUNTERS") m++
+            if ($(m + 1) == c) { for (i = m + 2; i <= NF; i++) { split($i, kv, "="); printf "%s+%d ", kv[1], kv[2] - last[kv[1]] }; exit }
+            for (i = m + 2; i <= NF; i++) { split($i, kv, "="); last[kv[1]] = kv[2] } }' "$con" 2>/dev/null)
+  printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
 }
 rc=0
 $XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }

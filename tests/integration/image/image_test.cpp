@@ -348,6 +348,41 @@ TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
   EXPECT_EQ(trim(none.out), "XPV-IRQS none (no NIC queue interrupts in " + (t.path() / "interrupts").string() + ")");
 }
 
+TEST(Image, TheGuestSaysItsTcpLossAndDropCountersOnOneLine) {
+  // rootfs-init.sh's net_counters, run by busybox sh with busybox's awk (as in the image) against
+  // made-up /proc/net files: the four TCP loss counters by their names, wherever their columns are,
+  // and eth0's rx/tx drops (not another interface's); the header lines name the columns.
+  if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = t.path() / "bin";
+  fs::create_directories(bin);
+  fs::create_symlink("/usr/bin/busybox", bin / "awk");
+  std::ofstream(t.path() / "snmp") << "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+                                      "Tcp: RtoAlgorithm ActiveOpens OutSegs RetransSegs InErrs\n"
+                                      "Tcp: 1 7 123456 42 0\n";
+  std::ofstream(t.path() / "netstat") << "TcpExt: SyncookiesSent TCPSpuriousRTOs TCPLossProbes TCPTimeouts\n"
+                                         "TcpExt: 0 1 9 3\n"
+                                         "IpExt: InNoRoutes\nIpExt: 0\n";
+  std::ofstream(t.path() / "dev")
+      << "Inter-|   Receive                                                |  Transmit\n"
+         " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+         "    lo:    1000      10    0    7    0     0          0         0     1000      10    0    8    0     0       0          0\n"
+         "  eth0: 5000000    4000    0    5    0     0          0         0  6000000    4500    0    6    0     0       0          0\n";
+  const fs::path fn = t.path() / "counters.sh";
+  const auto cut = sh("sed -n '/^net_counters() {/,/^}/p' " + quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") +
+                          " > " + quote(fn.string()),
+                      t.path());
+  ASSERT_EQ(cut.rc, 0) << cut.err;
+  ASSERT_NE(slurp(fn).find("net_counters"), std::string::npos) << "rootfs-init.sh has no net_counters()";
+  const auto r = sh("PATH=" + bin.string() + ":$PATH busybox sh -c " +
+                        quote(". " + fn.string() + "; net_counters " + t.path().string()),
+                    t.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "RetransSegs=42 TCPSpuriousRTOs=1 TCPLossProbes=9 TCPTimeouts=3 eth0_rx_drop=5 eth0_tx_drop=6");
+  EXPECT_EQ(r.err, "");
+}
+
 TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
   // rootfs-init.sh's serve_pairs (xpv.pairs=N), run by busybox sh in a network namespace of its own
   // (loopback only) with the host's iperf3: both servers listen before the marker, two clients at
