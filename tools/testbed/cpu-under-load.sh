@@ -5,7 +5,8 @@
 #   build/bin/xpv testbed --timeout 1200 --share "$out" -- sh tools/testbed/cpu-under-load.sh "$img" "$out" xqxq
 # ORDER (default xqxq) is the sequence of guest boots, x = xpv (callback upcalls, xen-netfront,
 # xpv-netback), q = QEMU 7.2 (virtio-net with vhost): alternating shows whether the order of the
-# runs in one L1 matters. In each boot, iperf3 from L1 to the guest for 20 s host->guest, then
+# runs in one L1 matters. y = xpv from a second build, XPV_B=/path/to/other/bin/xpv (its own
+# daemons, started for that boot): an A/B of two xpv builds in one L1, e.g. ORDER xyxy. In each boot, iperf3 from L1 to the guest for 20 s host->guest, then
 # 20 s guest->host (-R); 3 s into each run and 5 s after that, every L1 thread's CPU time (utime +
 # stime from /proc, clock ticks) and /proc/stat's totals are read — counting, no tracing or
 # sampling, so the runs are not slowed (reading them takes L1 a second or two itself: the window,
@@ -25,7 +26,8 @@ for f in vmlinuz initrd.cpio root.ext4; do
   [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
 done
 [ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
-case "$ORDER" in ''|*[!xq]*) echo "$me: ORDER '$ORDER' is not a sequence of x and q"; exit 2 ;; esac
+case "$ORDER" in ''|*[!xqy]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y and q"; exit 2 ;; esac
+case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
 [ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
 [ -x "$XPV" ] || { echo "$me: no xpv at $XPV (build first, or set XPV)"; exit 2; }
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
@@ -54,12 +56,22 @@ measure() { # name: the guest listens; two windows, then the third client it wai
   window $1-h2g ""; window $1-g2h -R
   timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
 }
-boot_x() { # n
+boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
-  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure x$1; else rc=1; fi
+  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure ${2:-x}$1; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
   $XPV destroy load$1 > /dev/null 2>&1
+}
+boot_y() { # n: the same guest under the second build's xpv and daemons
+  $XPV down --force > /dev/null 2>&1
+  if $XPV_B up > $OUT/up-y$1.log 2>&1; then
+    xa=$XPV; XPV=$XPV_B; boot_x $1 y; XPV=$xa
+  else
+    echo "xpv up (XPV_B) failed: $OUT/up-y$1.log"; rc=1
+  fi
+  $XPV_B down --force > /dev/null 2>&1
+  $XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }
 }
 boot_q() { # n
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
@@ -102,7 +114,7 @@ summary() { # name
   drops=$(awk -F'[: ]+' 'FNR == 1 { file++ } $2 ~ /^(vif|xpvtap)/ { rx[file] = $6; tx[file] = $14 }
                          END { printf "rx %d tx %d", rx[2] - rx[1], tx[2] - tx[1] }' $OUT/dev0-$1.txt $OUT/dev1-$1.txt 2>/dev/null)
   vm=${1%%-*}; boot=${vm#?}
-  case $vm in x*) con=$OUT/xpv-log/console-load$boot.log ;; *) con=$OUT/console-qemu$boot.log ;; esac
+  case $vm in q*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
   client=1; case $1 in *-g2h) client=2 ;; esac
   guest=$(awk -v c="client=$client" '/XPV-NET-COUNTERS/ { gsub(/\r/, ""); m = 1; while ($m != "XPV-NET-COUNTERS") m++
             if ($(m + 1) == c) { for (i = m + 2; i <= NF; i++) { split($i, kv, "="); printf "%s+%d ", kv[1], kv[2] - last[kv[1]] }; exit }

@@ -533,6 +533,84 @@ TEST_F(NetbackQueueTest, RxASparseFlowOvertakesABulkBacklogWhileTheGuestIsBehind
   EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
 }
 
+// A bulk transfer to a guest that is behind: after kSingleFlowRun packets in a row of one flow
+// there is nothing to schedule between flows, so a stall leaves the backlog in the TAP (one copy
+// when buffers come) instead of draining it into the flow queue (two copies). Nothing is lost or
+// reordered, and a packet of another flow ends the run: the next stall drains the TAP again.
+TEST_F(NetbackQueueTest, RxOneFlowLeavesItsBacklogInTheTapWhileTheGuestIsBehind) {
+  NetbackConfig cfg;
+  cfg.rx_stall_ms = 60000;
+  start(cfg);
+  auto numbered = [](std::uint32_t seq, std::uint16_t sport) {
+    auto f = tcp_frame(1000);
+    f[20] = 0x40;  // DF, not a fragment (a fragment's flow is its addresses only)
+    f[21] = 0;
+    f[34] = static_cast<std::uint8_t>(sport >> 8);
+    f[35] = static_cast<std::uint8_t>(sport);
+    std::memcpy(f.data() + 100, &seq, sizeof seq);
+    return f;
+  };
+  auto seq_in = [&](const NetifRxResponse& r) {
+    std::uint32_t seq = 0;
+    std::memcpy(&seq, fe_.page(100 + r.id).data() + 100, sizeof seq);
+    return seq;
+  };
+  auto tap_has_data = [&] {
+    std::uint8_t probe[16];
+    return ::recv(tap_.get(), probe, sizeof probe, MSG_PEEK | MSG_DONTWAIT) > 0;
+  };
+  std::uint16_t next_id = 0;
+  auto post = [&](int n) {
+    for (int i = 0; i < n; ++i, ++next_id) fe_.post_rx(next_id, fe_.grant(100 + next_id, false));
+    fe_.rx_push();
+  };
+  std::uint32_t seq = 0, expect = 0;
+  auto deliver = [&](std::size_t want) {
+    std::size_t got = 0;
+    for (int i = 0; i < 20 && got < want; ++i) {
+      ASSERT_TRUE(queue_->poll_once());
+      for (const auto& r : fe_.rx_responses()) {
+        ASSERT_EQ(r.status, 1000);
+        EXPECT_EQ(seq_in(r), expect++) << "out of order";
+        ++got;
+      }
+    }
+    EXPECT_EQ(got, want);
+  };
+  // 80 packets of one flow, with buffers for all of them: straight into the guest's pages.
+  post(100);
+  for (int i = 0; i < 80; ++i) host_write({}, numbered(seq++, 1000));
+  deliver(80);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 0u);
+  // The guest falls behind (20 buffers left, 40 packets come): the head packet waits, the rest
+  // stay in the TAP.
+  for (int i = 0; i < 40; ++i) host_write({}, numbered(seq++, 1000));
+  deliver(20);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(queue_->poll_once());
+  EXPECT_TRUE(fe_.rx_responses().empty());
+  EXPECT_TRUE(tap_has_data()) << "the one flow's backlog was drained into the flow queue";
+  EXPECT_EQ(queue_->counters().rx_tap_holds.load(), 1u);
+  // Read one at a time through the flow queue: the 17 taken while fewer buffers than the largest
+  // packet needs (kRxDirectSlots) were posted — nothing else.
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 17u);
+  // Buffers come: all 20 follow, in order, none dropped.
+  post(60);
+  deliver(20);
+  EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
+  // Another flow's packet ends the run: the next stall drains the TAP into the flow queue.
+  host_write({}, numbered(seq++, 2000));
+  deliver(1);
+  for (int i = 0; i < 45; ++i) host_write({}, numbered(seq++, 1000));
+  deliver(39);  // 39 buffers were left
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(queue_->poll_once());
+  EXPECT_FALSE(tap_has_data()) << "two flows: the backlog belongs in the flow queue";
+  EXPECT_EQ(queue_->counters().rx_tap_holds.load(), 1u);
+  post(40);
+  deliver(6);
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 166u);
+  EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
+}
+
 TEST_F(NetbackQueueTest, RxGsoTheFrontendDidNotNegotiateIsDropped) {
   start();
   fe_.post_rx(0, fe_.grant(100, false));
