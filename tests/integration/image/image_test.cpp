@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -116,6 +117,23 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
     if (x == s) return true;
   }
   return false;
+}
+
+// Cuts the named shell functions out of the image's rootfs-init.sh into `dir`/`file` (so that a
+// test can run them with busybox sh as the image does); "" when one of them is missing.
+std::string cut_functions(const fs::path& dir, const std::string& file, std::initializer_list<const char*> names) {
+  std::string expr;
+  for (const char* n : names) expr += std::string("/^") + n + "() {/,/^}/p; ";
+  const fs::path out = dir / file;
+  const auto r = sh("sed -n " + quote(expr) + " " + quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") + " > " +
+                        quote(out.string()),
+                    dir);
+  if (r.rc != 0) return "";
+  const std::string text = slurp(out);
+  for (const char* n : names) {
+    if (text.find(std::string(n) + "() {") == std::string::npos) return "";
+  }
+  return out.string();
 }
 
 TEST(Image, BuildInspectCacheHitAndRecipeChange) {
@@ -321,12 +339,8 @@ TEST(Image, TheGuestSpreadsItsNicQueueInterruptsOverItsVcpus) {
                                             " 29:         34          0          0  xen-dyn    -edge      blkif\n"
                                             " 30:          1          0          0  PCI-MSI 1-edge      virtio1-input.4\n"
                                             " 31:          1          0          0  PCI-MSI 1-edge      virtio1-output.5\n";
-  const fs::path fn = t.path() / "spread.sh";
-  const auto cut = sh("sed -n '/^spread_nic_irqs() {/,/^}/p' " + quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") +
-                          " > " + quote(fn.string()),
-                      t.path());
-  ASSERT_EQ(cut.rc, 0) << cut.err;
-  ASSERT_NE(slurp(fn).find("spread_nic_irqs"), std::string::npos) << "rootfs-init.sh has no spread_nic_irqs()";
+  const fs::path fn = cut_functions(t.path(), "spread.sh", {"spread_nic_irqs"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no spread_nic_irqs()";
   // The function as the image's busybox runs it, `say` printing to stdout.
   auto spread = [&](int vcpus) {
     return sh("busybox sh -c " + quote("say() { echo \"$*\"; }; . " + fn.string() + "; spread_nic_irqs " +
@@ -369,12 +383,8 @@ TEST(Image, TheGuestSaysItsTcpLossAndDropCountersOnOneLine) {
          " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
          "    lo:    1000      10    0    7    0     0          0         0     1000      10    0    8    0     0       0          0\n"
          "  eth0: 5000000    4000    0    5    0     0          0         0  6000000    4500    0    6    0     0       0          0\n";
-  const fs::path fn = t.path() / "counters.sh";
-  const auto cut = sh("sed -n '/^net_counters() {/,/^}/p' " + quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") +
-                          " > " + quote(fn.string()),
-                      t.path());
-  ASSERT_EQ(cut.rc, 0) << cut.err;
-  ASSERT_NE(slurp(fn).find("net_counters"), std::string::npos) << "rootfs-init.sh has no net_counters()";
+  const fs::path fn = cut_functions(t.path(), "counters.sh", {"net_counters"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no net_counters()";
   const auto r = sh("PATH=" + bin.string() + ":$PATH busybox sh -c " +
                         quote(". " + fn.string() + "; net_counters " + t.path().string()),
                     t.path());
@@ -397,12 +407,8 @@ TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
   const fs::path bin = t.path() / "bin";
   fs::create_directories(bin);
   for (const char* applet : {"netstat", "usleep"}) fs::create_symlink("/usr/bin/busybox", bin / applet);
-  const fs::path fn = t.path() / "funcs.sh";
-  const auto cut = sh("sed -n '/^wait_listen() {/,/^}/p; /^wait_until() {/,/^}/p; /^serve_pairs() {/,/^}/p' " +
-                          quote(std::string(XPV_RECIPES_SRC) + "/rootfs-init.sh") + " > " + quote(fn.string()),
-                      t.path());
-  ASSERT_EQ(cut.rc, 0) << cut.err;
-  ASSERT_NE(slurp(fn).find("serve_pairs()"), std::string::npos) << "rootfs-init.sh has no serve_pairs()";
+  const fs::path fn = cut_functions(t.path(), "funcs.sh", {"wait_listen", "wait_until", "serve_pairs"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh lacks wait_listen(), wait_until() or serve_pairs()";
   const std::string dir = t.path().string();
   // say/finish/fatal as the image has them, writing to a file; `finish` ends the serving shell.
   const std::string prelude = "export PATH=" + bin.string() + ":$PATH LOGDIR=" + dir + "; busybox ip link set lo up; " +
