@@ -314,8 +314,7 @@ bool NetbackQueue::rx_has_work() noexcept {
     // Not yet enough for the head packet: stay asleep until more come or time runs out (then
     // what is queued is dropped), but keep draining the TAP (the backlog belongs in rx_queue_,
     // see the header). Timed out with nothing queued and nothing to read: no work.
-    // With the backlog left in the TAP (one flow), what it holds is no reason to wake.
-    return *n >= rx_need_ || (tap_readable_ && !rx_tap_holds_) || (timed_out && !rx_queue_.empty());
+    return *n >= rx_need_ || tap_readable_ || (timed_out && !rx_queue_.empty());
   }
   return !rx_queue_.empty() || tap_readable_;
 }
@@ -422,10 +421,8 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
       std::memcpy(rx_held_[i].page.data(), rx_held_[i + 1].page.data(), len);
     }
   }
-  rx_note_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
   rx_respond(*off, data_slots, /*failed=*/false);
   rx_stalled_ = false;  // the frontend takes packets again
-  rx_tap_holds_ = false;
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
   bytes = rx_len_;
@@ -466,31 +463,16 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
       rx_stalled_ = true;
       rx_stall_since_ = now;
     } else if (now - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
-      // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP,
-      // also what a single flow's stall left there).
-      rx_tap_holds_ = false;
+      // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
       counters_.rx_dropped.fetch_add(rx_queue_.clear(), std::memory_order_relaxed);
       return Step::dropped;
     }
     // Take what waits in the TAP into the flow queue, so that the backlog is scheduled by flow
-    // and not in the TAP's arrival order — when there is more than one flow to schedule. After
-    // kSingleFlowRun packets in a row of one flow (a bulk transfer to the guest: its ACKs go the
-    // other way) there is nothing to reorder, and each packet drained would be copied twice
-    // (TAP → chunks → the guest's pages) where the TAP's FIFO keeps it for one copy when buffers
-    // come, as vhost leaves its backlog in the TAP. The head packet waits as before (rx_stall_ms,
-    // then drops); a packet of another flow ends the run, and the next stall drains again.
-    if (rx_flow_run_ >= kSingleFlowRun) {
-      if (!rx_tap_holds_) counters_.rx_tap_holds.fetch_add(1, std::memory_order_relaxed);
-      rx_tap_holds_ = true;
-      return Step::blocked;
-    }
-    rx_tap_holds_ = false;
+    // and not in the TAP's arrival order.
     rx_ingest(kDrainBatch);
     return Step::blocked;
   }
   rx_stalled_ = false;
-  rx_tap_holds_ = false;
-  rx_note_flow(p->flow);
   if (!rx_hold(need)) return Step::none;
   bool failed = false;
   for (std::size_t i = 0; i < data_slots; ++i) {
@@ -700,10 +682,9 @@ void NetbackQueue::run() noexcept {
       const int rx_at = rx_evtchn_ ? n : -1;
       if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
       // The TAP is read whenever it has packets: while the guest is behind they go into the
-      // bounded flow queue (see the header) — except one flow's backlog, which a stall leaves in
-      // the TAP's FIFO (rx_one): then the TAP is not watched until buffers come.
+      // bounded flow queue (see the header), never pile up in the TAP's FIFO.
       const int tap_at = n;
-      fds[n++] = {tap_, static_cast<short>(rx_stalled_ && rx_tap_holds_ ? 0 : POLLIN), 0};
+      fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
       const std::uint64_t now = now_us();
       if (!busy_ && cfg_.share != nullptr) {

@@ -19,9 +19,7 @@
 // guest's own sending stream) would wait behind megabytes of a bulk one. That queue is bounded
 // (RxFlowConfig::pool_bytes); making room drops from the fattest flow (counted in rx_overflow).
 // Packets are delivered from it by deficit round robin over flows, new flows first; with buffers
-// posted and nothing queued, packets go straight from the TAP into the guest's pages. After
-// kSingleFlowRun packets in a row of one flow there is nothing to order: a stall then leaves the
-// backlog in the TAP (one copy later instead of two) until a packet of another flow comes. Once the
+// posted and nothing queued, packets go straight from the TAP into the guest's pages. Once the
 // frontend has posted no buffers for the head packet for rx_stall_ms, everything queued and every
 // packet read while it still posts none is dropped, counting each in rx_dropped.
 //
@@ -102,7 +100,6 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
   std::atomic<std::uint64_t> resume_tx_dropped{0};   // resume: tx packets answered, not sent
   std::atomic<std::uint64_t> resume_rx_returned{0};  // resume: rx buffers returned unused
-  std::atomic<std::uint64_t> rx_tap_holds{0};  // stalls whose backlog stayed in the TAP (one flow)
 };
 
 class NetbackQueue {
@@ -110,8 +107,6 @@ class NetbackQueue {
   static constexpr std::size_t kMaxRxBytes = 17 * ring::kXenPageSize;  // 64 KiB GSO + headers
   // Rx buffers held for reading a packet straight into them: its 17 pages + the GSO extra slot.
   static constexpr std::size_t kRxDirectSlots = kMaxRxBytes / ring::kXenPageSize + 1;
-  // Packets in a row of one flow after which the rx backlog stays in the TAP (see rx_one).
-  static constexpr std::uint32_t kSingleFlowRun = 64;
 
   // `mapper` belongs to this queue's thread from now on; the rings are attached to the mapped
   // ring pages; `rx_evtchn` null: one event channel for both rings. `tap_fd` (non-blocking, with
@@ -199,19 +194,6 @@ class NetbackQueue {
   bool rx_stalled_ = false;       // the head of rx_queue_ waits for rx buffers
   std::uint64_t rx_stall_since_ = 0;
   ring::RingIdx rx_need_ = 0;     // more rx requests the head packet needs
-  // Flow of the last packet delivered and how many before it in a row had the same one (capped
-  // at kSingleFlowRun); ~0: none yet. A fresh queue counts as carrying several flows.
-  std::uint32_t rx_last_flow_ = ~0u;
-  std::uint32_t rx_flow_run_ = 0;
-  bool rx_tap_holds_ = false;     // stalled with the backlog left in the TAP: do not poll it
-  void rx_note_flow(std::uint32_t flow) noexcept {
-    if (flow == rx_last_flow_) {
-      if (rx_flow_run_ < kSingleFlowRun) ++rx_flow_run_;
-    } else {
-      rx_last_flow_ = flow;
-      rx_flow_run_ = 0;
-    }
-  }
   bool rx_resp_pending_ = false;
   // Rx requests popped from the ring and mapped (writable), not answered yet, in ring order:
   // the buffers the next packets go into. At most kRxDirectSlots; page empty if the grant could
