@@ -136,10 +136,6 @@ wait_until() {
   wait "$1"
 }
 
-# serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
-# process (and thread), so that two clients can drive both directions at the same time without
-# iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
-# finish 124.
 # net_counters [DIR]: the guest's TCP loss counters (cumulative since boot: snmp's RetransSegs,
 # netstat's TCPTimeouts, TCPLossProbes, TCPSpuriousRTOs) and eth0's drop counters (dev) from
 # DIR (default /proc/net) on one line, so that a host can tell a stalled sender that lost
@@ -156,6 +152,10 @@ net_counters() {
   awk -F'[: ]+' '$2 == "eth0" { printf "eth0_rx_drop=%s eth0_tx_drop=%s", $6, $14 }' "${1:-/proc/net}/dev"
 }
 
+# serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
+# process (and thread), so that two clients can drive both directions at the same time without
+# iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
+# finish 124.
 serve_pairs() {
   n=1
   while [ "$n" -le "$1" ]; do

@@ -6,16 +6,19 @@
 # ORDER (default xqxq) is the sequence of guest boots, x = xpv (callback upcalls, xen-netfront,
 # xpv-netback), q = QEMU 7.2 (virtio-net with vhost): alternating shows whether the order of the
 # runs in one L1 matters. y = xpv from a second build, XPV_B=/path/to/other/bin/xpv (its own
-# daemons, started for that boot): an A/B of two xpv builds in one L1, e.g. ORDER xyxy. In each boot, iperf3 from L1 to the guest for 20 s host->guest, then
-# 20 s guest->host (-R); 3 s into each run and 5 s after that, every L1 thread's CPU time (utime +
-# stime from /proc, clock ticks) and /proc/stat's totals are read — counting, no tracing or
-# sampling, so the runs are not slowed (reading them takes L1 a second or two itself: the window,
+# daemons, started for that boot): an A/B of two xpv builds in one L1, e.g. ORDER xyxy.
+# In each boot, iperf3 from L1 to the guest for 20 s host->guest, then 20 s guest->host (-R);
+# 3 s into each run and 5 s after that, every L1 thread's CPU time (utime + stime from /proc,
+# clock ticks) and /proc/stat's totals are read — counting, no tracing or sampling, so the runs
+# are not slowed (reading them takes L1 a second or two itself: the window,
 # measured in L1's ticks, is longer than 5 s and still ends well inside the run).
 # $OUT/cpu-summary.txt: per window iperf3's rate received and the ticks of the guest (guest mode,
 # /proc/stat), the vCPU threads (guest mode included), the backend thread(s) (xpv-netback,
 # vhost-N), the VMM's other threads, iperf3 and all of L1 but idle, and L1's CPU seconds per
-# gigabit. In the testbed one run says little about rates (tools/README.md); the CPU per bit of
-# one window against the next is what this is for.
+# gigabit; under each window the run's rate per second, the sender's retransmits, the drops of
+# L1's end of the link and the guest's TCP loss and eth0 drop counters over that run. In the
+# testbed one run says little about rates (tools/README.md); the CPU per bit of one window
+# against the next is what this is for.
 # Everything it makes lives in L1 (its /tmp, a TAP, the VMs) and goes with L1.
 set -u
 me=cpu-under-load.sh
@@ -116,7 +119,7 @@ summary() { # name
   vm=${1%%-*}; boot=${vm#?}
   case $vm in q*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
   client=1; case $1 in *-g2h) client=2 ;; esac
-  guest=$(awk -v c="client=$client" '/XPV-NET-COUNTERS/ { gsub(/\r/, ""); m = 1; while ($m != "XPV-NET-COUNTERS") m++
+  guest=$(awk -v c="client=$client" '/XPV-NET-COUNTERS/ { gsub(/\r/, ""); m = 1; while (m < NF && $m != "XPV-NET-COUNTERS") m++
             if ($(m + 1) == c) { for (i = m + 2; i <= NF; i++) { split($i, kv, "="); printf "%s+%d ", kv[1], kv[2] - last[kv[1]] }; exit }
             for (i = m + 2; i <= NF; i++) { split($i, kv, "="); last[kv[1]] = kv[2] } }' "$con" 2>/dev/null)
   printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
