@@ -32,6 +32,7 @@ FIO=randread-4k
 SHUTDOWN_WAIT=0
 BONNIE_DIRECT=0
 BONNIE_CHUNK=0
+EOI_TRACE=0
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -45,6 +46,7 @@ for arg in $(cat /proc/cmdline); do
     xpv.shutdown_wait=*) SHUTDOWN_WAIT="${arg#xpv.shutdown_wait=}" ;;
     xpv.bonnie_direct=*) BONNIE_DIRECT="${arg#xpv.bonnie_direct=}" ;;
     xpv.bonnie_chunk=*) BONNIE_CHUNK="${arg#xpv.bonnie_chunk=}" ;;
+    xpv.eoi_trace=*) EOI_TRACE="${arg#xpv.eoi_trace=}" ;;
   esac
 done
 
@@ -61,7 +63,7 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK; do
+for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK EOI_TRACE; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
@@ -152,6 +154,48 @@ net_counters() {
   awk -F'[: ]+' '$2 == "eth0" { printf "eth0_rx_drop=%s eth0_tx_drop=%s", $6, $14 }' "${1:-/proc/net}/dev"
 }
 
+# eoi_trace_start [TRACEFS]: count the kernel's late EOIs of its event channels with kprobes and
+# hist triggers: each xen_irq_lateeoi call by irq and flags (1: the handler found no work, a
+# spurious event) and each run of xen_irq_lateeoi_worker (an EOI the kernel put off). After
+# consecutive spurious events the stock kernel leaves the channel masked for up to a second
+# (events_base.c), so a backend's spurious notifications can stall a queue. Prints on or off(why).
+eoi_trace_start() {
+  t=${1:-/sys/kernel/tracing}
+  [ -e "$t/kprobe_events" ] || mount -t tracefs tracefs "$t" 2>/dev/null
+  [ -e "$t/kprobe_events" ] || { echo "off (no tracefs at $t)"; return 0; }
+  if ! { echo 'p:xpv/eoi xen_irq_lateeoi irq=%di:u32 flags=%si:u32' >> "$t/kprobe_events" &&
+         echo 'hist:keys=irq,flags' > "$t/events/xpv/eoi/trigger"; } 2>/dev/null; then
+    echo "off (no kprobe on xen_irq_lateeoi)"
+    return 0
+  fi
+  { echo 'p:xpv/eoiw xen_irq_lateeoi_worker' >> "$t/kprobe_events" &&
+    echo 'hist:keys=common_cpu' > "$t/events/xpv/eoiw/trigger"; } 2>/dev/null
+  echo on
+}
+
+# eoi_counts [TRACEFS] [INTERRUPTS]: what eoi_trace_start has counted since (cumulative), on one
+# line: NAME/IRQ_eoi=N NAME/IRQ_spurious=M per irq (NAME: its action in INTERRUPTS, default
+# /proc/interrupts; two queues of one device share a name), then delayed=K (runs of the put-off
+# EOI worker). Nothing if not tracing.
+eoi_counts() {
+  t=${1:-/sys/kernel/tracing}
+  [ -r "$t/events/xpv/eoi/hist" ] || return 0
+  w=/dev/null
+  [ -r "$t/events/xpv/eoiw/hist" ] && w="$t/events/xpv/eoiw/hist"
+  awk 'FNR == 1 { file++ }
+       file == 1 { n = $1; sub(/:$/, "", n); if (n ~ /^[0-9]+$/) name[n] = $NF; next }
+       file == 3 { if ($1 == "Hits:") delayed = $2; next }
+       $1 == "{" && $2 == "irq:" && $4 == "flags:" {
+         q = $3; sub(/,$/, "", q)
+         if (!(q in eoi)) order[++k] = q
+         eoi[q] += $NF; if ($5 == 1) spur[q] += $NF
+       }
+       END {
+         for (i = 1; i <= k; i++) { q = order[i]; nm = ((q in name) ? name[q] : "irq") "/" q; printf "%s_eoi=%d %s_spurious=%d ", nm, eoi[q], nm, spur[q] }
+         printf "delayed=%d", delayed
+       }' "${2:-/proc/interrupts}" "$t/events/xpv/eoi/hist" "$w"
+}
+
 # serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
 # process (and thread), so that two clients can drive both directions at the same time without
 # iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
@@ -221,6 +265,10 @@ case "$RUN" in
     deadline=$(( $(date +%s) + WAIT ))
     spread_nic_irqs
     say "XPV-NET-COUNTERS start $(net_counters)"
+    if [ "$EOI_TRACE" -ne 0 ]; then
+      say "XPV-EOI-TRACE $(eoi_trace_start)"
+      say "XPV-EOI start $(eoi_counts)"
+    fi
     if [ "$CLIENTS" -eq 0 ]; then
       iperf3 -s > /tmp/iperf3.log 2>&1 &
       pid=$!
@@ -241,6 +289,7 @@ case "$RUN" in
       [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
       say "XPV-IPERF3-SERVED $n rc=$rc"
       say "XPV-NET-COUNTERS client=$n $(net_counters)"
+      [ "$EOI_TRACE" -ne 0 ] && say "XPV-EOI client=$n $(eoi_counts)"
       n=$((n + 1))
     done
     serve_pairs "$PAIRS" "$deadline"

@@ -37,16 +37,20 @@ case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 . "$(dirname "$0")/guests.sh"
-ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.wait=200 xpv.ip=10.0.0.2/24"
+ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.wait=200 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1"
 waitfor() { # file marker: bounded at 200 s
   i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
   echo "no '$2' in $1 within 200 s"; return 1
 }
-snap() { # every L1 thread as "tid comm ticks" (comm's blanks as _), then /proc/stat's cpu line
-  awk '{ s = $0; sub(/^[^(]*\(/, "", s); c = s; sub(/\).*/, "", c); gsub(/ /, "_", c)
-         sub(/^.*\) /, "", s); split(s, f, " "); print $1, c, f[12] + f[13] }' \
-    /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null
-  head -1 /proc/stat
+snap() { # every L1 thread as "tid comm ticks runs" (comm's blanks as _; runs: the times it was
+  # put on a CPU, schedstat's third field), then /proc/stat's cpu and ctxt lines
+  for t in /proc/[0-9]*/task/[0-9]*; do
+    read -r st < $t/stat && read -r ss < $t/schedstat && echo "$st
+S $ss"
+  done 2>/dev/null | awk '$1 == "S" { print tid, c, ticks, $4; next }
+    { s = $0; sub(/^[^(]*\(/, "", s); c = s; sub(/\).*/, "", c); gsub(/ /, "_", c)
+      sub(/^.*\) /, "", s); split(s, f, " "); tid = $1; ticks = f[12] + f[13] }'
+  grep -E '^(cpu|ctxt) ' /proc/stat
 }
 window() { # name iperf3-args: 20 s of iperf3, threads read 3 s into it and 5 s later
   cat /proc/net/dev > $OUT/dev0-$1.txt
@@ -90,14 +94,15 @@ summary() { # name
   awk -v name=$1 -v rate="${rate:-0}" -v ncpu=$(nproc) '
     FNR == 1 { file++ }
     /^cpu / { for (i = 2; i <= NF; i++) st[file, i] = $i; next }
-    { if (file == 1) t0[$1] = $3; else { comm[$1] = $2; t1[$1] = $3 } }
+    /^ctxt / { ctxt[file] = $2; next }
+    { if (file == 1) { t0[$1] = $3; r0[$1] = $4 } else { comm[$1] = $2; t1[$1] = $3; r1[$1] = $4 } }
     END {
       tot = 0; for (i = 2; i <= 11; i++) tot += st[2, i] - st[1, i]
       idle = (st[2, 5] - st[1, 5]) + (st[2, 6] - st[1, 6]); guest = st[2, 10] - st[1, 10]
       for (t in t1) {
-        d = t1[t] - (t in t0 ? t0[t] : 0); c = comm[t]
-        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) vcpu += d
-        else if (c == "xpv-netback" || c ~ /^vhost-/) be += d
+        d = t1[t] - (t in t0 ? t0[t] : 0); c = comm[t]; r = r1[t] - (t in r0 ? r0[t] : 0)
+        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) { vcpu += d; rv += r }
+        else if (c == "xpv-netback" || c ~ /^vhost-/) { be += d; rb += r }
         else if (c ~ /^xpv-vmm/ || c ~ /^qemu/ || c ~ /^xen-/ || c ~ /^worker/ || c ~ /^call_rcu/) vmm += d
         else if (c == "iperf3") ip += d
       }
@@ -106,6 +111,8 @@ summary() { # name
       busy = tot - idle; secs = tot / ncpu / 100
       printf "%-7s %5s Mbit/s | guest %4d vcpu %4d backend %4d vmm-other %4d iperf3 %4d | L1 busy %4d of %4d ticks (%.1f s), %.2f CPU s per Gbit\n",
         name, rate, guest, vcpu, be, vmm, ip, busy, tot, secs, (rate > 0 ? (busy / 100) / (rate / 1000 * secs) : 0)
+      # How often each was put on a CPU (a switch to another process costs L1 its TLB under TCG)
+      printf "        runs per s: vcpu %d backend %d | L1 context switches per s %d\n", rv / secs, rb / secs, (ctxt[2] - ctxt[1]) / secs
     }' $OUT/snap0-$1.txt $OUT/snap1-$1.txt
   # Where a window stalled: iperf3's rate per second, the sender's retransmits, the drops of L1's
   # end of the link (xpv's vif, QEMU's xpvtap0) over the run, and the guest's own counters
@@ -119,10 +126,19 @@ summary() { # name
   vm=${1%%-*}; boot=${vm#?}
   case $vm in q*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
   client=1; case $1 in *-g2h) client=2 ;; esac
-  guest=$(awk -v c="client=$client" '/XPV-NET-COUNTERS/ { gsub(/\r/, ""); m = 1; while (m < NF && $m != "XPV-NET-COUNTERS") m++
-            if ($(m + 1) == c) { for (i = m + 2; i <= NF; i++) { split($i, kv, "="); printf "%s+%d ", kv[1], kv[2] - last[kv[1]] }; exit }
-            for (i = m + 2; i <= NF; i++) { split($i, kv, "="); last[kv[1]] = kv[2] } }' "$con" 2>/dev/null)
+  guest=$(marker_delta XPV-NET-COUNTERS "client=$client" "$con")
+  eoi=$(marker_delta XPV-EOI "client=$client" "$con")
   printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
+  [ -n "$eoi" ] && printf "        guest event-channel EOIs (spurious: the handler found nothing; delayed: put off) %s\n" "${eoi% }"
+  return 0
+}
+# marker_delta MARKER CLIENT CONSOLE: the NAME=VALUE fields of the guest's MARKER line for CLIENT
+# against the same marker's line before it, as NAME+DIFF.
+marker_delta() {
+  awk -v mk="$1" -v c="$2" '$0 ~ mk { gsub(/\r/, ""); m = 1; while (m < NF && $m != mk) m++
+            if ($m != mk) next
+            if ($(m + 1) == c) { for (i = m + 2; i <= NF; i++) { split($i, kv, "="); printf "%s+%d ", kv[1], kv[2] - last[kv[1]] }; exit }
+            for (i = m + 2; i <= NF; i++) { split($i, kv, "="); last[kv[1]] = kv[2] } }' "$3" 2>/dev/null
 }
 rc=0
 $XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }

@@ -622,6 +622,8 @@ TEST_F(BlkbackDaemon, SigtermLeavesDevicesConnectedAndARestartReconnects) {
   std::vector<std::uint8_t> back(8192);
   ASSERT_EQ(g.front->read(0, back), 8192);  // blocks until the new daemon serves the ring
   EXPECT_EQ(back, d);
+  // The queue threads may serve the read before the control thread logs the reconnection.
+  for (int i = 0; i < 500 && log().find("vbd3.51712: reconnected") == std::string::npos; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_NE(log().find("vbd3.51712: reconnected"), std::string::npos);
 }
 

@@ -393,6 +393,61 @@ TEST(Image, TheGuestSaysItsTcpLossAndDropCountersOnOneLine) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST(Image, TheGuestCountsItsSpuriousAndPutOffEventChannelEoisPerInterrupt) {
+  // rootfs-init.sh's eoi_counts (xpv.eoi_trace=1), run by busybox sh and awk against a made-up
+  // tracefs: the kprobe's hist (keys irq and flags, in hitcount order) summed per irq with the
+  // spurious ones (flags 1) apart, each irq named by its action in the interrupts file and its
+  // number (two queues of one device share the name), and the put-off EOI worker's total hits.
+  if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = t.path() / "bin";
+  fs::create_directories(bin);
+  fs::create_symlink("/usr/bin/busybox", bin / "awk");
+  const fs::path ev = t.path() / "tracing" / "events" / "xpv";
+  fs::create_directories(ev / "eoi");
+  fs::create_directories(ev / "eoiw");
+  std::ofstream(ev / "eoi" / "hist") << "# event histogram\n#\n"
+                                        "# trigger info: hist:keys=irq,flags:vals=hitcount:sort=hitcount:size=2048 [active]\n#\n\n"
+                                        "{ irq:         26, flags:          0 } hitcount:        800\n"
+                                        "{ irq:         26, flags:          1 } hitcount:        120\n"
+                                        "{ irq:         25, flags:          1 } hitcount:         40\n"
+                                        "{ irq:         25, flags:          0 } hitcount:          7\n"
+                                        "{ irq:         31, flags:          0 } hitcount:          3\n"
+                                        "\nTotals:\n    Hits: 970\n    Entries: 5\n    Dropped: 0\n";
+  std::ofstream(ev / "eoiw" / "hist") << "# event histogram\n#\n\n{ common_cpu:          0 } hitcount:         12\n"
+                                         "{ common_cpu:          1 } hitcount:          5\n\nTotals:\n    Hits: 17\n"
+                                         "    Entries: 2\n    Dropped: 0\n";
+  std::ofstream(t.path() / "interrupts")
+      << "           CPU0       CPU1\n"
+         "  1:          9          0   IO-APIC   1-edge      i8042\n"
+         " 25:        900          0  xen-dyn-lateeoi    vif0-q0-tx\n"
+         " 26:       1500          0  xen-dyn-lateeoi    vif0-q0-rx\n"
+         "NMI:          0          0   Non-maskable interrupts\n";
+  const fs::path fn = cut_functions(t.path(), "eoi.sh", {"eoi_counts"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no eoi_counts()";
+  auto run = [&](const fs::path& tracing) {
+    return sh("PATH=" + bin.string() + ":$PATH busybox sh -c " +
+                  quote(". " + fn.string() + "; eoi_counts " + tracing.string() + " " + (t.path() / "interrupts").string()),
+              t.path());
+  };
+  const auto r = run(t.path() / "tracing");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "vif0-q0-rx/26_eoi=920 vif0-q0-rx/26_spurious=120 vif0-q0-tx/25_eoi=47 vif0-q0-tx/25_spurious=40 "
+                   "irq/31_eoi=3 irq/31_spurious=0 delayed=17");
+  EXPECT_EQ(r.err, "");
+
+  fs::remove_all(ev / "eoiw");  // no worker probe: no put-off EOIs counted
+  const auto w = run(t.path() / "tracing");
+  ASSERT_EQ(w.rc, 0) << w.err;
+  EXPECT_EQ(w.out, "vif0-q0-rx/26_eoi=920 vif0-q0-rx/26_spurious=120 vif0-q0-tx/25_eoi=47 vif0-q0-tx/25_spurious=40 "
+                   "irq/31_eoi=3 irq/31_spurious=0 delayed=0");
+
+  const auto off = run(t.path() / "none");  // not tracing: nothing at all
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_EQ(off.out, "");
+}
+
 TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
   // rootfs-init.sh's serve_pairs (xpv.pairs=N), run by busybox sh in a network namespace of its own
   // (loopback only) with the host's iperf3: both servers listen before the marker, two clients at
