@@ -293,6 +293,10 @@ case "$RUN" in
       n=$((n + 1))
     done
     serve_pairs "$PAIRS" "$deadline"
+    if [ "$PAIRS" -gt 0 ]; then
+      say "XPV-NET-COUNTERS pairs=$PAIRS $(net_counters)"
+      [ "$EOI_TRACE" -ne 0 ] && say "XPV-EOI pairs=$PAIRS $(eoi_counts)"
+    fi
     finish 0
     ;;
   bonnie)

@@ -37,7 +37,7 @@ case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 . "$(dirname "$0")/guests.sh"
-ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.wait=200 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1"
+ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1"
 waitfor() { # file marker: bounded at 200 s
   i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
   echo "no '$2' in $1 within 200 s"; return 1
@@ -59,14 +59,23 @@ window() { # name iperf3-args: 20 s of iperf3, threads read 3 s into it and 5 s 
   cat /proc/net/dev > $OUT/dev1-$1.txt
   sleep 2  # the guest starts its next `iperf3 -s -1`
 }
-measure() { # name: the guest listens; two windows, then the third client it waits for
+pair_window() { # name: both directions at once, two clients (host->guest to 5201, guest->host
+  # -R to 5202) against two guest processes (xpv.pairs=1), read as window() does
+  cat /proc/net/dev > $OUT/dev0-$1.txt
+  timeout 60 iperf3 -J -c 10.0.0.2 -p 5201 -t 20 > $OUT/iperf-$1.json 2>&1 & p=$!
+  timeout 60 iperf3 -J -c 10.0.0.2 -p 5202 -t 20 -R > $OUT/iperf-$1-r.json 2>&1 & p2=$!
+  sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p $p2
+  cat /proc/net/dev > $OUT/dev1-$1.txt
+}
+measure() { # name console: the guest listens; two windows, the third client it waits for, the pair
   window $1-h2g ""; window $1-g2h -R
   timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
+  waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && pair_window $1-pair
 }
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
-  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure ${2:-x}$1; else rc=1; fi
+  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
   $XPV destroy load$1 > /dev/null 2>&1
 }
@@ -84,14 +93,18 @@ boot_q() { # n
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
   qemu_guest load$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
   qemu=$!
-  if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1; else rc=1; fi
+  if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1 $OUT/console-qemu$1.log; else rc=1; fi
   waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"
   sleep 3; kill $qemu 2>/dev/null; wait $qemu
   ip link del xpvtap0
 }
 summary() { # name
-  rate=$(grep -m1 -A8 '"sum_received"' $OUT/iperf-$1.json | awk -F: '/bits_per_second/ { printf "%.0f", $2 / 1e6 }')
-  awk -v name=$1 -v rate="${rate:-0}" -v ncpu=$(nproc) '
+  rate_of() { grep -m1 -A8 '"sum_received"' "$1" 2>/dev/null | awk -F: '/bits_per_second/ { printf "%.0f", $2 / 1e6 }'; }
+  rate=$(rate_of $OUT/iperf-$1.json); both=${rate:-0}
+  if [ -f $OUT/iperf-$1-r.json ]; then  # a pair window: host->guest + guest->host
+    rate2=$(rate_of $OUT/iperf-$1-r.json); both=$(( ${rate:-0} + ${rate2:-0} )); rate="${rate:-0}+${rate2:-0}"
+  fi
+  awk -v name=$1 -v rate="${rate:-0}" -v both=$both -v ncpu=$(nproc) '
     FNR == 1 { file++ }
     /^cpu / { for (i = 2; i <= NF; i++) st[file, i] = $i; next }
     /^ctxt / { ctxt[file] = $2; next }
@@ -101,8 +114,8 @@ summary() { # name
       idle = (st[2, 5] - st[1, 5]) + (st[2, 6] - st[1, 6]); guest = st[2, 10] - st[1, 10]
       for (t in t1) {
         d = t1[t] - (t in t0 ? t0[t] : 0); c = comm[t]; r = r1[t] - (t in r0 ? r0[t] : 0)
-        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) { vcpu += d; rv += r }
-        else if (c == "xpv-netback" || c ~ /^vhost-/) { be += d; rb += r }
+        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) { vcpu += d; rv += r; if (d > 0) pv = pv " " d }
+        else if (c == "xpv-netback" || c ~ /^vhost-/) { be += d; rb += r; if (d > 0) pb = pb " " d }
         else if (c ~ /^xpv-vmm/ || c ~ /^qemu/ || c ~ /^xen-/ || c ~ /^worker/ || c ~ /^call_rcu/) vmm += d
         else if (c == "iperf3") ip += d
       }
@@ -110,24 +123,27 @@ summary() { # name
       # CPU seconds per gigabit: busy ticks over the bits received in that time at iperf3s rate
       busy = tot - idle; secs = tot / ncpu / 100
       printf "%-7s %5s Mbit/s | guest %4d vcpu %4d backend %4d vmm-other %4d iperf3 %4d | L1 busy %4d of %4d ticks (%.1f s), %.2f CPU s per Gbit\n",
-        name, rate, guest, vcpu, be, vmm, ip, busy, tot, secs, (rate > 0 ? (busy / 100) / (rate / 1000 * secs) : 0)
-      # How often each was put on a CPU (a switch to another process costs L1 its TLB under TCG)
-      printf "        runs per s: vcpu %d backend %d | L1 context switches per s %d\n", rv / secs, rb / secs, (ctxt[2] - ctxt[1]) / secs
+        name, rate, guest, vcpu, be, vmm, ip, busy, tot, secs, (both > 0 ? (busy / 100) / (both / 1000 * secs) : 0)
+      # How often each was put on a CPU (a switch to another process costs L1 its TLB under TCG),
+      # and each vCPU and backend thread ticks (a direction held back by one busy thread shows)
+      printf "        runs per s: vcpu %d backend %d | L1 context switches per s %d | ticks per thread: vcpu%s backend%s\n",
+        rv / secs, rb / secs, (ctxt[2] - ctxt[1]) / secs, pv, pb
     }' $OUT/snap0-$1.txt $OUT/snap1-$1.txt
   # Where a window stalled: iperf3's rate per second, the sender's retransmits, the drops of L1's
   # end of the link (xpv's vif, QEMU's xpvtap0) over the run, and the guest's own counters
   # (XPV-NET-COUNTERS lines: the run's client against the line before it).
-  rates=$(awk '/^\t"end":/ { exit } /"sum":/ { s = 1 }
-               s && /bits_per_second/ { v = $0; sub(/.*:[ \t]*/, "", v); sub(/,.*/, "", v); printf "%.0f ", v / 1e6; s = 0 }' \
-    $OUT/iperf-$1.json 2>/dev/null)
+  per_s() { awk '/^\t"end":/ { exit } /"sum":/ { s = 1 }
+                s && /bits_per_second/ { v = $0; sub(/.*:[ \t]*/, "", v); sub(/,.*/, "", v); printf "%.0f ", v / 1e6; s = 0 }' "$1" 2>/dev/null; }
+  rates=$(per_s $OUT/iperf-$1.json)
+  [ -f $OUT/iperf-$1-r.json ] && rates="${rates% }] + guest->host [$(per_s $OUT/iperf-$1-r.json)"
   retr=$(awk '/"sum_sent"/ { s = 1 } s && /"retransmits"/ { gsub(/[^0-9]/, "", $0); print; exit }' $OUT/iperf-$1.json 2>/dev/null)
   drops=$(awk -F'[: ]+' 'FNR == 1 { file++ } $2 ~ /^(vif|xpvtap)/ { rx[file] = $6; tx[file] = $14 }
                          END { printf "rx %d tx %d", rx[2] - rx[1], tx[2] - tx[1] }' $OUT/dev0-$1.txt $OUT/dev1-$1.txt 2>/dev/null)
   vm=${1%%-*}; boot=${vm#?}
   case $vm in q*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
-  client=1; case $1 in *-g2h) client=2 ;; esac
-  guest=$(marker_delta XPV-NET-COUNTERS "client=$client" "$con")
-  eoi=$(marker_delta XPV-EOI "client=$client" "$con")
+  client=client=1; case $1 in *-g2h) client=client=2 ;; *-pair) client=pairs=1 ;; esac
+  guest=$(marker_delta XPV-NET-COUNTERS "$client" "$con")
+  eoi=$(marker_delta XPV-EOI "$client" "$con")
   printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
   [ -n "$eoi" ] && printf "        guest event-channel EOIs (spurious: the handler found nothing; delayed: put off) %s\n" "${eoi% }"
   return 0
@@ -151,7 +167,7 @@ $XPV down --force > /dev/null 2>&1
 n=0
 for v in $(echo "$ORDER" | sed 's/./& /g'); do
   n=$((n + 1))
-  for d in h2g g2h; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
+  for d in h2g g2h pair; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
 done > $OUT/cpu-summary.txt
 cat $OUT/cpu-summary.txt
 exit $rc

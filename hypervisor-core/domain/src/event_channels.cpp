@@ -2,6 +2,7 @@
 #include "xpv/domain/event_channels.h"
 
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -67,6 +68,7 @@ EventChannels::EventChannels(DomId domid, unsigned nr_vcpus, std::span<std::uint
     throw std::invalid_argument("event channels: max_ports must be 1..4096");
 
   ports_.resize(max_ports_);
+  lost_suspects_.resize((max_ports_ + kEvtchnWordBits - 1) / kEvtchnWordBits);
   virq_to_port_.resize(nr_vcpus_);
   for (auto& a : virq_to_port_) a.fill(0);
   vcpus_.resize(nr_vcpus_);
@@ -389,6 +391,33 @@ Expected<void, XenErrno> EventChannels::unmask(Port port) noexcept {
     return {};
   mark_sel_and_upcall(ports_[port].notify_vcpu, port_word(port));
   return {};
+}
+
+std::size_t EventChannels::redeliver_lost_edges(Port* first) noexcept {
+  std::shared_lock lk(table_mu_);
+  std::size_t n = 0;
+  for (unsigned w = 0; w < lost_suspects_.size(); ++w) {
+    const Port base = static_cast<Port>(w * kEvtchnWordBits);
+    const std::uint64_t live = std::atomic_ref<std::uint64_t>(*pending_word(base)).load(std::memory_order_acquire) &
+                               ~std::atomic_ref<std::uint64_t>(*mask_word(base)).load(std::memory_order_acquire);
+    std::uint64_t suspects = 0;
+    for (std::uint64_t bits = live; bits != 0; bits &= bits - 1) {
+      const Port p = base + static_cast<Port>(std::countr_zero(bits));
+      if (!port_valid(p) || ports_[p].state == State::closed) continue;
+      const std::uint32_t v = ports_[p].notify_vcpu;
+      if (!vcpu_valid(v) || !vcpus_[v].guest_visible) continue;
+      if (!(u64_at(vcpus_[v].info, kPendingSelOffset).load(std::memory_order_acquire) & (std::uint64_t{1} << w)))
+        suspects |= port_bit(p);
+    }
+    const std::uint64_t lost = suspects & lost_suspects_[w];
+    lost_suspects_[w] = suspects & ~lost;  // a port signalled again starts over
+    for (std::uint64_t bits = lost; bits != 0; bits &= bits - 1) {
+      const Port p = base + static_cast<Port>(std::countr_zero(bits));
+      if (n++ == 0 && first != nullptr) *first = p;
+      mark_sel_and_upcall(ports_[p].notify_vcpu, w);
+    }
+  }
+  return n;
 }
 
 Expected<void, XenErrno> EventChannels::close(Port port) noexcept {

@@ -282,12 +282,29 @@ void XenDomain::reassert(unsigned vcpu) noexcept {
   if (platform_->shared_info_mapped() && domain_->evtchn().upcall_pending(vcpu)) platform_->upcall(vcpu);
 }
 
+// The same tick also signals again the ports whose edge the guest's own unmask lost
+// (EventChannels::redeliver_lost_edges): found after two ticks, so such a port waits 20–40 ms
+// instead of for ever. A vCPU kept from finishing its own scan that long (descheduled) looks the
+// same and gets one spurious upcall. Each one is logged (the first ten, then every thousandth).
 void XenDomain::reassert_loop() {
   constexpr auto kReassertPeriod = std::chrono::milliseconds(20);
+  std::uint64_t lost = 0;
   std::unique_lock lk(tick_mu_);
   while (!tick_cv_.wait_for(lk, kReassertPeriod, [this] { return stopping_; })) {
+    if (platform_->shared_info_mapped()) {
+      domain::Port first = 0;
+      if (const std::size_t n = domain_->evtchn().redeliver_lost_edges(&first); n > 0) {
+        const std::uint64_t before = lost;
+        lost += n;
+        if (before < 10 || before / 1000 != lost / 1000)
+          spdlog::info("dom{}: event channel {}{} pending and unmasked with no selector bit on two ticks: signalled "
+                       "again (an edge the guest's unmask lost, or a vCPU held up in its scan that long; {} so far)",
+                       cfg_.domid, first, n > 1 ? fmt::format(" and {} more", n - 1) : std::string(), lost);
+      }
+    }
     for (unsigned v = 0; v < vm_.vcpus(); ++v) reassert(v);
   }
+  if (lost > 0) spdlog::info("dom{}: {} event-channel ports signalled again (lost edges)", cfg_.domid, lost);
 }
 
 void XenDomain::wait_unpaused() {

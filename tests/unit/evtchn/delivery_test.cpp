@@ -131,6 +131,66 @@ TEST_F(EvtchnDelivery, UnmaskOfAnUnmaskedPortDoesNotRedeliver) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
+// Linux's local unmask (evtchn_2l_unmask without a hypercall): it saw the port not pending,
+// then an event arrived while the port was still masked, then it cleared the mask bit itself.
+TEST_F(EvtchnDelivery, AnEdgeTheGuestsOwnUnmaskLostIsSignalledAgainOnTheSecondLook) {
+  auto p = ev_->bind_ipi(2);
+  set_mask(*p, true);
+  ASSERT_TRUE(ev_->send(*p));  // masked: pending only
+  set_mask(*p, false);         // the guest's own unmask, no hypercall
+  ASSERT_TRUE(ev_->send(*p));  // already pending: nothing either
+  EXPECT_EQ(sink_.count(), 0u);
+  Port first = 0;
+  EXPECT_EQ(ev_->redeliver_lost_edges(&first), 0u) << "one sighting is not enough";
+  EXPECT_EQ(sink_.count(), 0u);
+  EXPECT_EQ(ev_->redeliver_lost_edges(&first), 1u);
+  EXPECT_EQ(first, *p);
+  EXPECT_EQ(sel(2), 1u);
+  EXPECT_EQ(upcall_pending(2), 1);
+  EXPECT_EQ(sink_.calls(), std::vector<unsigned>{2});
+  EXPECT_EQ(guest_handle(2), std::vector<Port>{*p});
+  // Handled: nothing more to find.
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 0u);
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 0u);
+  EXPECT_EQ(sink_.count(), 1u);
+}
+
+TEST_F(EvtchnDelivery, PortsAlreadySignalledMaskedOrHandledInBetweenAreLeftAlone) {
+  auto signalled = ev_->bind_ipi(1);  // pending with its selector bit: the guest will scan it
+  auto masked_port = ev_->bind_ipi(1);
+  auto handled = ev_->bind_ipi(3);
+  ASSERT_TRUE(ev_->send(*signalled));
+  set_mask(*masked_port, true);
+  ASSERT_TRUE(ev_->send(*masked_port));
+  set_mask(*handled, true);
+  ASSERT_TRUE(ev_->send(*handled));
+  set_mask(*handled, false);
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 0u);  // first sighting of `handled`
+  // The guest finds `handled` on a scan of its own in between (another port's event).
+  std::atomic_ref<std::uint64_t>(si().evtchn_pending[0]).fetch_and(~(std::uint64_t{1} << *handled));
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 0u);
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 0u);
+  EXPECT_EQ(sink_.calls(), std::vector<unsigned>{1});
+  EXPECT_EQ(sel(3), 0u);
+}
+
+TEST_F(EvtchnDelivery, ALostEdgeGoesToThePortsNotifyVcpu) {
+  auto a = ev_->alloc_unbound(kDomidSelf);
+  auto b = ev_->bind_interdomain(kDomidSelf, *a);
+  ASSERT_TRUE(a && b);
+  guest_handle(0);
+  ASSERT_TRUE(ev_->bind_vcpu(*b, 3));
+  set_mask(*b, true);
+  ASSERT_TRUE(ev_->send(*a));
+  set_mask(*b, false);
+  const unsigned before = sink_.count();
+  (void)ev_->redeliver_lost_edges();
+  EXPECT_EQ(ev_->redeliver_lost_edges(), 1u);
+  EXPECT_EQ(sink_.count(), before + 1);
+  EXPECT_EQ(sink_.calls().back(), 3u);
+  EXPECT_EQ(guest_handle(3), std::vector<Port>{*b});
+}
+
 TEST_F(EvtchnDelivery, UnmaskRangeChecks) {
   EXPECT_EQ(ev_->unmask(4096).error(), XenErrno::einval);
   set_mask(0, true);

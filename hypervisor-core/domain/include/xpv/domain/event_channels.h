@@ -212,6 +212,22 @@ class EventChannels {
   // number of kicks consumed.
   std::uint64_t service_dom0_kicks() noexcept;
 
+  // ---- lost edges ----
+  // A stock Linux guest unmasks a 2-level port it handles on its own vCPU without a hypercall
+  // when it saw the port not pending (evtchn_2l_unmask): it tests the pending bit, then clears
+  // the mask bit. An event that arrives between the two finds the port masked, so no selector bit
+  // and no upcall (step 2), and the guest then unmasks without looking again: the port stays
+  // pending and unmasked, and — the port being pending — later sends do not signal it either
+  // (step 1). Xen has the same window; its HVM guests leave it at the next PV timer event (a
+  // VIRQ_TIMER in the same selector word makes the guest scan the word). xpv offers no PV
+  // timers, so a quiet guest would wait for that port for ever. This finds such ports: a port
+  // pending and unmasked whose notify vCPU has no selector bit for its word, seen so on two calls
+  // in a row (one sighting can be a delivery or the guest's own scan under way), gets steps 3–5
+  // again — at worst one spurious upcall. Call it periodically from one thread (it keeps the
+  // previous sightings); shared lock. Returns the number of ports signalled again and the first
+  // of them in *first (if not null).
+  std::size_t redeliver_lost_edges(Port* first = nullptr) noexcept;
+
   // ---- direct upcalls (direct_upcall.h) ----
   // From now on, keep `table` up to date with every dom0 endpoint's guest port and notify vCPU,
   // every vCPU's vcpu_info and shared_info — as guest-physical addresses, found by looking the
@@ -295,6 +311,7 @@ class EventChannels {
   std::vector<std::unique_ptr<Dom0Endpoint>> dom0_;          // index = dom0 port; [0] unused
   DirectTable* direct_ = nullptr;
   const GuestMemory* direct_mem_ = nullptr;
+  std::vector<std::uint64_t> lost_suspects_;                 // redeliver_lost_edges: [word]
 };
 
 }  // namespace xpv::domain
