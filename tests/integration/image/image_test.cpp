@@ -119,6 +119,15 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
   return false;
 }
 
+// DIR/bin with busybox's awk as `awk`: put first on PATH, rootfs-init.sh's functions run with the
+// awk the image has.
+fs::path busybox_awk_bin(const fs::path& dir) {
+  const fs::path bin = dir / "bin";
+  fs::create_directories(bin);
+  fs::create_symlink("/usr/bin/busybox", bin / "awk");
+  return bin;
+}
+
 // Cuts the named shell functions out of the image's rootfs-init.sh into `dir`/`file` (so that a
 // test can run them with busybox sh as the image does); "" when one of them is missing.
 std::string cut_functions(const fs::path& dir, const std::string& file, std::initializer_list<const char*> names) {
@@ -369,9 +378,7 @@ TEST(Image, TheGuestSaysItsTcpLossAndDropCountersOnOneLine) {
   if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
   TempDir t;
   ASSERT_FALSE(t.path().empty());
-  const fs::path bin = t.path() / "bin";
-  fs::create_directories(bin);
-  fs::create_symlink("/usr/bin/busybox", bin / "awk");
+  const fs::path bin = busybox_awk_bin(t.path());
   std::ofstream(t.path() / "snmp") << "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
                                       "Tcp: RtoAlgorithm ActiveOpens OutSegs RetransSegs InErrs\n"
                                       "Tcp: 1 7 123456 42 0\n";
@@ -401,9 +408,7 @@ TEST(Image, TheGuestCountsItsSpuriousAndPutOffEventChannelEoisPerInterrupt) {
   if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
   TempDir t;
   ASSERT_FALSE(t.path().empty());
-  const fs::path bin = t.path() / "bin";
-  fs::create_directories(bin);
-  fs::create_symlink("/usr/bin/busybox", bin / "awk");
+  const fs::path bin = busybox_awk_bin(t.path());
   const fs::path ev = t.path() / "tracing" / "events" / "xpv";
   fs::create_directories(ev / "eoi");
   fs::create_directories(ev / "eoiw");
