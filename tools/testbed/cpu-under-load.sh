@@ -52,25 +52,20 @@ S $ss"
       sub(/^.*\) /, "", s); split(s, f, " "); tid = $1; ticks = f[12] + f[13] }'
   grep -E '^(cpu|ctxt) ' /proc/stat
 }
-window() { # name iperf3-args: 20 s of iperf3, threads read 3 s into it and 5 s later
+window() { # name iperf3-args [second-args]: 20 s of iperf3 (with second-args, a second client at
+  # the same time, its JSON in iperf-NAME-r.json); threads read 3 s into it and 5 s later
   cat /proc/net/dev > $OUT/dev0-$1.txt
   timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
-  sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p
-  cat /proc/net/dev > $OUT/dev1-$1.txt
-  sleep 2  # the guest starts its next `iperf3 -s -1`
-}
-pair_window() { # name: both directions at once, two clients (host->guest to 5201, guest->host
-  # -R to 5202) against two guest processes (xpv.pairs=1), read as window() does
-  cat /proc/net/dev > $OUT/dev0-$1.txt
-  timeout 60 iperf3 -J -c 10.0.0.2 -p 5201 -t 20 > $OUT/iperf-$1.json 2>&1 & p=$!
-  timeout 60 iperf3 -J -c 10.0.0.2 -p 5202 -t 20 -R > $OUT/iperf-$1-r.json 2>&1 & p2=$!
+  p2=; if [ $# -ge 3 ]; then timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $3 > $OUT/iperf-$1-r.json 2>&1 & p2=$!; fi
   sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p $p2
   cat /proc/net/dev > $OUT/dev1-$1.txt
+  sleep 2  # the guest starts its next `iperf3 -s -1`
 }
 measure() { # name console: the guest listens; two windows, the third client it waits for, the pair
   window $1-h2g ""; window $1-g2h -R
   timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
-  waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && pair_window $1-pair
+  # both directions at once: host->guest to 5201, guest->host to 5202, two guest processes
+  waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && window $1-pair "-p 5201" "-p 5202 -R"
 }
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
