@@ -33,6 +33,8 @@ SHUTDOWN_WAIT=0
 BONNIE_DIRECT=0
 BONNIE_CHUNK=0
 EOI_TRACE=0
+TCP_DETAIL=0
+JSON=
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -47,6 +49,7 @@ for arg in $(cat /proc/cmdline); do
     xpv.bonnie_direct=*) BONNIE_DIRECT="${arg#xpv.bonnie_direct=}" ;;
     xpv.bonnie_chunk=*) BONNIE_CHUNK="${arg#xpv.bonnie_chunk=}" ;;
     xpv.eoi_trace=*) EOI_TRACE="${arg#xpv.eoi_trace=}" ;;
+    xpv.tcp_detail=*) TCP_DETAIL="${arg#xpv.tcp_detail=}" ;;
   esac
 done
 
@@ -63,7 +66,7 @@ finish() {
 }
 fatal() { say "XPV-FATAL $*"; finish 1; }
 
-for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK EOI_TRACE; do
+for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK EOI_TRACE TCP_DETAIL; do
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
@@ -196,6 +199,22 @@ eoi_counts() {
        }' "${2:-/proc/interrupts}" "$t/events/xpv/eoi/hist" "$w"
 }
 
+# tcp_detail FILE: what the sending end of an iperf3 --json log saw each second (iperf3 samples
+# TCP_INFO at every interval): congestion window in KiB, smoothed RTT and its variation in µs,
+# retransmits — one line, "cwnd_kib=a,b,... rtt_us=... rttvar_us=... retr=...", or "receiver"
+# when this end only received. With xpv.tcp_detail=1 the guest's iperf3 servers write --json and
+# the guest prints this after each client (XPV-TCP), so a host can tell a sender held back by its
+# window (slow start left early, a loss) from one held back below it.
+tcp_detail() {
+  awk '/^[ \t]*"end":[ \t]*\{/ { exit }
+       /"retransmits":/ { r = $0; gsub(/[^0-9]/, "", r) }
+       /"snd_cwnd":/ { v = $0; gsub(/[^0-9]/, "", v); c = c sep int(v / 1024); rt = rt sep r; sep = ","; n++ }
+       /"rtt":/ { v = $0; gsub(/[^0-9]/, "", v); t = t sep2 v; sep2 = "," }
+       /"rttvar":/ { v = $0; gsub(/[^0-9]/, "", v); tv = tv sep3 v; sep3 = "," }
+       END { if (n == 0) { printf "receiver"; exit }
+             printf "cwnd_kib=%s rtt_us=%s rttvar_us=%s retr=%s", c, t, tv, rt }' "$1" 2>/dev/null
+}
+
 # serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
 # process (and thread), so that two clients can drive both directions at the same time without
 # iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
@@ -203,9 +222,9 @@ eoi_counts() {
 serve_pairs() {
   n=1
   while [ "$n" -le "$1" ]; do
-    iperf3 -s -1 -p 5201 > "${LOGDIR:-/tmp}/iperf3.log" 2>&1 &
+    iperf3 -s -1 -p 5201 $JSON > "${LOGDIR:-/tmp}/iperf3.log" 2>&1 &
     pid=$!
-    iperf3 -s -1 -p 5202 > "${LOGDIR:-/tmp}/iperf3b.log" 2>&1 &
+    iperf3 -s -1 -p 5202 $JSON > "${LOGDIR:-/tmp}/iperf3b.log" 2>&1 &
     pid2=$!
     wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
     wait_listen 5202 || fatal "iperf3 -s is not listening on port 5202 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3b.log")"
@@ -220,6 +239,10 @@ serve_pairs() {
       finish 124
     fi
     say "XPV-IPERF3-SERVED pair $n rc=$rc,$rc2"
+    if [ "$TCP_DETAIL" -ne 0 ]; then
+      say "XPV-TCP pair=$n port=5201 $(tcp_detail "${LOGDIR:-/tmp}/iperf3.log")"
+      say "XPV-TCP pair=$n port=5202 $(tcp_detail "${LOGDIR:-/tmp}/iperf3b.log")"
+    fi
     n=$((n + 1))
   done
 }
@@ -263,6 +286,7 @@ case "$RUN" in
     ;;
   iperf3)
     deadline=$(( $(date +%s) + WAIT ))
+    JSON=; [ "$TCP_DETAIL" -ne 0 ] && JSON=--json
     spread_nic_irqs
     say "XPV-NET-COUNTERS start $(net_counters)"
     if [ "$EOI_TRACE" -ne 0 ]; then
@@ -280,7 +304,7 @@ case "$RUN" in
     fi
     n=1
     while [ "$n" -le "$CLIENTS" ]; do
-      iperf3 -s -1 > /tmp/iperf3.log 2>&1 &
+      iperf3 -s -1 $JSON > /tmp/iperf3.log 2>&1 &
       pid=$!
       wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
       say "XPV-IPERF3-LISTENING 5201 client=$n"
@@ -288,6 +312,7 @@ case "$RUN" in
       rc=$?
       [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
       say "XPV-IPERF3-SERVED $n rc=$rc"
+      [ "$TCP_DETAIL" -ne 0 ] && say "XPV-TCP client=$n $(tcp_detail /tmp/iperf3.log)"
       say "XPV-NET-COUNTERS client=$n $(net_counters)"
       [ "$EOI_TRACE" -ne 0 ] && say "XPV-EOI client=$n $(eoi_counts)"
       n=$((n + 1))

@@ -37,7 +37,7 @@ case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 . "$(dirname "$0")/guests.sh"
-ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1"
+ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
 waitfor() { # file marker: bounded at 200 s
   i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
   echo "no '$2' in $1 within 200 s"; return 1
@@ -67,12 +67,20 @@ measure() { # name console: the guest listens; two windows, the third client it 
   # both directions at once: host->guest to 5201, guest->host to 5202, two guest processes
   waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && window $1-pair "-p 5201" "-p 5202 -R"
 }
+boot_end() { # name console how: one line in boots.txt — did the guest get to XPV-DONE, and if not,
+  # what its VMM says became of it (a guest that died mid-run and one that hung look alike on the
+  # console: both just stop)
+  if grep -q XPV-DONE "$2" 2>/dev/null; then echo "$1: done"; else echo "$1: not done; $3"; fi >> $OUT/boots.txt
+}
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
   if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
+  how=$(grep -h -o 'guest stopped: [^(]*' $W/log/xpv-vmm-load$1.log 2>/dev/null | head -n 1)
+  boot_end ${2:-x}$1 $W/log/console-load$1.log "xpv-vmm: ${how:-the guest still ran}"
   $XPV destroy load$1 > /dev/null 2>&1
+  mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 dies later
 }
 boot_y() { # n: the same guest under the second build's xpv and daemons
   $XPV down --force > /dev/null 2>&1
@@ -90,7 +98,11 @@ boot_q() { # n
   qemu=$!
   if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1 $OUT/console-qemu$1.log; else rc=1; fi
   waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"
-  sleep 3; kill $qemu 2>/dev/null; wait $qemu
+  sleep 3
+  if kill -0 $qemu 2>/dev/null; then how="QEMU: the guest still ran"
+  else how="QEMU had exited (with -no-reboot: the guest reset itself, a triple fault or a reboot)"; fi
+  boot_end q$1 $OUT/console-qemu$1.log "$how"
+  kill $qemu 2>/dev/null; wait $qemu
   ip link del xpvtap0
 }
 summary() { # name
@@ -141,6 +153,14 @@ summary() { # name
   eoi=$(marker_delta XPV-EOI "$client" "$con")
   printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
   [ -n "$eoi" ] && printf "        guest event-channel EOIs (spurious: the handler found nothing; delayed: put off) %s\n" "${eoi% }"
+  # The guest's sending TCP each second (XPV-TCP: cwnd, smoothed RTT, retransmits as its iperf3
+  # server sampled them), for the windows where the guest sent.
+  case $1 in
+    *-g2h) tcp=$(grep -a "XPV-TCP client=2 " "$con" | tail -n 1 | sed 's/.*XPV-TCP client=2 //; s/\r//') ;;
+    *-pair) tcp=$(grep -a "XPV-TCP pair=1 port=5202 " "$con" | tail -n 1 | sed 's/.*port=5202 //; s/\r//') ;;
+    *) tcp= ;;
+  esac
+  [ -n "$tcp" ] && printf "        guest sender per s: %s\n" "$tcp"
   return 0
 }
 # marker_delta MARKER CLIENT CONSOLE: the NAME=VALUE fields of the guest's MARKER line for CLIENT
@@ -157,12 +177,13 @@ n=0
 for v in $(echo "$ORDER" | sed 's/./& /g'); do
   n=$((n + 1)); boot_$v $n
 done
-cp -r $W/log $OUT/xpv-log
+mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/
 $XPV down --force > /dev/null 2>&1
 n=0
 for v in $(echo "$ORDER" | sed 's/./& /g'); do
   n=$((n + 1))
   for d in h2g g2h pair; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
 done > $OUT/cpu-summary.txt
+cat $OUT/boots.txt >> $OUT/cpu-summary.txt 2>/dev/null
 cat $OUT/cpu-summary.txt
 exit $rc

@@ -1,6 +1,7 @@
 // `xpv image` end to end: build into a temp cache, inspect the cpio (cpio -t), the ext4
 // (debugfs, no mount) and the manifest; a second build is a cache hit; a recipe change rebuilds;
 // missing tools, bad sizes and a failed build are clear errors that leave nothing behind.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -398,6 +399,48 @@ TEST(Image, TheGuestSaysItsTcpLossAndDropCountersOnOneLine) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, "RetransSegs=42 TCPSpuriousRTOs=1 TCPLossProbes=9 TCPTimeouts=3 eth0_rx_drop=5 eth0_tx_drop=6");
   EXPECT_EQ(r.err, "");
+}
+
+TEST(Image, TheGuestSaysWhatItsIperf3SenderSawEachSecond) {
+  // rootfs-init.sh's tcp_detail (xpv.tcp_detail=1), run by busybox sh and awk against iperf3 3.12
+  // --json logs in its layout (tab-indented, one key a line): per interval the stream's snd_cwnd
+  // (bytes, said in KiB), rtt, rttvar and retransmits, in order; the interval's "sum" (which
+  // repeats retransmits) and the "end" section (which repeats everything) add nothing. A log of
+  // an end that only received is "receiver".
+  if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = busybox_awk_bin(t.path());
+  auto interval = [](int end, int retr, long cwnd, int rtt, int rttvar) {
+    return fmt::format(
+        "\t\t\"streams\":\t[{{\n\t\t\t\t\"socket\":\t5,\n\t\t\t\t\"end\":\t{}.000773,\n"
+        "\t\t\t\t\"bits_per_second\":\t4.5e+08,\n\t\t\t\t\"retransmits\":\t{},\n\t\t\t\t\"snd_cwnd\":\t{},\n"
+        "\t\t\t\t\"snd_wnd\":\t3145728,\n\t\t\t\t\"rtt\":\t{},\n\t\t\t\t\"rttvar\":\t{},\n"
+        "\t\t\t\t\"sender\":\ttrue\n\t\t\t}}],\n\t\t\"sum\":\t{{\n\t\t\t\"end\":\t{}.000773,\n"
+        "\t\t\t\"retransmits\":\t{}\n\t\t}}\n",
+        end, retr, cwnd, rtt, rttvar, end, retr);
+  };
+  std::ofstream(t.path() / "sender.json")
+      << "{\n\t\"start\":\t{\n\t\t\"version\":\t\"iperf 3.12\"\n\t},\n\t\"intervals\":\t[{\n"
+      << interval(1, 0, 102400, 1800, 400) << "\t}, {\n"
+      << interval(2, 3, 51200, 2500, 900) << "\t}],\n\t\"end\":\t{\n\t\t\"streams\":\t[{\n"
+      << "\t\t\t\"sender\":\t{\n\t\t\t\t\"retransmits\":\t3,\n\t\t\t\t\"max_snd_cwnd\":\t102400,\n"
+         "\t\t\t\t\"snd_cwnd\":\t7,\n\t\t\t\t\"rtt\":\t9\n\t\t\t}\n\t\t}]\n\t}\n}\n";
+  std::ofstream(t.path() / "receiver.json")
+      << "{\n\t\"intervals\":\t[{\n\t\t\"streams\":\t[{\n\t\t\t\t\"bytes\":\t5,\n\t\t\t\t\"sender\":\tfalse\n"
+         "\t\t\t}]\n\t}],\n\t\"end\":\t{\n\t\t\"snd_cwnd\":\t1\n\t}\n}\n";
+  const fs::path fn = cut_functions(t.path(), "tcp.sh", {"tcp_detail"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no tcp_detail()";
+  auto run = [&](const std::string& file) {
+    return sh("PATH=" + bin.string() + ":$PATH busybox sh -c " + quote(". " + fn.string() + "; tcp_detail " + file),
+              t.path());
+  };
+  const auto s = run((t.path() / "sender.json").string());
+  ASSERT_EQ(s.rc, 0) << s.err;
+  EXPECT_EQ(s.out, "cwnd_kib=100,50 rtt_us=1800,2500 rttvar_us=400,900 retr=0,3");
+  const auto r = run((t.path() / "receiver.json").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "receiver");
 }
 
 TEST(Image, TheGuestCountsItsSpuriousAndPutOffEventChannelEoisPerInterrupt) {
