@@ -7,6 +7,9 @@
 # xpv-netback), q = QEMU 7.2 (virtio-net with vhost): alternating shows whether the order of the
 # runs in one L1 matters. y = xpv from a second build, XPV_B=/path/to/other/bin/xpv (its own
 # daemons, started for that boot): an A/B of two xpv builds in one L1, e.g. ORDER xyxy.
+# z = the xpv guest with XPV_Z_APPEND added to its kernel command line (e.g.
+# XPV_Z_APPEND=xen_netfront.max_queues=1): an A/B of a guest setting, ORDER xzxz.
+# XPV_LOAD_INTERVAL=0.1 makes iperf3 report every 0.1 s (default 1).
 # In each boot, iperf3 from L1 to the guest for 20 s host->guest, then 20 s guest->host (-R);
 # 3 s into each run and 5 s after that, every L1 thread's CPU time (utime + stime from /proc,
 # clock ticks) and /proc/stat's totals are read — counting, no tracing or sampling, so the runs
@@ -29,9 +32,12 @@ for f in vmlinuz initrd.cpio root.ext4; do
   [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
 done
 [ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
-case "$ORDER" in ''|*[!xqy]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y and q"; exit 2 ;; esac
+case "$ORDER" in ''|*[!xqyz]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y, z and q"; exit 2 ;; esac
+case "$ORDER" in *z*) [ -n "${XPV_Z_APPEND:-}" ] || { echo "$me: ORDER has z: set XPV_Z_APPEND to the kernel parameters z adds"; exit 2; } ;; esac
 case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
 [ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
+INTERVAL=${XPV_LOAD_INTERVAL:-1}  # iperf3's report interval (s): 0.1 shows a stall inside a second
+case "$INTERVAL" in ''|*[!0-9.]*|*.*.*) echo "$me: XPV_LOAD_INTERVAL '$INTERVAL' is not a number of seconds"; exit 2 ;; esac
 [ -x "$XPV" ] || { echo "$me: no xpv at $XPV (build first, or set XPV)"; exit 2; }
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
@@ -55,8 +61,8 @@ S $ss"
 window() { # name iperf3-args [second-args]: 20 s of iperf3 (with second-args, a second client at
   # the same time, its JSON in iperf-NAME-r.json); threads read 3 s into it and 5 s later
   cat /proc/net/dev > $OUT/dev0-$1.txt
-  timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
-  p2=; if [ $# -ge 3 ]; then timeout 60 iperf3 -J -c 10.0.0.2 -t 20 $3 > $OUT/iperf-$1-r.json 2>&1 & p2=$!; fi
+  timeout 60 iperf3 -J -i $INTERVAL -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
+  p2=; if [ $# -ge 3 ]; then timeout 60 iperf3 -J -i $INTERVAL -c 10.0.0.2 -t 20 $3 > $OUT/iperf-$1-r.json 2>&1 & p2=$!; fi
   sleep 3; snap > $OUT/snap0-$1.txt; sleep 5; snap > $OUT/snap1-$1.txt; wait $p $p2
   cat /proc/net/dev > $OUT/dev1-$1.txt
   sleep 2  # the guest starts its next `iperf3 -s -1`
@@ -91,6 +97,9 @@ boot_y() { # n: the same guest under the second build's xpv and daemons
   fi
   $XPV_B down --force > /dev/null 2>&1
   $XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }
+}
+boot_z() { # n: the same xpv guest with XPV_Z_APPEND added to its kernel command line
+  za=$ARGS; ARGS="$ARGS $XPV_Z_APPEND"; boot_x $1 z; ARGS=$za
 }
 boot_q() { # n
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
@@ -151,7 +160,7 @@ summary() { # name
   client=client=1; case $1 in *-g2h) client=client=2 ;; *-pair) client=pairs=1 ;; esac
   guest=$(marker_delta XPV-NET-COUNTERS "$client" "$con")
   eoi=$(marker_delta XPV-EOI "$client" "$con")
-  printf "        per s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
+  printf "        per %s s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "$INTERVAL" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
   [ -n "$eoi" ] && printf "        guest event-channel EOIs (spurious: the handler found nothing; delayed: put off) %s\n" "${eoi% }"
   # The guest's sending TCP each second (XPV-TCP: cwnd, smoothed RTT, retransmits as its iperf3
   # server sampled them), for the windows where the guest sent.
