@@ -641,8 +641,9 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   };
   const std::string net = "one testbed session (nested KVM under TCG: only the ratio means something); iperf3 -t " +
                           std::to_string(in.iperf_s) + " from L1 to the guest's server " + kGuestIp +
-                          "; xpv: HVM guest (" + bench_upcall() + " upcalls), xen-netfront ↔ xpv-netback vif; QEMU 7.2 "
-                          "-enable-kvm: virtio-net on a TAP, " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd" +
+                          "; xpv: HVM guest (" + bench_upcall() + " upcalls), xen-netfront ↔ xpv-netback vif (a netif queue per vCPU "
+                          "up to L1's CPU count, as Linux netback offers); QEMU 7.2 -enable-kvm: virtio-net on a TAP "
+                          "(one queue pair, QEMU's default), " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd" +
                           retried("xpv", x.net.retried) + retried("QEMU", r.net.retried);
   const std::string disk_common = "bonnie++ -f -D -s " + std::to_string(in.bonnie_mib) + " MiB:64 KiB chunks -r " +
                                   std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: O_DIRECT "
