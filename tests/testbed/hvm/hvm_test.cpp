@@ -68,19 +68,15 @@ class TestbedHvm : public ::testing::Test {
     // guest or when the next guest started after one; tools/testbed/README.md, known issue).
     rc = 0;
     for (const char* mode : kModes) {
-      int mode_rc = -1;
-      for (int session = 1; session <= 3; ++session) {
+      const auto r = xpv::test::run_sessions(mode, [&](int session) {
         const fs::path out = dir / (std::string("out-") + mode + "-" + std::to_string(session));
-        mode_rc = shell(std::string(XPV_BIN) + " testbed --timeout 900 -- sh " + quote(XPV_HVM_SESSION) + " " +
-                        quote(bin) + " " + quote(image) + " " + mode + " > " + quote(out.string()) + " 2>&1");
-        outputs[mode] = slurp(out);
-        output += outputs[mode];
-        if (mode_rc != 124 && mode_rc != 125) break;
-        std::cout << "[ INFO     ] " << mode << ": testbed session " << session << " lost (exit " << mode_rc
-                  << "); its end:\n"
-                  << outputs[mode].substr(outputs[mode].size() > 3000 ? outputs[mode].size() - 3000 : 0) << "\n";
-      }
-      if (mode_rc != 0) rc = mode_rc;
+        const int st = shell(std::string(XPV_BIN) + " testbed --timeout 900 -- sh " + quote(XPV_HVM_SESSION) + " " +
+                             quote(bin) + " " + quote(image) + " " + mode + " > " + quote(out.string()) + " 2>&1");
+        output += slurp(out);
+        return xpv::test::SessionResult{st, slurp(out)};
+      });
+      outputs[mode] = r.output;
+      if (r.rc != 0) rc = r.rc;
     }
   }
 
