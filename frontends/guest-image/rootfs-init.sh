@@ -34,7 +34,6 @@ BONNIE_DIRECT=0
 BONNIE_CHUNK=0
 EOI_TRACE=0
 TCP_DETAIL=0
-JSON=
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -70,6 +69,7 @@ for v in WAIT SIZE REPEAT CLIENTS PAIRS SHUTDOWN_WAIT BONNIE_DIRECT BONNIE_CHUNK
   eval "val=\$$v"
   case "$val" in ''|*[!0-9]*) fatal "xpv.$(echo "$v" | tr 'A-Z' 'a-z')=$val is not a number" ;; esac
 done
+JSON=; [ "$TCP_DETAIL" -ne 0 ] && JSON=--json  # the iperf3 servers' output, for tcp_detail
 case "$FIO" in ''|*[!A-Za-z0-9_-]*) fatal "xpv.fio=$FIO: not a job name" ;; esac
 
 hostname xpv-guest
@@ -286,7 +286,6 @@ case "$RUN" in
     ;;
   iperf3)
     deadline=$(( $(date +%s) + WAIT ))
-    JSON=; [ "$TCP_DETAIL" -ne 0 ] && JSON=--json
     spread_nic_irqs
     say "XPV-NET-COUNTERS start $(net_counters)"
     if [ "$EOI_TRACE" -ne 0 ]; then

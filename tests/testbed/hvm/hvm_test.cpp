@@ -23,6 +23,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "xpv/test/testbed_session.h"
 
@@ -72,8 +73,9 @@ class TestbedHvm : public ::testing::Test {
         const fs::path out = dir / (std::string("out-") + mode + "-" + std::to_string(session));
         const int st = shell(std::string(XPV_BIN) + " testbed --timeout 900 -- sh " + quote(XPV_HVM_SESSION) + " " +
                              quote(bin) + " " + quote(image) + " " + mode + " > " + quote(out.string()) + " 2>&1");
-        output += slurp(out);
-        return xpv::test::SessionResult{st, slurp(out)};
+        std::string text = slurp(out);
+        output += text;
+        return xpv::test::SessionResult{st, std::move(text)};
       });
       outputs[mode] = r.output;
       if (r.rc != 0) rc = r.rc;
