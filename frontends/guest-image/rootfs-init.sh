@@ -199,6 +199,26 @@ eoi_counts() {
        }' "${2:-/proc/interrupts}" "$t/events/xpv/eoi/hist" "$w"
 }
 
+# mem_state [XEN_MEMORY_DIR] [MEMINFO] [WAIT_S]: the guest's memory as its Xen balloon driver
+# (drivers/xen/xen-balloon.c's sysfs) and the kernel see it, one line: "mem_kib=<MemTotal>
+# balloon_current_kib=<...> balloon_target_kib=<...>", or "mem_kib=<...> balloon=none" without a
+# balloon (virtio guests). Waits (bounded: WAIT_S, default 30 s) while the balloon is still
+# moving to its target: the host's `xpv mem-set` only sets the target.
+mem_state() {
+  b=${1:-/sys/devices/system/xen_memory/xen_memory0} mi=${2:-/proc/meminfo} n=${3:-30}
+  total() { awk '/^MemTotal:/ { print $2 }' "$mi"; }
+  if [ ! -r "$b/info/current_kb" ] || [ ! -r "$b/target_kb" ]; then
+    echo "mem_kib=$(total) balloon=none"
+    return 0
+  fi
+  i=0
+  while [ "$(cat "$b/info/current_kb")" != "$(cat "$b/target_kb")" ] && [ "$i" -lt "$n" ]; do
+    sleep 1
+    i=$((i + 1))
+  done
+  echo "mem_kib=$(total) balloon_current_kib=$(cat "$b/info/current_kb") balloon_target_kib=$(cat "$b/target_kb")"
+}
+
 # tcp_detail FILE: what the sending end of an iperf3 --json log saw each second (iperf3 samples
 # TCP_INFO at every interval): congestion window in KiB, smoothed RTT and its variation in µs,
 # retransmits — one line, "cwnd_kib=a,b,... rtt_us=... rttvar_us=... retr=...", or "receiver"
@@ -268,6 +288,8 @@ case "$RUN" in
       fatal "cannot write /root/after-wait.txt after the wait"
     sync
     say "XPV-AFTER-WAIT-FILE /root/after-wait.txt $(wc -c < /root/after-wait.txt)"
+    # The host may have set a new memory target during the wait (`xpv mem-set`).
+    say "XPV-MEM $(mem_state)"
     if [ "$SHUTDOWN_WAIT" -gt 0 ]; then
       # Room for the host's `xpv shutdown`: the kernel's xen manage code sees poweroff in
       # control/shutdown and runs /sbin/poweroff (busybox), which signals init — this script:

@@ -132,6 +132,10 @@ int main(int argc, char** argv) {
   auto* sysrq = app.add_subcommand("sysrq", "send a magic SysRq key to a domain (control/sysrq), as xl sysrq");
   sysrq->add_option("domain", which, "name or id")->required();
   sysrq->add_option("key", sysrq_key, "one letter or digit")->required();
+  std::string mem_size;
+  auto* mem_set = app.add_subcommand("mem-set", "set an HVM domain's memory target (memory/target); its balloon driver gives memory back or takes it again, up to its memory at creation, as xl mem-set");
+  mem_set->add_option("domain", which, "name or id")->required();
+  mem_set->add_option("size", mem_size, "new target: MiB, or with a unit t, g, m, k, b (e.g. 256, 1g)")->required();
   auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
   monitor->group("");
   unsigned monitor_domid = 0;
@@ -193,6 +197,7 @@ int main(int argc, char** argv) {
     else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));
     else if (*reboot) ts::cmd_reboot(ctx, which, std::chrono::seconds(reboot_timeout_s));
     else if (*sysrq) ts::cmd_sysrq(ctx, which, sysrq_key);
+    else if (*mem_set) ts::cmd_mem_set(ctx, which, mem_size);
     else if (*monitor) return ts::cmd_monitor(ctx, static_cast<std::uint16_t>(monitor_domid), monitor_uuid);
     else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
     else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);

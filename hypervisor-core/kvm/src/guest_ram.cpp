@@ -100,6 +100,25 @@ GuestRam::GuestRam(std::uint64_t size, const std::vector<std::pair<std::uint64_t
   memory_ = GuestMemory(std::move(view));
 }
 
+std::optional<std::uint64_t> GuestRam::ram_offset(std::uint64_t gpa, std::uint64_t bytes) const noexcept {
+  for (const Region& r : regions_) {
+    if (r.fd_offset >= size_) continue;  // device memory (it follows RAM in the file)
+    if (gpa >= r.gpa && gpa - r.gpa <= r.size && bytes <= r.size - (gpa - r.gpa)) return r.fd_offset + (gpa - r.gpa);
+  }
+  return std::nullopt;
+}
+
+int GuestRam::discard(std::uint64_t gpa, std::uint64_t bytes) const noexcept {
+  const auto off = ram_offset(gpa, bytes);
+  if (!off || ((gpa | bytes) & 0xfff) != 0) return EINVAL;
+  if (bytes == 0) return 0;
+  if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(*off),
+                  static_cast<off_t>(bytes)) != 0) {
+    return errno;
+  }
+  return 0;
+}
+
 GuestRam::~GuestRam() {
   if (base_ != nullptr) munmap(base_, file_size_);
 }

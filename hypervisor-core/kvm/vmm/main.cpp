@@ -104,6 +104,9 @@ int run(int argc, char** argv) {
   app.add_option("--shutdown-file", shutdown_file,
                  "when the guest stops, write why into this file: poweroff, reboot or crash (what the toolstack's "
                  "on_poweroff / on_reboot / on_crash act on)");
+  app.add_option("--memory-file", xcfg.memory_file,
+                 "with --xen: keep the guest's current memory in this file, in KiB (what its balloon has not "
+                 "given back; written when that changes; what `xpv list` shows)");
   app.add_flag("--paused", paused, "with --xen: print 'ready' and wait for unpause on the control socket");
   app.add_option("--max-grant-frames", xcfg.max_grant_frames, "grant-table frames (--xen)")->capture_default_str();
   try {

@@ -7,9 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "xpv/xen/stubs.h"
 
@@ -62,7 +67,7 @@ class TrapMemory final : public xen::GuestVirt {
 // What the platform needs from the VMM: interrupts into the VM, RAM pages, shutdown, console.
 class XenDomain::Host final : public xen::PlatformHost {
  public:
-  explicit Host(kvm::Vm& vm) : vm_(vm) {}
+  Host(kvm::Vm& vm, std::string memory_file) : vm_(vm), memory_file_(std::move(memory_file)) {}
   void inject_vector(unsigned vcpu, std::uint8_t vector) noexcept override { vm_.signal_msi(vcpu, vector); }
   bool set_callback_vector(std::uint8_t vector) noexcept override {
     // KVM_SIGNAL_MSI goes through the LAPIC; an auto-EOI vector leaves no in-service bit behind,
@@ -113,6 +118,13 @@ class XenDomain::Host final : public xen::PlatformHost {
     auto p = vm_.memory().page(gfn);
     return p ? *p : std::span<std::uint8_t>{};
   }
+  bool release_ram(std::uint64_t gfn, std::uint64_t pages) noexcept override { return balloon(gfn, pages, true); }
+  bool populate_ram(std::uint64_t gfn, std::uint64_t pages) noexcept override { return balloon(gfn, pages, false); }
+  // Pages the guest has given back and not taken again; pages given back whose host memory the
+  // file could not free (fallocate failed: they stay allocated, the guest still may not use them).
+  std::uint64_t ballooned() const noexcept { return ballooned_.load(std::memory_order_relaxed); }
+  std::uint64_t not_freed() const noexcept { return not_freed_.load(std::memory_order_relaxed); }
+
   void console_write(std::string_view text) noexcept override {
     try {
       spdlog::info("guest console_io: {}", text);
@@ -121,7 +133,88 @@ class XenDomain::Host final : public xen::PlatformHost {
   }
 
  private:
+  // One bit per page of RAM (by file offset): given back. Under balloon_mu_ (balloon calls are
+  // rare: Linux's driver sends 512 pages per hypercall).
+  bool balloon(std::uint64_t gfn, std::uint64_t pages, bool release) noexcept {
+    const auto& ram = vm_.ram();
+    if (gfn > (UINT64_MAX >> kPageShift) || pages > (ram.size() >> kPageShift)) return false;
+    const std::uint64_t gpa = gfn << kPageShift, bytes = pages << kPageShift;
+    const auto off = ram.ram_offset(gpa, bytes);
+    if (!off) return false;
+    std::lock_guard lk(balloon_mu_);
+    try {
+      if (out_.empty()) out_.resize(ram.size() >> kPageShift);
+    } catch (...) {
+      return false;
+    }
+    const std::uint64_t first = *off >> kPageShift;
+    std::uint64_t changed = 0;
+    for (std::uint64_t i = first; i < first + pages; ++i) {
+      if (out_[i] != release) ++changed;
+      out_[i] = release;
+    }
+    if (release) {
+      // Punched again even where already out: a page the guest touched since is freed as well.
+      if (const int e = ram.discard(gpa, bytes); e != 0) {
+        not_freed_.fetch_add(pages, std::memory_order_relaxed);
+        if (!discard_failed_) {
+          discard_failed_ = true;
+          try {
+            spdlog::warn("balloon: the host cannot free memory the guest gives back ({}): it stays allocated", std::strerror(e));
+          } catch (...) {
+          }
+        }
+      }
+      ballooned_.fetch_add(changed, std::memory_order_relaxed);
+    } else {
+      ballooned_.fetch_sub(changed, std::memory_order_relaxed);
+    }
+    if (changed != 0) publish_memory();
+    // What the guest holds now, at most once a second while it changes (the last change of a
+    // run is also in the stats line at exit).
+    const auto now = std::chrono::steady_clock::now();
+    if (changed != 0 && now - last_log_ >= std::chrono::seconds(1)) {
+      last_log_ = now;
+      try {
+        const std::uint64_t out = ballooned_.load(std::memory_order_relaxed);
+        spdlog::info("balloon: the guest has given back {} MiB of its {} MiB ({} pages out)",
+                     (out << kPageShift) >> 20, ram.size() >> 20, out);
+      } catch (...) {
+      }
+    }
+    return true;
+  }
+
+  // memory_file_ = the guest's RAM less what it gave back, in KiB (a new file renamed over the
+  // old: a reader never sees half of it). Under balloon_mu_. A file that cannot be written is
+  // said once; the guest is not held up for it.
+  void publish_memory() noexcept {
+    if (memory_file_.empty()) return;
+    const std::uint64_t kib = (vm_.ram().size() >> 10) - (ballooned_.load(std::memory_order_relaxed) << (kPageShift - 10));
+    const std::string tmp = memory_file_ + ".new";
+    bool ok = false;
+    if (FILE* f = std::fopen(tmp.c_str(), "we")) {
+      ok = std::fprintf(f, "%llu\n", static_cast<unsigned long long>(kib)) > 0;
+      ok = (std::fclose(f) == 0) && ok;
+      ok = ok && std::rename(tmp.c_str(), memory_file_.c_str()) == 0;
+    }
+    if (!ok && !memory_file_failed_) {
+      memory_file_failed_ = true;
+      try {
+        spdlog::warn("balloon: cannot write the guest's memory to {}: {}", memory_file_, std::strerror(errno));
+      } catch (...) {
+      }
+    }
+  }
+
   kvm::Vm& vm_;
+  std::string memory_file_;
+  bool memory_file_failed_ = false;
+  std::mutex balloon_mu_;
+  std::vector<bool> out_;
+  bool discard_failed_ = false;
+  std::chrono::steady_clock::time_point last_log_{};
+  std::atomic<std::uint64_t> ballooned_{0}, not_freed_{0};
 };
 
 // Domain is built before Platform (the platform needs the xenstore port the domain allocates),
@@ -149,7 +242,7 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
         "upcall callback: this KVM has no Hyper-V SynIC (KVM_CAP_HYPERV_SYNIC), which xpv-vmm needs to deliver "
         "Xen's global callback vector without an EOI; use upcall vector or intx");
   }
-  host_ = std::make_unique<Host>(vm);
+  host_ = std::make_unique<Host>(vm, cfg.memory_file);
   forward_ = std::make_unique<Forward>();
 
   // The VM's memfd, attached a second time so the control socket exports exactly what KVM maps.
@@ -430,6 +523,10 @@ std::string XenDomain::describe_counters() const {
     }
   }
   out += fmt::format(" upcalls={} intx_eois={}", platform_->upcalls(), platform_->intx_eois());
+  if (const auto n = host_->ballooned(); n != 0 || platform_->calls(xen::abi::kHcMemoryOp) > 0) {
+    out += fmt::format(" ballooned_pages={}", n);
+    if (const auto k = host_->not_freed(); k != 0) out += fmt::format(" (not freed on the host: {})", k);
+  }
   return out;
 }
 

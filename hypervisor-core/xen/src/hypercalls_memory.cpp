@@ -1,6 +1,9 @@
-// memory_op (XENMEM_add_to_physmap[_batch]) and grant_table_op (query_size, set/get_version).
-// vCPU thread of the caller. Grant frames are fixed in platform-pci BAR1: "mapping" frame i only
-// checks that the guest put it where it already is, and counts it.
+// memory_op (XENMEM_add_to_physmap[_batch], XENMEM_decrease_reservation, XENMEM_populate_physmap)
+// and grant_table_op (query_size, set/get_version). vCPU thread of the caller. Grant frames are
+// fixed in platform-pci BAR1: "mapping" frame i only checks that the guest put it where it
+// already is, and counts it.
+#include <algorithm>
+
 #include "guest_copy.h"
 #include "xpv/xen/platform.h"
 
@@ -39,8 +42,39 @@ std::int64_t Platform::add_to_physmap_one(std::uint32_t space, std::uint64_t idx
   }
 }
 
+// Ballooning, as Linux's xen-balloon driver does it in an HVM guest: decrease_reservation hands
+// back the GPFNs listed in extent_start (the host frees their memory), populate_physmap takes
+// such GPFNs back. Xen's contract: the result is the number of extents done; the first extent
+// that cannot be done (unreadable list entry, a range that is not RAM) ends the call there.
+// Xen continues a long call itself (hypercall continuations); xpv does at most kMaxExtents per
+// call and says so in the count — Linux's balloon sends at most 512 (one page of GPFNs).
+// Extents up to 2 MiB (order 9, Xen's limit for an unprivileged domain).
+std::int64_t Platform::reservation_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem) {
+  constexpr std::uint32_t kMaxOrder = 9;
+  constexpr std::uint64_t kMaxExtents = 1u << 16;
+  abi::MemoryReservation r{};
+  if (!copy_in(mem, arg, r)) return err(XenErrno::efault);
+  if (!is_self(r.domid)) return err(XenErrno::eperm);
+  if (r.extent_order > kMaxOrder) return 0;
+  const std::uint64_t pages = std::uint64_t{1} << r.extent_order;
+  const std::uint64_t n = std::min(r.nr_extents, kMaxExtents);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint64_t gpfn = 0;
+    if (!copy_in(mem, r.extent_start + i * sizeof gpfn, gpfn)) return static_cast<std::int64_t>(i);
+    // An extent is aligned to its size, as Xen requires of populate_physmap's GPFNs.
+    if ((gpfn & (pages - 1)) != 0) return static_cast<std::int64_t>(i);
+    const bool ok = cmd == abi::kXenmemDecreaseReservation ? host_.release_ram(gpfn, pages)
+                                                            : host_.populate_ram(gpfn, pages);
+    if (!ok) return static_cast<std::int64_t>(i);
+  }
+  return static_cast<std::int64_t>(n);
+}
+
 std::int64_t Platform::memory_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem) {
   switch (cmd) {
+    case abi::kXenmemDecreaseReservation:
+    case abi::kXenmemPopulatePhysmap:
+      return reservation_op(cmd, arg, mem);
     case abi::kXenmemAddToPhysmap: {
       abi::AddToPhysmap a{};
       if (!copy_in(mem, arg, a)) return err(XenErrno::efault);

@@ -443,6 +443,38 @@ TEST(Image, TheGuestSaysWhatItsIperf3SenderSawEachSecond) {
   EXPECT_EQ(r.out, "receiver");
 }
 
+TEST(Image, TheGuestSaysWhereItsBalloonIs) {
+  // rootfs-init.sh's mem_state, run by busybox sh and awk against a made-up xen_memory sysfs
+  // directory and meminfo: MemTotal and the balloon's current and target size; a balloon still
+  // moving is waited for (bounded, here 1 s) and reported as it is then; no balloon is "none".
+  if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = busybox_awk_bin(t.path());
+  const fs::path b = t.path() / "xen_memory0";
+  fs::create_directories(b / "info");
+  std::ofstream(t.path() / "meminfo") << "MemTotal:         246012 kB\nMemFree:          100000 kB\n";
+  std::ofstream(b / "target_kb") << "262000\n";
+  std::ofstream(b / "info" / "current_kb") << "262000\n";
+  const fs::path fn = cut_functions(t.path(), "mem.sh", {"mem_state"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no mem_state()";
+  auto run = [&](const fs::path& dir) {
+    return sh("PATH=" + bin.string() + ":$PATH busybox sh -c " +
+                  quote(". " + fn.string() + "; mem_state " + dir.string() + " " + (t.path() / "meminfo").string() + " 1"),
+              t.path());
+  };
+  auto r = run(b);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "mem_kib=246012 balloon_current_kib=262000 balloon_target_kib=262000\n");
+  std::ofstream(b / "info" / "current_kb") << "300000\n";
+  r = run(b);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "mem_kib=246012 balloon_current_kib=300000 balloon_target_kib=262000\n");
+  r = run(t.path() / "nothing");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "mem_kib=246012 balloon=none\n");
+}
+
 TEST(Image, TheGuestCountsItsSpuriousAndPutOffEventChannelEoisPerInterrupt) {
   // rootfs-init.sh's eoi_counts (xpv.eoi_trace=1), run by busybox sh and awk against a made-up
   // tracefs: the kprobe's hist (keys irq and flags, in hitcount order) summed per irq with the

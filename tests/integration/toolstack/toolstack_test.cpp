@@ -566,6 +566,28 @@ TEST_F(Toolstack, RebootNeedsThePvControlProtocolAndSysrqOneKey) {
   EXPECT_EQ(c.read("/local/domain/1/control/sysrq").value_or("?"), "s");
 }
 
+// `xpv mem-set`: a process domain has no balloon driver; a bad size and an unknown domain are one
+// line each; nothing is written. (An HVM guest's balloon is exercised in the testbed:
+// tests/testbed/hvm.)
+TEST_F(Toolstack, MemSetRefusesWhatNoBalloonCanDo) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  ASSERT_EQ(h.run({"create", h.write("a.cfg", "name = \"a\"\nmemory = 64\n")}).rc, 0);
+  xenbus::client::SyncClient c(h.xs_socket);
+  EXPECT_EQ(c.read("/local/domain/1/memory/static-max").value_or("?"), "65536");
+  auto r = h.run({"mem-set", "a", "32"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv mem-set: a (id 1) is a process domain: it has no balloon driver to give memory back\n");
+  r = h.run({"mem-set", "a", "32q"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv mem-set: memory size '32q': expected a number with an optional unit (t, g, m, k, b; MiB "
+                   "without one), e.g. 256 or 1g\n");
+  r = h.run({"mem-set", "nosuch", "32"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv mem-set: no domain named 'nosuch'\n");
+  EXPECT_EQ(c.read("/local/domain/1/memory/target").value_or("?"), "65536");
+}
+
 // `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite
 // runs for minutes (it used to fail only when the results were written); an unknown suite, or a
 // suite refusing its settings, leaves nothing made.

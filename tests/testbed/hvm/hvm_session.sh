@@ -7,6 +7,9 @@
 # While each guest waits after its selftest, both backends are killed (kill -9) and the supervisor
 # starts them again: they must reattach to the rings the guest still uses (the guest is never told),
 # the host pings the guest again and the guest writes a second, synced file after the wait.
+# In vector mode the host then sets the guest's memory target to half (`xpv mem-set`): its balloon
+# driver gives the rest back to xpv-vmm, as the guest's XPV-MEM line, xpv-vmm's stats and
+# `xpv list` show.
 # Then the host shuts the guest down with `xpv shutdown` (the PV control protocol: control/shutdown
 # = poweroff, which the guest's kernel turns into an orderly poweroff) instead of letting it end.
 # In intx mode the guest is first sent a magic SysRq key (`xpv sysrq`: control/sysrq, which its
@@ -57,6 +60,12 @@ restart_backends() {
   echo "XPV-TEST: ping-after-restart $PINGED2"
 }
 
+# ram_file_mib PID: MiB allocated to the guest RAM file xpv-vmm PID holds (its largest open file).
+ram_file_mib() {
+  for f in /proc/$1/fd/*; do stat -L -c '%s %b %B' "$f" 2>/dev/null; done |
+    sort -n | tail -1 | awk '{ printf "%d\n", $2 * $3 / 1048576 }'
+}
+
 # boot MODE INDEX NAME: one attempt; prints its lines to $W/attempt.out.
 boot() {
   M=$1; i=$2; N=$3
@@ -105,6 +114,22 @@ CFG
         # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
         timeout 5 $B/xpv console -t pv $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: pv-console-attach /'
         restart_backends
+        # Vector mode: the guest gives half its memory back (`xpv mem-set`, memory/target; its
+        # balloon driver). The guest prints where its balloon ended after its wait (XPV-MEM); the
+        # VMM counts the pages it took back (ballooned_pages=, its stats line at exit). The RAM
+        # file's allocated MiB before and after is information only: the balloon zeroes each page
+        # before it gives it back, so pages never touched before cost nothing either way.
+        if [ "$M" = vector ]; then
+          VMM=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
+          echo "XPV-TEST: ram-file-mib before $(ram_file_mib $VMM)"
+          OUT=$($B/xpv mem-set $N 256 2>&1)
+          echo "XPV-TEST: mem-set rc=$? $OUT"
+          k=0
+          while [ $k -lt 30 ] && ! grep -q "^XPV-MEM" $W/log/console-$N.log; do sleep 1; k=$((k + 1)); done
+          echo "XPV-TEST: ram-file-mib after $(ram_file_mib $VMM)"
+          # xpv list's Mem: what the guest holds now (xpv-vmm's memory file), as xl list.
+          echo "XPV-TEST: list-mem $($B/xpv list | awk -v n=$N '$1 == n { print $4 }')"
+        fi
       fi
       if [ $REBOOT = wanted ] && grep -q "^XPV-SHUTDOWN-WAIT" $W/log/console-$N.log 2>/dev/null; then
         REBOOT=done

@@ -11,6 +11,8 @@
 //   - the guest's markers came through the Xen PV console (hvc0) too: its log, `xpv console -t pv`;
 //   - both backends, killed (-9) and restarted while the guest waits, reattach to its rings: the
 //     host pings it again and a file the guest writes and syncs afterwards is in the image;
+//   - the guest's balloon starts at its target (memory/static-max), and in vector mode `xpv mem-set`
+//     makes it give half its memory back: MemTotal falls by exactly that, xpv-vmm counts the pages;
 //   - the guest powered off cleanly.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -186,6 +188,35 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("(the guest was asked through control/shutdown)"), std::string::npos) << s;
     EXPECT_EQ(s.find("did not shut down within"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: shutdown-requested 1"), std::string::npos) << s;
+    // Ballooning: with memory/static-max written at creation the guest's balloon starts at its
+    // target (the VMM took nothing back in callback and intx mode); in vector mode `xpv mem-set
+    // 256` took 256 MiB of its 512 back: the balloon reached its target, MemTotal fell by exactly
+    // that, and the VMM counted 65536 pages given back, all freed on the host.
+    const std::string mem = between(s, "XPV-MEM ", "\n");
+    ASSERT_FALSE(mem.empty()) << s;
+    const auto field = [&](const std::string& key) -> long long {
+      const std::string kv = between(mem, key + "=", " ");  // "key=value" (no key is the end of another)
+      return kv.empty() ? -1 : std::atoll(kv.c_str() + key.size() + 1);
+    };
+    const std::string ready_line = between(s, "XPV-READY ", "\n");
+    const std::string ready_kv = between(ready_line + "\n", "mem_kib=", "\n");
+    const long long ready_kib = ready_kv.size() > 8 ? std::atoll(ready_kv.c_str() + 8) : -1;
+    EXPECT_GT(ready_kib, 400 * 1024) << ready_line;
+    EXPECT_GT(field("balloon_target_kib"), 0) << mem;
+    EXPECT_EQ(field("balloon_current_kib"), field("balloon_target_kib")) << mem;
+    EXPECT_EQ(s.find("not freed on the host"), std::string::npos) << s;
+    if (m == "vector") {
+      EXPECT_NE(s.find("XPV-TEST: mem-set rc=0 Set gvector1 (id "), std::string::npos) << s;
+      EXPECT_NE(s.find("memory target to 256 MiB of 512 (its balloon driver moves to it)"), std::string::npos) << s;
+      EXPECT_EQ(field("mem_kib"), ready_kib - 256 * 1024) << mem << "\n" << ready_line;
+      EXPECT_NE(s.find(" ballooned_pages=65536"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: list-mem 256\n"), std::string::npos) << "xpv list shows what it holds\n" << s;
+      RecordProperty("ram_file_mib_before", between(s, "XPV-TEST: ram-file-mib before ", "\n"));
+      RecordProperty("ram_file_mib_after", between(s, "XPV-TEST: ram-file-mib after ", "\n"));
+    } else {
+      EXPECT_EQ(field("mem_kib"), ready_kib) << mem << "\n" << ready_line;
+      EXPECT_NE(s.find(" ballooned_pages=0"), std::string::npos) << s;
+    }
     if (m == "intx") {
       // `xpv sysrq` (control/sysrq: the guest's kernel ran its SysRq handler, whose help went to
       // the console) and `xpv reboot` (control/shutdown = reboot: the kernel restarted, the VMM

@@ -108,3 +108,24 @@ TEST(DomainConfig, LoadFromFile) {
 
 }  // namespace
 }  // namespace xpv::config
+
+namespace xpv::config {
+namespace {
+
+TEST(MemorySize, XlMemSetUnits) {
+  EXPECT_EQ(parse_memory_kib("256"), 256u * 1024);  // MiB without a unit, as xl
+  EXPECT_EQ(parse_memory_kib("256m"), 256u * 1024);
+  EXPECT_EQ(parse_memory_kib("256M"), 256u * 1024);
+  EXPECT_EQ(parse_memory_kib("2g"), 2u * 1024 * 1024);
+  EXPECT_EQ(parse_memory_kib("1T"), std::uint64_t{1} << 30);
+  EXPECT_EQ(parse_memory_kib("262144k"), 262144u);
+  EXPECT_EQ(parse_memory_kib("1048576b"), 1024u);
+  EXPECT_EQ(parse_memory_kib("0"), 0u);
+  for (const char* bad : {"", "m", "-1", "+5", " 5", "5 ", "5mb", "5x", "1.5g", "0x10",
+                          "99999999999999999999", "18014398509481984g"}) {
+    EXPECT_EQ(parse_memory_kib(bad), std::nullopt) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace xpv::config

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -58,6 +59,42 @@ TEST(GuestRam, DeviceMemoryFollowsRamInTheMemfd) {
   (*page)[0] = 0x5a;
   EXPECT_EQ(ram.regions()[2].host[0x1000], 0x5a);
   EXPECT_FALSE(ram.memory().translate(0xf000'4000, 1));  // past the grant frames
+}
+
+// Ballooning's host side: a page the guest gave back stops using host memory and reads as zeros.
+TEST(GuestRam, DiscardFreesRamAndLeavesZeros) {
+  GuestRam ram(64ull << 20, {{0xf000'0000, 0x4000}});
+  const auto allocated = [&] {
+    struct stat st {};
+    EXPECT_EQ(fstat(ram.fd(), &st), 0);
+    return static_cast<std::uint64_t>(st.st_blocks) * 512;
+  };
+  const std::uint64_t before = allocated();
+  auto span = ram.memory().translate(16ull << 20, 8ull << 20);
+  ASSERT_TRUE(span);
+  std::memset(span->data(), 0xa5, span->size());
+  const std::uint64_t written = allocated();
+  EXPECT_GE(written, before + (8ull << 20));
+  ASSERT_EQ(ram.discard(16ull << 20, 8ull << 20), 0);
+  EXPECT_LE(allocated(), written - (8ull << 20));
+  EXPECT_EQ((*span)[0], 0);
+  EXPECT_EQ((*span)[span->size() - 1], 0);
+  // One 4 KiB page inside what is left written (a huge page is split or zeroed: either way it reads 0).
+  auto page = ram.memory().translate(40ull << 20, 3 * 4096);
+  ASSERT_TRUE(page);
+  std::memset(page->data(), 0x11, page->size());
+  ASSERT_EQ(ram.discard((40ull << 20) + 4096, 4096), 0);
+  EXPECT_EQ((*page)[4095], 0x11);
+  EXPECT_EQ((*page)[4096], 0);
+  EXPECT_EQ((*page)[8191], 0);
+  EXPECT_EQ((*page)[8192], 0x11);
+  // RAM only, page-aligned: not device memory, not past the end, not a partial page.
+  EXPECT_EQ(ram.discard(0xf000'0000, 4096), EINVAL);
+  EXPECT_EQ(ram.discard((64ull << 20) - 4096, 8192), EINVAL);
+  EXPECT_EQ(ram.discard(4096, 100), EINVAL);
+  EXPECT_EQ(ram.discard(100, 4096), EINVAL);
+  EXPECT_EQ(ram.ram_offset(0xf000'0000, 1), std::nullopt);
+  EXPECT_EQ(ram.ram_offset(8192, 4096), std::optional<std::uint64_t>{8192});
 }
 
 TEST(GuestRam, RefusesBadDeviceMemory) {

@@ -1,6 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+
+#include "xpv/toolstack/paths.h"
+#include "xpv/toolstack/record.h"
 
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/inventory.h"
@@ -76,6 +85,42 @@ TEST(Inventory, ListJson) {
   EXPECT_EQ(j[1]["type"], "process");
   EXPECT_EQ(j[1]["pid"], 4242);
   EXPECT_EQ(j[2]["state"], "unknown");
+}
+
+}  // namespace
+}  // namespace xpv::toolstack
+
+namespace xpv::toolstack {
+namespace {
+
+// `xpv list` of an HVM guest that ballooned shows what it holds (xpv-vmm's RUN/dom<N>/memory, in
+// KiB), as xl list does; a process domain, a file that does not parse or that claims more than
+// the domain was created with keep the memory of its record.
+TEST(Inventory, AnHvmGuestThatBalloonedShowsWhatItHolds) {
+  char tmpl[] = "/tmp/xpv-inventory-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string run = tmpl;
+  Paths p;
+  p.run_dir = run;
+  auto add = [&](std::uint16_t id, const std::string& type, const char* memory) {
+    DomainRecord r;
+    r.domid = id;
+    r.name = "d" + std::to_string(id);
+    r.type = type;
+    r.memory_mib = 512;
+    std::filesystem::create_directories(p.domain_dir(id));
+    write_record(p.domain_dir(id), r);
+    if (memory != nullptr) std::ofstream(p.memory_file(id)) << memory;
+  };
+  add(1, "hvm", "262144\n");
+  add(2, "hvm", nullptr);
+  add(3, "process", "262144\n");
+  add(4, "hvm", "26x\n");
+  add(5, "hvm", "1048576\n");
+  std::map<std::uint16_t, std::uint64_t> mib;
+  for (const auto& d : gather_domains(p, nullptr)) mib[d.domid] = d.memory_mib;
+  EXPECT_EQ(mib, (std::map<std::uint16_t, std::uint64_t>{{1, 256}, {2, 512}, {3, 512}, {4, 512}, {5, 512}}));
+  std::filesystem::remove_all(run);
 }
 
 }  // namespace

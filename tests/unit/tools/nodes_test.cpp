@@ -45,6 +45,7 @@ TEST(Nodes, DomainExactly) {
       {"/local/domain/3/vm", "/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", kDom0OwnedFor3},
       {"/local/domain/3/memory", "", kDom0OwnedFor3},
       {"/local/domain/3/memory/target", "131072", kDom0OwnedFor3},  // KiB
+      {"/local/domain/3/memory/static-max", "131072", kDom0OwnedFor3},
       {"/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", "", kDom0OwnedFor3},
       {"/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9/name", "web1", kDom0OwnedFor3},
       {"/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9/uuid", "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", kDom0OwnedFor3},

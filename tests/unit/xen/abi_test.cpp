@@ -102,6 +102,16 @@ TEST(XenAbi, MemoryOpMatchesXenHeader) {
   EXPECT_SAME_OFFSET(AddToPhysmapBatch, struct xen_add_to_physmap_batch, gpfns);
   EXPECT_SAME_OFFSET(AddToPhysmapBatch, struct xen_add_to_physmap_batch, errs);
   EXPECT_EQ(sizeof(int), 4u);  // errs[] entries
+
+  EXPECT_EQ(kXenmemIncreaseReservation, std::uint64_t{XENMEM_increase_reservation});
+  EXPECT_EQ(kXenmemDecreaseReservation, std::uint64_t{XENMEM_decrease_reservation});
+  EXPECT_EQ(kXenmemPopulatePhysmap, std::uint64_t{XENMEM_populate_physmap});
+  EXPECT_EQ(sizeof(MemoryReservation), sizeof(struct xen_memory_reservation));
+  EXPECT_SAME_OFFSET(MemoryReservation, struct xen_memory_reservation, extent_start);
+  EXPECT_SAME_OFFSET(MemoryReservation, struct xen_memory_reservation, nr_extents);
+  EXPECT_SAME_OFFSET(MemoryReservation, struct xen_memory_reservation, extent_order);
+  EXPECT_SAME_OFFSET(MemoryReservation, struct xen_memory_reservation, mem_flags);
+  EXPECT_SAME_OFFSET(MemoryReservation, struct xen_memory_reservation, domid);
 }
 
 TEST(XenAbi, HvmOpMatchesXenHeader) {

@@ -62,6 +62,21 @@ class FakeHost final : public PlatformHost {
     auto it = ram_.find(gfn);
     return it == ram_.end() ? std::span<std::uint8_t>{} : it->second->span();
   }
+  bool release_ram(std::uint64_t gfn, std::uint64_t pages) noexcept override {
+    return balloon(gfn, pages, released_);
+  }
+  bool populate_ram(std::uint64_t gfn, std::uint64_t pages) noexcept override {
+    return balloon(gfn, pages, populated_);
+  }
+  // The ranges the platform gave back / took back, in call order: {gfn, pages}.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> released() {
+    std::lock_guard lk(mu_);
+    return released_;
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> populated() {
+    std::lock_guard lk(mu_);
+    return populated_;
+  }
   void console_write(std::string_view text) noexcept override {
     std::lock_guard lk(mu_);
     console_ += text;
@@ -113,6 +128,18 @@ class FakeHost final : public PlatformHost {
   bool accept_callback_vector_ = true;
   std::vector<ShutdownReason> shutdowns_;
   std::string console_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> released_, populated_;
+
+  // RAM only (every page of the range added with add_ram), all or nothing.
+  bool balloon(std::uint64_t gfn, std::uint64_t pages,
+               std::vector<std::pair<std::uint64_t, std::uint64_t>>& log) noexcept {
+    for (std::uint64_t i = 0; i < pages; ++i) {
+      if (!ram_.contains(gfn + i)) return false;
+    }
+    std::lock_guard lk(mu_);
+    log.emplace_back(gfn, pages);
+    return true;
+  }
 };
 
 // Guest-virtual memory: [kBase, kBase + size) is mapped, everything else faults. A range can be

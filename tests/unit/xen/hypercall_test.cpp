@@ -198,8 +198,87 @@ TEST_F(Hypercalls, SharedInfoErrors) {
   EXPECT_EQ(call(kHcMemoryOp, kXenmemAddToPhysmap, kBad), kEfault);
   EXPECT_EQ(call(kHcMemoryOp, kXenmemAddToPhysmap, mem_.end() - 23), kEfault);  // runs off the end
   EXPECT_FALSE(platform_->shared_info_mapped());
-  for (std::uint64_t cmd : {0ul, 1ul, 6ul, 9ul, 12ul, 22ul, 24ul, 7ul | (1ul << 6)})
+  for (std::uint64_t cmd : {0ul, 9ul, 12ul, 22ul, 24ul, 7ul | (1ul << 6), 1ul | (1ul << 6)})
     EXPECT_EQ(call(kHcMemoryOp, cmd, kArg), kEnosys) << cmd;
+}
+
+// Ballooning as Linux's xen-balloon does it: a page of GPFNs per call, order 0.
+TEST_F(Hypercalls, DecreaseReservationHandsGuestRamBackExtentByExtent) {
+  for (std::uint64_t g = 0x100; g < 0x110; ++g) host_.add_ram(g);
+  const std::uint64_t gpfns[4] = {0x105, 0x100, 0x10f, 0x101};
+  mem_.put(kArg2, gpfns);
+  mem_.put(kArg, MemoryReservation{kArg2, 4, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 4);
+  using R = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  EXPECT_EQ(host_.released(), (R{{0x105, 1}, {0x100, 1}, {0x10f, 1}, {0x101, 1}}));
+  // And back again.
+  mem_.put(kArg, MemoryReservation{kArg2, 2, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemPopulatePhysmap, kArg), 2);
+  EXPECT_EQ(host_.populated(), (R{{0x105, 1}, {0x100, 1}}));
+  // Larger extents: 2^3 pages each, aligned to their size.
+  const std::uint64_t big[2] = {0x108, 0x100};
+  mem_.put(kArg2, big);
+  mem_.put(kArg, MemoryReservation{kArg2, 2, 3, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 2);
+  EXPECT_EQ(host_.released().back(), (std::pair<std::uint64_t, std::uint64_t>{0x100, 8}));
+  // Nothing asked for, nothing done.
+  mem_.put(kArg, MemoryReservation{kBad, 0, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 0);
+}
+
+TEST_F(Hypercalls, ReservationCallsStopAtTheFirstExtentTheyCannotDo) {
+  for (std::uint64_t g = 0x100; g < 0x108; ++g) host_.add_ram(g);
+  const auto released = [&] { return host_.released().size(); };
+  // Not RAM (0x200), then never looked at (0x102): the count says how far it got.
+  const std::uint64_t gpfns[3] = {0x101, 0x200, 0x102};
+  mem_.put(kArg2, gpfns);
+  mem_.put(kArg, MemoryReservation{kArg2, 3, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 1);
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemPopulatePhysmap, kArg), 1);
+  EXPECT_EQ(released(), 1u);
+  // A range partly outside RAM is not done at all (0x104..0x10b; RAM ends at 0x107).
+  const std::uint64_t tail[1] = {0x108 - 4};
+  mem_.put(kArg2, tail);
+  mem_.put(kArg, MemoryReservation{kArg2, 1, 2, 0, kDomidSelf});  // 0x104..0x107: RAM
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 1);
+  mem_.put(kArg, MemoryReservation{kArg2, 1, 3, 0, kDomidSelf});  // 0x104 is not 8-aligned
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 0);
+  const std::uint64_t over[1] = {0x100};
+  mem_.put(kArg2, over);
+  mem_.put(kArg, MemoryReservation{kArg2, 1, 4, 0, kDomidSelf});  // 0x100..0x10f: half is not RAM
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 0);
+  EXPECT_EQ(released(), 2u);
+  // The list runs off mapped memory after two entries.
+  mem_.put(mem_.end() - 16, std::array<std::uint64_t, 2>{0x103, 0x104});
+  mem_.put(kArg, MemoryReservation{mem_.end() - 16, 5, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 2);
+  EXPECT_EQ(released(), 4u);
+  // Extents above order 9 (2 MiB), another domain, an unreadable argument.
+  mem_.put(kArg, MemoryReservation{kArg2, 1, 10, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), 0);
+  mem_.put(kArg, MemoryReservation{kArg2, 1, 0, 0, 3});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemDecreaseReservation, kArg), kEperm);
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemPopulatePhysmap, kBad), kEfault);
+  EXPECT_EQ(released(), 4u);
+  // A huge count is bounded: the list ends (unmapped) long before, and the count says where.
+  mem_.put(kArg, MemoryReservation{mem_.end() - 16, ~std::uint64_t{0}, 0, 0, kDomidSelf});
+  EXPECT_EQ(call(kHcMemoryOp, kXenmemPopulatePhysmap, kArg), 2);
+}
+
+TEST(HypercallsNoBalloon, AHostThatCannotBalloonDoesNoExtent) {
+  struct Host final : PlatformHost {
+    void inject_vector(unsigned, std::uint8_t) noexcept override {}
+    bool set_callback_vector(std::uint8_t) noexcept override { return true; }
+    void set_intx(bool) noexcept override {}
+    void shutdown(ShutdownReason) noexcept override {}
+    std::span<std::uint8_t> guest_page(std::uint64_t) noexcept override { return {}; }
+    void console_write(std::string_view) noexcept override {}
+  } host;
+  Platform p(test_config(), host);
+  FakeVirt mem(0x4000);
+  mem.put(kArg2, std::uint64_t{0x100});
+  mem.put(kArg, MemoryReservation{kArg2, 1, 0, 0, kDomidSelf});
+  EXPECT_EQ(p.hypercall(0, Regs{kHcMemoryOp, kXenmemDecreaseReservation, kArg, 0, 0, 0}, mem), 0);
 }
 
 TEST_F(Hypercalls, GrantFramesAreAcceptedOnlyWhereBar1HasThem) {

@@ -26,6 +26,26 @@ bool file_exists(const std::string& p) {
 
 }  // namespace
 
+std::optional<std::uint64_t> parse_memory_kib(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 19 || text.size() - digits > 1) return std::nullopt;
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < digits; ++i) v = v * 10 + static_cast<std::uint64_t>(text[i] - '0');
+  const char unit = digits < text.size() ? static_cast<char>(text[digits] | 0x20) : 'm';
+  unsigned shift = 0;  // KiB = v << shift (or v >> 10 for bytes)
+  switch (unit) {
+    case 'b': return v >> 10;
+    case 'k': shift = 0; break;
+    case 'm': shift = 10; break;
+    case 'g': shift = 20; break;
+    case 't': shift = 30; break;
+    default: return std::nullopt;
+  }
+  if (shift != 0 && v > (UINT64_MAX >> shift)) return std::nullopt;
+  return v << shift;
+}
+
 bool valid_domain_name(std::string_view name) {
   if (name.empty() || name.size() > 64 || name[0] == '-') return false;
   for (char c : name) {

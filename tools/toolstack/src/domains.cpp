@@ -279,7 +279,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
                                           "--pv-console", "socket:" + p.pv_console_socket(n),
                                           "--pv-console-log", p.log_file("console-pv-" + cfg.name),
                                           // exit, hypercall and upcall counters in its log at stop
-                                          "--stats"};
+                                          "--stats",
+                                          // what the guest holds after ballooning (`xpv list`)
+                                          "--memory-file", p.memory_file(n)};
       argv.insert(argv.end(), more.begin(), more.end());
       if (!cfg.ramdisk.empty()) {
         argv.push_back("--initrd");

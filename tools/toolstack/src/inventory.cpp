@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,15 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
       d.name = d.record->name;
       d.type = d.record->type;
       d.memory_mib = d.record->memory_mib;
+      // An HVM guest that ballooned: what it holds now, as xl list shows (xpv-vmm keeps the file).
+      if (auto held = read_file(paths.memory_file(*domid)); held && d.type == "hvm") {
+        std::uint64_t kib = 0;
+        const auto* end = held->data() + held->size();
+        if (auto [ptr, ec2] = std::from_chars(held->data(), end, kib); ec2 == std::errc{} && kib > 0 &&
+            (ptr == end || *ptr == '\n') && (kib >> 10) <= d.memory_mib) {
+          d.memory_mib = kib >> 10;
+        }
+      }
       d.vcpus = d.record->vcpus;
       if (process_is(d.record->pid, d.record->program)) d.pid = d.record->pid;
     }

@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "domain_ops.h"
+#include "xpv/config/domain_config.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
 #include "xpv/toolstack/process.h"
@@ -179,6 +180,43 @@ void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key) {
   const DomainSummary d = live_domain(ctx, xs, which);
   xs.write(domain_path(d.domid) + "/control/sysrq", key);
   ctx.out << fmt::format("Sent sysrq '{}' to {}\n", key, domain_label(d));
+}
+
+// Below this a guest cannot keep even its kernel: refused as a mistake, not passed on.
+constexpr std::uint64_t kMemSetFloorMib = 16;
+
+void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size) {
+  const auto kib = config::parse_memory_kib(size);
+  if (!kib) {
+    throw ToolstackError(fmt::format("memory size '{}': expected a number with an optional unit (t, g, m, k, b; "
+                                     "MiB without one), e.g. 256 or 1g",
+                                     size));
+  }
+  Xenstore xs(ctx.paths.xenstore_socket);
+  RunLock lock(ctx.paths.lock_file());
+  const DomainSummary d = live_domain(ctx, xs, which);
+  if (d.type != "hvm") {
+    throw ToolstackError(fmt::format("{} is a {} domain: it has no balloon driver to give memory back",
+                                     domain_label(d), d.type));
+  }
+  const std::string dom = domain_path(d.domid);
+  const auto max_kib = xs.read(dom + "/memory/static-max");
+  std::uint64_t max = 0;
+  try {
+    max = max_kib ? std::stoull(*max_kib) : 0;
+  } catch (const std::exception&) {
+  }
+  if (max == 0) throw ToolstackError(fmt::format("{} has no valid memory/static-max in xenstore", domain_label(d)));
+  if (*kib > max) {
+    throw ToolstackError(fmt::format("{} MiB is above {}'s maximum of {} MiB (its memory when created)",
+                                     *kib >> 10, domain_label(d), max >> 10));
+  }
+  if (*kib < (kMemSetFloorMib << 10)) {
+    throw ToolstackError(fmt::format("{} KiB is below {} MiB, too little for any guest", *kib, kMemSetFloorMib));
+  }
+  xs.write(dom + "/memory/target", std::to_string(*kib));
+  ctx.out << fmt::format("Set {}'s memory target to {} MiB of {} (its balloon driver moves to it)\n", domain_label(d),
+                         *kib >> 10, max >> 10);
 }
 
 }  // namespace xpv::toolstack

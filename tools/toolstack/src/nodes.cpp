@@ -73,6 +73,9 @@ NodeList domain_nodes(const DomainIdentity& d) {
       {dom + "/vm", vm, ro},
       {dom + "/memory", "", ro},
       {dom + "/memory/target", std::to_string(d.memory_mib * 1024), ro},
+      // The balloon's ceiling, as libxl writes it (Linux's xen-balloon reads it once, to know
+      // how far target is from what the guest booted with).
+      {dom + "/memory/static-max", std::to_string(d.memory_mib * 1024), ro},
       {vm, "", ro},
       {vm + "/name", d.name, ro},
       {vm + "/uuid", d.uuid, ro},

@@ -33,6 +33,7 @@ Paths Paths::resolve(const PathOptions& from_cli, const std::string& self_exe) {
 std::string Paths::domain_dir(std::uint16_t domid) const { return fmt::format("{}/dom{}", run_dir, domid); }
 std::string Paths::console_socket(std::uint16_t domid) const { return domain_dir(domid) + "/console.sock"; }
 std::string Paths::pv_console_socket(std::uint16_t domid) const { return domain_dir(domid) + "/console-pv.sock"; }
+std::string Paths::memory_file(std::uint16_t domid) const { return domain_dir(domid) + "/memory"; }
 std::string Paths::control_socket(std::uint16_t domid) const {
   return fmt::format("{}/dom{}.sock", run_dir, domid);
 }

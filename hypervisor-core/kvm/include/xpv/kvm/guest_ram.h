@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,14 @@ class GuestRam {
   std::uint64_t file_size() const noexcept { return file_size_; }
   // What backs the RAM, for the VMM's log: "tmpfs huge=within_size", or "memfd (no huge tmpfs: why)".
   const std::string& backing() const noexcept { return backing_; }
+
+  // The file offset of RAM [gpa, gpa + bytes), if all of it is RAM of one region.
+  std::optional<std::uint64_t> ram_offset(std::uint64_t gpa, std::uint64_t bytes) const noexcept;
+  // Gives the host memory behind RAM [gpa, gpa + bytes) back (a hole punched in the file: the
+  // pages read as zeros and are allocated again when touched, by the guest through KVM or by any
+  // process that maps the file). Page-aligned RAM only. 0, or the errno of fallocate (the range
+  // then keeps its memory). Any thread.
+  int discard(std::uint64_t gpa, std::uint64_t bytes) const noexcept;
 
  private:
   std::uint64_t size_ = 0;

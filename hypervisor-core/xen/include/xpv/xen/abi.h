@@ -71,6 +71,9 @@ inline constexpr unsigned kFeatHvmPirqs = 10;       // NOT offered
 inline constexpr unsigned kFeatNrSubmaps = 1;
 
 // ---- XENMEM_* (memory.h) ----
+inline constexpr std::uint64_t kXenmemIncreaseReservation = 0;
+inline constexpr std::uint64_t kXenmemDecreaseReservation = 1;
+inline constexpr std::uint64_t kXenmemPopulatePhysmap = 6;
 inline constexpr std::uint64_t kXenmemAddToPhysmap = 7;
 inline constexpr std::uint64_t kXenmemAddToPhysmapBatch = 23;
 inline constexpr std::uint32_t kMapspaceSharedInfo = 0;
@@ -102,6 +105,17 @@ static_assert(offsetof(AddToPhysmapBatch, space) == 2 && offsetof(AddToPhysmapBa
               offsetof(AddToPhysmapBatch, foreign_domid) == 6 &&
               offsetof(AddToPhysmapBatch, idxs) == 8 && offsetof(AddToPhysmapBatch, gpfns) == 16 &&
               offsetof(AddToPhysmapBatch, errs) == 24);
+
+struct MemoryReservation {    // struct xen_memory_reservation (XENMEM_{increase,decrease}_reservation, populate_physmap)
+  std::uint64_t extent_start; // 0x00  guest handle: xen_pfn_t[nr_extents] (GPFN bases for an HVM guest)
+  std::uint64_t nr_extents;   // 0x08  xen_ulong_t
+  std::uint32_t extent_order; // 0x10  each extent is 2^extent_order pages
+  std::uint32_t mem_flags;    // 0x14  XENMEMF_* (address bits, NUMA node)
+  std::uint16_t domid;        // 0x18
+};
+static_assert(std::is_standard_layout_v<MemoryReservation> && sizeof(MemoryReservation) == 32);
+static_assert(offsetof(MemoryReservation, nr_extents) == 8 && offsetof(MemoryReservation, extent_order) == 16 &&
+              offsetof(MemoryReservation, mem_flags) == 20 && offsetof(MemoryReservation, domid) == 24);
 
 // ---- HVMOP_* (hvm/hvm_op.h) and HVM_PARAM_* (hvm/params.h) ----
 inline constexpr std::uint64_t kHvmopSetParam = 0;

@@ -93,6 +93,20 @@ class PlatformHost {
   virtual void shutdown(ShutdownReason why) noexcept = 0;
   // A RAM page of the guest; empty span if gfn is not RAM.
   virtual std::span<std::uint8_t> guest_page(std::uint64_t gfn) noexcept = 0;
+  // Ballooning (XENMEM_decrease_reservation / XENMEM_populate_physmap), vCPU thread of the call:
+  // the guest gives [gfn, gfn + pages) back, or takes it back. false, with nothing done, if any
+  // page of the range is not guest RAM (or this host cannot balloon: the default). A released
+  // page's host memory is freed where the host can; touched again, it reads as zeros.
+  virtual bool release_ram(std::uint64_t gfn, std::uint64_t pages) noexcept {
+    (void)gfn;
+    (void)pages;
+    return false;
+  }
+  virtual bool populate_ram(std::uint64_t gfn, std::uint64_t pages) noexcept {
+    (void)gfn;
+    (void)pages;
+    return false;
+  }
   virtual void console_write(std::string_view text) noexcept = 0;  // CONSOLEIO_write
 };
 
@@ -141,6 +155,7 @@ class Platform final : public domain::UpcallSink {
   std::int64_t xen_version(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
   std::int64_t memory_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
   std::int64_t add_to_physmap_one(std::uint32_t space, std::uint64_t idx, std::uint64_t gpfn);
+  std::int64_t reservation_op(std::uint64_t cmd, std::uint64_t arg, GuestVirt& mem);
   std::int64_t hvm_op(std::uint64_t op, std::uint64_t arg, GuestVirt& mem);
   std::int64_t set_param(std::uint32_t index, std::uint64_t value);
   std::int64_t get_param(std::uint32_t index, std::uint64_t& value) const;

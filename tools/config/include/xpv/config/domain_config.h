@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,5 +50,10 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
 DomainConfig load_domain_config(const std::string& path, bool check_files = true);
 
 bool valid_domain_name(std::string_view name);
+
+// A memory size as `xl mem-set` takes it: digits with an optional unit, t/g/m/k/b in either case,
+// MiB without one ("256", "256m", "1g", "262144k"). In KiB; nullopt for anything else (empty,
+// signs, spaces, other units, a value that does not fit).
+std::optional<std::uint64_t> parse_memory_kib(std::string_view text);
 
 }  // namespace xpv::config

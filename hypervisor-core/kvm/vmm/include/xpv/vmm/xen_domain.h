@@ -50,6 +50,9 @@ struct XenDomainConfig {
   xen::UpcallMode upcall = xen::UpcallMode::vcpu_vector;
   std::uint32_t max_grant_frames = 64;
   std::uint64_t trace_hypercalls = 0;  // log the first N hypercalls (number, arguments, result)
+  // Where the guest's current memory (KiB: RAM less what its balloon gave back) is kept, replaced
+  // atomically whenever ballooning changes it; empty: nowhere.
+  std::string memory_file;
   // The PV console (hvc0): offered (HVM_PARAM_CONSOLE_PFN/_EVTCHN) when set; its output goes here
   // (on the XenDomain's io thread). Unset: the guest finds no PV console, as before.
   std::function<void(std::span<const std::uint8_t>)> pv_console;
