@@ -143,6 +143,10 @@ int main(int argc, char** argv) {
   monitor->add_option("domid", monitor_domid, "domain id")->required()->check(CLI::Range(1, 32751));
   monitor->add_option("uuid", monitor_uuid, "the domain's uuid (from its record)")->required();
 
+  auto* block_list = app.add_subcommand("block-list", "list a domain's disks and both ends' states, as xl block-list");
+  block_list->add_option("domain", which, "name or id")->required();
+  auto* net_list = app.add_subcommand("network-list", "list a domain's network interfaces and both ends' states, as xl network-list");
+  net_list->add_option("domain", which, "name or id")->required();
   std::string spec;
   auto* block_attach = app.add_subcommand("block-attach", "add a disk to a domain");
   block_attach->add_option("domain", which, "name or id")->required();
@@ -199,6 +203,8 @@ int main(int argc, char** argv) {
     else if (*sysrq) ts::cmd_sysrq(ctx, which, sysrq_key);
     else if (*mem_set) ts::cmd_mem_set(ctx, which, mem_size);
     else if (*monitor) return ts::cmd_monitor(ctx, static_cast<std::uint16_t>(monitor_domid), monitor_uuid);
+    else if (*block_list) ts::cmd_block_list(ctx, which);
+    else if (*net_list) ts::cmd_network_list(ctx, which);
     else if (*block_attach) ts::cmd_block_attach(ctx, which, spec, !no_wait);
     else if (*block_detach) ts::cmd_block_detach(ctx, which, spec);
     else if (*net_attach) ts::cmd_network_attach(ctx, which, spec, !no_wait);

@@ -431,6 +431,15 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   EXPECT_EQ(r.err, fmt::format("xpv block-attach: disk xvdc: '{}/nope.img' does not exist\n", h.dir));
   r = h.run({"block-attach", "nope", "vdev=xvdc, target=" + img_b});
   EXPECT_EQ(r.err, "xpv block-attach: no domain named 'nope'\n");
+  // block-list: both disks, both ends' states (the stand-ins leave them where create put them).
+  r = h.run({"block-list", "web1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("Vdev   Devid  Frontend          Backend           Mode Target\n"
+                               "xvda   51712  1 (Initialising)  1 (Initialising)  w    {}\n"
+                               "xvdb   51728  1 (Initialising)  1 (Initialising)  r    {}\n",
+                               img_a, img_b));
+  r = h.run({"block-list", "nope"});
+  EXPECT_EQ(r.err, "xpv block-list: no domain named 'nope'\n");
   r = h.run({"block-detach", "web1", "xvdb"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, "xvdb detached from web1 (id 1)\n");
@@ -453,6 +462,11 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   EXPECT_EQ(r.out, fmt::format("vif 1: mac 00:16:3e:00:00:02, host side vif1.1 10.9.1.1/24, domain eth1 10.9.1.2/24 in "
                                "{}/netns/xpv-dom1\n",
                                h.dir));
+  r = h.run({"network-list", "1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "Idx  Mac               Frontend          Backend           Host side  IP\n"
+                   "0    00:16:3e:00:00:01 1 (Initialising)  1 (Initialising)  vif1.0     10.9.0.2/24\n"
+                   "1    00:16:3e:00:00:02 1 (Initialising)  1 (Initialising)  vif1.1     10.9.1.2/24\n");
   r = h.run({"network-detach", "web1", "1"});
   EXPECT_EQ(r.out, "vif 1 detached from web1 (id 1)\n");
   r = h.run({"network-detach", "web1", "7"});
@@ -663,6 +677,12 @@ TEST_F(RealFront, CreateListBlockAttachDestroy) {
   EXPECT_EQ(r.out, "xvdb: " + disk_b + "\n");
   ASSERT_TRUE(eventually([&] { return fs::exists(disk_b); }));
   EXPECT_EQ(fs::file_size(disk_b), 8u << 20);
+  // Both disks connected at both ends (block-attach waited for that).
+  r = h.run({"block-list", "web1"});
+  EXPECT_EQ(r.out, fmt::format("Vdev   Devid  Frontend          Backend           Mode Target\n"
+                               "xvda   51712  4 (Connected)     4 (Connected)     w    {}\n"
+                               "xvdb   51728  4 (Connected)     4 (Connected)     r    {}\n",
+                               img_a, img_b));
   r = h.run({"block-detach", "web1", "xvdb"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");  // closed in time: no "removed anyway" warning

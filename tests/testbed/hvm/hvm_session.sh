@@ -8,8 +8,8 @@
 # starts them again: they must reattach to the rings the guest still uses (the guest is never told),
 # the host pings the guest again and the guest writes a second, synced file after the wait.
 # In vector mode the host then sets the guest's memory target to half (`xpv mem-set`): its balloon
-# driver gives the rest back to xpv-vmm, as the guest's XPV-MEM line, xpv-vmm's stats and
-# `xpv list` show.
+# driver gives the rest back to xpv-vmm, as the guest's XPV-MEM line and `xpv list` show; then
+# back to all of it, which the guest takes again.
 # Then the host shuts the guest down with `xpv shutdown` (the PV control protocol: control/shutdown
 # = poweroff, which the guest's kernel turns into an orderly poweroff) instead of letting it end.
 # In intx mode the guest is first sent a magic SysRq key (`xpv sysrq`: control/sysrq, which its
@@ -129,6 +129,17 @@ CFG
           echo "XPV-TEST: ram-file-mib after $(ram_file_mib $VMM)"
           # xpv list's Mem: what the guest holds now (xpv-vmm's memory file), as xl list.
           echo "XPV-TEST: list-mem $($B/xpv list | awk -v n=$N '$1 == n { print $4 }')"
+          # And back to all of it (XENMEM_populate_physmap), bounded: 30 s.
+          OUT=$($B/xpv mem-set $N 512 2>&1)
+          echo "XPV-TEST: mem-set-back rc=$? $OUT"
+          k=0
+          while [ $k -lt 30 ]; do
+            HELD=$($B/xpv list | awk -v n=$N '$1 == n { print $4 }')
+            [ "$HELD" = 512 ] && break
+            sleep 1
+            k=$((k + 1))
+          done
+          echo "XPV-TEST: list-mem-back $HELD after ${k} s"
         fi
       fi
       if [ $REBOOT = wanted ] && grep -q "^XPV-SHUTDOWN-WAIT" $W/log/console-$N.log 2>/dev/null; then

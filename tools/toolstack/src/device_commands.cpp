@@ -101,6 +101,44 @@ void cmd_block_detach(Context& ctx, const std::string& which, const std::string&
   detach(ctx, xs, d, {DeviceKind::vbd, v->devid});
 }
 
+// `xpv block-list` / `xpv network-list`: one row per device of the kind, both ends' states (as
+// `xl block-list` / `network-list`; xl shows the frontend's state only, and one ring-ref and
+// event channel, which a multi-queue device does not have), and what the backend serves.
+void list_devices(Context& ctx, const std::string& which, DeviceKind kind) {
+  Xenstore xs(ctx.paths.xenstore_socket);
+  const auto doms = gather_domains(ctx.paths, &xs);
+  const DomainSummary d = resolve_domain(doms, which);
+  auto state = [](const std::optional<xenbus::XenbusState>& x) {
+    return x ? fmt::format("{} ({})", static_cast<int>(*x), xenbus::to_string(*x)) : std::string("-");
+  };
+  auto node = [&](const std::string& path) {
+    auto v = xs.read(path);
+    return v && !v->empty() ? *v : std::string("-");
+  };
+  std::string out = kind == DeviceKind::vbd
+                        ? fmt::format("{:<6} {:<6} {:<17} {:<17} {:<4} {}\n", "Vdev", "Devid", "Frontend", "Backend",
+                                      "Mode", "Target")
+                        : fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {}\n", "Idx", "Mac", "Frontend", "Backend",
+                                      "Host side", "IP");
+  for (const DeviceRef& dev : devices_of(xs, d.domid)) {
+    if (dev.kind != kind) continue;
+    const DeviceStates st = read_states(xs, d.domid, dev);
+    const std::string be = backend_path(kind, d.domid, dev.devid);
+    if (kind == DeviceKind::vbd) {
+      const auto name = config::xvd_name(dev.devid);
+      out += fmt::format("{:<6} {:<6} {:<17} {:<17} {:<4} {}\n", name ? *name : "-", dev.devid, state(st.frontend),
+                         state(st.backend), node(be + "/mode"), node(be + "/params"));
+    } else {
+      out += fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {}\n", dev.devid, node(be + "/mac"), state(st.frontend),
+                         state(st.backend), fmt::format("vif{}.{}", d.domid, dev.devid), node(be + "/ip"));
+    }
+  }
+  ctx.out << out;
+}
+
+void cmd_block_list(Context& ctx, const std::string& which) { list_devices(ctx, which, DeviceKind::vbd); }
+void cmd_network_list(Context& ctx, const std::string& which) { list_devices(ctx, which, DeviceKind::vif); }
+
 void cmd_network_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait) {
   config::VifSpec vif;
   try {

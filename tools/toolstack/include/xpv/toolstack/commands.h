@@ -53,5 +53,9 @@ void cmd_block_attach(Context& ctx, const std::string& which, const std::string&
 void cmd_block_detach(Context& ctx, const std::string& which, const std::string& vdev);
 void cmd_network_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait);
 void cmd_network_detach(Context& ctx, const std::string& which, const std::string& devid);
+// The domain's disks / network interfaces, one row each with both ends' xenbus states (as
+// xl block-list / network-list).
+void cmd_block_list(Context& ctx, const std::string& which);
+void cmd_network_list(Context& ctx, const std::string& which);
 
 }  // namespace xpv::toolstack
