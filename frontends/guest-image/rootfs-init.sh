@@ -202,10 +202,11 @@ eoi_counts() {
 # mem_state [XEN_MEMORY_DIR] [MEMINFO] [WAIT_S]: the guest's memory as its Xen balloon driver
 # (drivers/xen/xen-balloon.c's sysfs) and the kernel see it, one line: "mem_kib=<MemTotal>
 # balloon_current_kib=<...> balloon_target_kib=<...>", or "mem_kib=<...> balloon=none" without a
-# balloon (virtio guests). Waits (bounded: WAIT_S, default 30 s) while the balloon is still
-# moving to its target: the host's `xpv mem-set` only sets the target.
+# balloon (virtio guests). Waits (bounded: WAIT_S, default 150 s) while the balloon is still
+# moving to its target: the host's `xpv mem-set` only sets the target, and the balloon zeroes each
+# page it gives back (in the nested testbed, first touches of 256 MiB took from 4 to over 30 s).
 mem_state() {
-  b=${1:-/sys/devices/system/xen_memory/xen_memory0} mi=${2:-/proc/meminfo} n=${3:-30}
+  b=${1:-/sys/devices/system/xen_memory/xen_memory0} mi=${2:-/proc/meminfo} n=${3:-150}
   total() { awk '/^MemTotal:/ { print $2 }' "$mi"; }
   if [ ! -r "$b/info/current_kb" ] || [ ! -r "$b/target_kb" ]; then
     echo "mem_kib=$(total) balloon=none"

@@ -7,9 +7,10 @@
 # While each guest waits after its selftest, both backends are killed (kill -9) and the supervisor
 # starts them again: they must reattach to the rings the guest still uses (the guest is never told),
 # the host pings the guest again and the guest writes a second, synced file after the wait.
-# In vector mode the host then sets the guest's memory target to half (`xpv mem-set`): its balloon
+# In vector mode the host sets the guest's memory target to half (`xpv mem-set`): its balloon
 # driver gives the rest back to xpv-vmm, as the guest's XPV-MEM line and `xpv list` show; then
-# back to all of it, which the guest takes again.
+# back to all of it, which the guest takes again. Callback guests boot with memory = 384 of
+# maxmem = 512 and balloon down by themselves.
 # Then the host shuts the guest down with `xpv shutdown` (the PV control protocol: control/shutdown
 # = poweroff, which the guest's kernel turns into an orderly poweroff) instead of letting it end.
 # In intx mode the guest is first sent a magic SysRq key (`xpv sysrq`: control/sysrq, which its
@@ -73,11 +74,15 @@ boot() {
   # would): INTx guests get one netif queue, spelled with '-' as users often do.
   MODOPT=
   [ "$M" = intx ] && MODOPT=" xen-netfront.max_queues=1"
+  # Callback guests get memory = 384 of maxmem = 512: their balloon gives 128 MiB back at boot.
+  MEMCFG="memory = 512"
+  [ "$M" = callback ] && MEMCFG="memory = 384
+maxmem = 512"
   cp --sparse=always $IMG/root.ext4 $W/$M.ext4
   cat > $W/$N.cfg <<CFG
 name = "$N"
 type = "hvm"
-memory = 512
+$MEMCFG
 vcpus = 2
 upcall = "$M"
 kernel = "$IMG/vmlinuz"
@@ -97,7 +102,7 @@ CFG
     START=$(date +%s)
     LAST=$START
     SIZE=-1
-    while [ $(( $(date +%s) - START )) -lt 240 ]; do  # bounded: 4 minutes per boot (START moves at a reboot)
+    while [ $(( $(date +%s) - START )) -lt 420 ]; do  # bounded: 7 minutes per boot (START moves at a reboot)
       pgrep -f "xpv-vmm .*--name $N " >/dev/null || break
       NOW=$(date +%s)
       S=$(stat -c %s $W/log/console-$N.log 2>/dev/null || echo 0)
@@ -113,27 +118,31 @@ CFG
         timeout 5 $B/xpv console $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: console-attach /'
         # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
         timeout 5 $B/xpv console -t pv $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: pv-console-attach /'
-        restart_backends
         # Vector mode: the guest gives half its memory back (`xpv mem-set`, memory/target; its
-        # balloon driver). The guest prints where its balloon ended after its wait (XPV-MEM); the
-        # VMM counts the pages it took back (ballooned_pages=, its stats line at exit). The RAM
-        # file's allocated MiB before and after is information only: the balloon zeroes each page
-        # before it gives it back, so pages never touched before cost nothing either way.
+        # balloon driver), set early in its wait so the balloon moves while the guest waits. The
+        # RAM file's allocated MiB before and after is information only: the balloon zeroes each
+        # page before it gives it back, so pages never touched before cost nothing either way.
         if [ "$M" = vector ]; then
           VMM=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
           echo "XPV-TEST: ram-file-mib before $(ram_file_mib $VMM)"
           OUT=$($B/xpv mem-set $N 256 2>&1)
           echo "XPV-TEST: mem-set rc=$? $OUT"
-          k=0
-          while [ $k -lt 30 ] && ! grep -q "^XPV-MEM" $W/log/console-$N.log; do sleep 1; k=$((k + 1)); done
+        fi
+        restart_backends
+        # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
+        # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl
+        # list. Bounded: 180 s.
+        k=0
+        while [ $k -lt 180 ] && ! grep -q "^XPV-MEM" $W/log/console-$N.log; do sleep 1; k=$((k + 1)); done
+        echo "XPV-TEST: list-mem $($B/xpv list | awk -v n=$N '$1 == n { print $4 }')"
+        if [ "$M" = vector ]; then
           echo "XPV-TEST: ram-file-mib after $(ram_file_mib $VMM)"
-          # xpv list's Mem: what the guest holds now (xpv-vmm's memory file), as xl list.
-          echo "XPV-TEST: list-mem $($B/xpv list | awk -v n=$N '$1 == n { print $4 }')"
-          # And back to all of it (XENMEM_populate_physmap), bounded: 30 s.
+          # And back to all of it (XENMEM_populate_physmap), bounded: 60 s (the guest waits 90 s
+          # for its shutdown next).
           OUT=$($B/xpv mem-set $N 512 2>&1)
           echo "XPV-TEST: mem-set-back rc=$? $OUT"
           k=0
-          while [ $k -lt 30 ]; do
+          while [ $k -lt 60 ]; do
             HELD=$($B/xpv list | awk -v n=$N '$1 == n { print $4 }')
             [ "$HELD" = 512 ] && break
             sleep 1

@@ -44,6 +44,7 @@ TEST(DomainConfig, HvmDefaultsAndXlSpellings) {
       "vm.cfg", false);
   EXPECT_EQ(c.type, DomainType::hvm);
   EXPECT_EQ(c.memory_mib, 512u);
+  EXPECT_EQ(c.maxmem_mib, 512u);  // no maxmem: memory
   EXPECT_EQ(c.vcpus, 2u);
   EXPECT_EQ(c.upcall, Upcall::intx);
   EXPECT_EQ(c.on_reboot, LifecycleAction::destroy);
@@ -54,6 +55,22 @@ TEST(DomainConfig, HvmDefaultsAndXlSpellings) {
     EXPECT_EQ(parse_domain_config(std::string("name = 'g'\nupcall = '") + text + "'\n", "vm.cfg", false).upcall, mode)
         << text;
   }
+}
+
+// xl's maxmem: an HVM guest given more RAM than its memory target, which its balloon driver
+// gives back at boot (and `xpv mem-set` may take again).
+TEST(DomainConfig, MaxmemIsTheHvmGuestsCeiling) {
+  const auto c = parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmemory = 384\nmaxmem = 1024\n", "vm.cfg", false);
+  EXPECT_EQ(c.memory_mib, 384u);
+  EXPECT_EQ(c.maxmem_mib, 1024u);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmaxmem = 512\n", "vm.cfg", false).maxmem_mib,
+            512u);  // memory's default (512) = maxmem
+  EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmemory = 512\nmaxmem = 256\n"),
+            "vm.cfg: 'maxmem' (256 MiB) is below 'memory' (512 MiB)");
+  EXPECT_EQ(error_of("name = 'a'\nmemory = 64\nmaxmem = 128\n"),
+            "vm.cfg: 'maxmem' makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
+  EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmaxmem = 0\n"), "vm.cfg:4: 'maxmem': 0 is out of range 1..1048576");
 }
 
 TEST(DomainConfig, ErrorsNameFileLineAndSetting) {

@@ -1,6 +1,9 @@
 // The xenstore nodes the toolstack writes, held against docs/PROCESS-DOMAINS.md line by line.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+
 #include "xpv/config/device_specs.h"
 #include "xpv/toolstack/nodes.h"
 
@@ -51,6 +54,15 @@ TEST(Nodes, DomainExactly) {
       {"/vm/0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9/uuid", "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", kDom0OwnedFor3},
   };
   EXPECT_EQ(n, want);
+}
+
+// An HVM guest with maxmem: the target is its memory, the balloon's ceiling maxmem (KiB).
+TEST(Nodes, MaxmemIsStaticMax) {
+  const auto n = domain_nodes({3, "g", 384, "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", 1024});
+  std::map<std::string, std::string> v;
+  for (const auto& node : n) v[node.path] = node.value;
+  EXPECT_EQ(v["/local/domain/3/memory/target"], "393216");
+  EXPECT_EQ(v["/local/domain/3/memory/static-max"], "1048576");
 }
 
 TEST(Nodes, Dom0Skeleton) {

@@ -17,7 +17,7 @@ namespace {
 const std::set<std::string_view> kIgnoredXlKeys = {
     "vnc", "vnclisten", "vncpasswd", "sdl", "opengl", "serial", "boot", "stdvga", "vga",
     "videoram", "usb", "usbdevice", "acpi", "apic", "pae", "hap", "viridian", "device_model_version",
-    "localtime", "rtc_timeoffset", "xen_platform_pci", "maxmem", "cpus", "cpu_weight", "uuid"};
+    "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus", "cpu_weight", "uuid"};
 
 bool file_exists(const std::string& p) {
   struct stat st {};
@@ -114,6 +114,8 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
     } else if (e.key == "memory") {
       c.memory_mib = static_cast<std::uint64_t>(num(1, 1 << 20));
       have_memory = true;
+    } else if (e.key == "maxmem") {
+      c.maxmem_mib = static_cast<std::uint64_t>(num(1, 1 << 20));
     } else if (e.key == "vcpus") {
       c.vcpus = static_cast<unsigned>(num(1, 128));
     } else if (e.key == "kernel") {
@@ -162,6 +164,13 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   auto fail_at = [&](const std::string& why) { return ConfigError(fmt::format("{}: {}", source, why)); };
   if (c.name.empty()) throw fail_at("'name' is required");
   if (!have_memory) c.memory_mib = c.type == DomainType::hvm ? 512 : 128;
+  if (c.maxmem_mib != 0 && c.type != DomainType::hvm) {
+    throw fail_at("'maxmem' makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
+  }
+  if (c.maxmem_mib != 0 && c.maxmem_mib < c.memory_mib) {
+    throw fail_at(fmt::format("'maxmem' ({} MiB) is below 'memory' ({} MiB)", c.maxmem_mib, c.memory_mib));
+  }
+  if (c.maxmem_mib == 0) c.maxmem_mib = c.memory_mib;
   if (c.type == DomainType::hvm) {
     if (c.kernel.empty()) throw fail_at("an hvm domain needs 'kernel' (xpv boots Linux directly)");
   } else if (!c.kernel.empty() || !c.ramdisk.empty()) {

@@ -233,7 +233,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   rec.domid = n;
   rec.name = cfg.name;
   rec.type = hvm ? "hvm" : "process";
-  rec.memory_mib = cfg.memory_mib;
+  rec.memory_mib = cfg.maxmem_mib;  // the RAM it has (an HVM guest balloons down to `memory`)
   rec.vcpus = cfg.vcpus;
   rec.config = fs::absolute(config_path).lexically_normal().string();
   rec.uuid = generate_uuid(system_random_byte);
@@ -264,7 +264,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     const std::string log = front_log(p, cfg.name, program);
     const std::uint64_t offset = file_size(log);
     std::vector<std::string> argv{p.binary(program), "--domid", std::to_string(n), "--name", cfg.name, "--memory",
-                                  std::to_string(cfg.memory_mib), "--run-dir", p.run_dir,
+                                  std::to_string(cfg.maxmem_mib), "--run-dir", p.run_dir,
                                   // why it stopped, for its monitor (on_poweroff / on_reboot / on_crash)
                                   "--shutdown-file", shutdown_file(p, n)};
     if (hvm) {
@@ -301,7 +301,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     wait_ready(rec.pid, log, offset, program);
 
     // 2. The domain's nodes, one transaction.
-    xs.transaction([&](TxId tx) { xs.write_nodes(domain_nodes({n, cfg.name, cfg.memory_mib, rec.uuid}), tx); });
+    xs.transaction([&](TxId tx) { xs.write_nodes(domain_nodes({n, cfg.name, cfg.memory_mib, rec.uuid, cfg.maxmem_mib}), tx); });
 
     // 3. Introduce it: its xenstore ring's frame and event channel, from its control socket.
     domain::XenstoreInfo ring;
@@ -344,7 +344,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     rec.monitor_pid = spawn_monitor(p, rec);
     write_record(dir, rec);
     self.record = rec;
-    ctx.out << fmt::format("Created domain {} (id {}, {}, {} MiB, pid {})\n", cfg.name, n, rec.type, cfg.memory_mib,
+    ctx.out << fmt::format("Created domain {} (id {}, {}, {} MiB{}, pid {})\n", cfg.name, n, rec.type, cfg.memory_mib,
+                           cfg.maxmem_mib != cfg.memory_mib ? fmt::format(" of maxmem {}", cfg.maxmem_mib) : "",
                            rec.pid);
     if (hvm) ctx.out << fmt::format("  console: xpv console {} (log: {})\n", cfg.name, log);
     for (const auto& disk : cfg.disks) {

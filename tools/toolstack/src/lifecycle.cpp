@@ -208,7 +208,7 @@ void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size
   }
   if (max == 0) throw ToolstackError(fmt::format("{} has no valid memory/static-max in xenstore", domain_label(d)));
   if (*kib > max) {
-    throw ToolstackError(fmt::format("{} MiB is above {}'s maximum of {} MiB (its memory when created)",
+    throw ToolstackError(fmt::format("{} MiB is above {}'s maximum of {} MiB (its maxmem, memory/static-max)",
                                      *kib >> 10, domain_label(d), max >> 10));
   }
   if (*kib < (kMemSetFloorMib << 10)) {

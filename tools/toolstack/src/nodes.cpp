@@ -1,5 +1,6 @@
 #include "xpv/toolstack/nodes.h"
 
+#include <algorithm>
 #include <fmt/core.h>
 
 namespace xpv::toolstack {
@@ -75,7 +76,7 @@ NodeList domain_nodes(const DomainIdentity& d) {
       {dom + "/memory/target", std::to_string(d.memory_mib * 1024), ro},
       // The balloon's ceiling, as libxl writes it (Linux's xen-balloon reads it once, to know
       // how far target is from what the guest booted with).
-      {dom + "/memory/static-max", std::to_string(d.memory_mib * 1024), ro},
+      {dom + "/memory/static-max", std::to_string(std::max(d.maxmem_mib, d.memory_mib) * 1024), ro},
       {vm, "", ro},
       {vm + "/name", d.name, ro},
       {vm + "/uuid", d.uuid, ro},

@@ -2,6 +2,9 @@
 //   name = "web1"                 required; [A-Za-z0-9_.-], 1..64, not starting with '-'
 //   type = "process" | "hvm"      (xl's builder = "hvm" is accepted as type = "hvm")
 //   memory = 512                  MiB, 1..1048576 (default 128 for process, 512 for hvm)
+//   maxmem = 1024                 hvm: MiB of RAM the guest is given, ≥ memory (default memory); its
+//                                 balloon driver gives back all but `memory` at boot, and
+//                                 `xpv mem-set` may grow it up to maxmem (as xl's maxmem)
 //   vcpus = 2                     1..128 (default 1)
 //   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist)
 //   disk = [ 'format=raw, vdev=xvda, access=rw, target=/srv/a.img' ]
@@ -32,6 +35,7 @@ struct DomainConfig {
   std::string name;
   DomainType type = DomainType::process;
   std::uint64_t memory_mib = 0;
+  std::uint64_t maxmem_mib = 0;  // after parsing: ≥ memory_mib (= memory_mib when not given)
   unsigned vcpus = 1;
   std::string kernel, ramdisk, extra;
   Upcall upcall = Upcall::vector;

@@ -44,7 +44,7 @@ void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key);
 int cmd_monitor(Context& ctx, std::uint16_t domid, const std::string& uuid);
 // `xpv mem-set NAME SIZE` (lifecycle.cpp): as xl mem-set, memory/target = SIZE (xl's units, MiB
 // by default); the HVM guest's balloon driver gives the difference back to the host or takes it
-// again, up to the memory the domain was created with (memory/static-max). Not for process
+// again, up to its maxmem (memory/static-max). Not for process
 // domains (no balloon driver). Returns at once: the guest moves to the target in its own time.
 void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size);
 

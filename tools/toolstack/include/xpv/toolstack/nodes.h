@@ -44,8 +44,9 @@ std::string frontend_path(DeviceKind k, DomId domid, std::uint32_t devid);  // â
 struct DomainIdentity {
   DomId domid = 0;
   std::string name;
-  std::uint64_t memory_mib = 0;
+  std::uint64_t memory_mib = 0;  // memory/target
   std::string uuid;  // 8-4-4-4-12 lower-case hex
+  std::uint64_t maxmem_mib = 0;  // memory/static-max (0: memory_mib)
 };
 
 // dom0's own entries, written by `xpv up` on a fresh store (as Xen's init-xenstore-domain does):
