@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   sysrq->add_option("domain", which, "name or id")->required();
   sysrq->add_option("key", sysrq_key, "one letter or digit")->required();
   std::string mem_size;
-  auto* mem_set = app.add_subcommand("mem-set", "set an HVM domain's memory target (memory/target); its balloon driver gives memory back or takes it again, up to its memory at creation, as xl mem-set");
+  auto* mem_set = app.add_subcommand("mem-set", "set an HVM domain's memory target (memory/target); its balloon driver gives memory back or takes it again, up to its maxmem, as xl mem-set");
   mem_set->add_option("domain", which, "name or id")->required();
   mem_set->add_option("size", mem_size, "new target: MiB, or with a unit t, g, m, k, b (e.g. 256, 1g)")->required();
   auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
