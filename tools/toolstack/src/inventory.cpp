@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,6 +15,7 @@
 #include "xpv/toolstack/nodes.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/xenstore.h"
+#include "xpv/xenbus/path.h"
 
 namespace xpv::toolstack {
 
@@ -36,12 +36,9 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
       d.memory_mib = d.record->memory_mib;
       // An HVM guest that ballooned: what it holds now, as xl list shows (xpv-vmm keeps the file).
       if (auto held = read_file(paths.memory_file(*domid)); held && d.type == "hvm") {
-        std::uint64_t kib = 0;
-        const auto* end = held->data() + held->size();
-        if (auto [ptr, ec2] = std::from_chars(held->data(), end, kib); ec2 == std::errc{} && kib > 0 &&
-            (ptr == end || *ptr == '\n') && (kib >> 10) <= d.memory_mib) {
-          d.memory_mib = kib >> 10;
-        }
+        std::string_view text = *held;
+        if (text.ends_with('\n')) text.remove_suffix(1);
+        if (auto kib = xenbus::parse_uint(text); kib && *kib > 0 && (*kib >> 10) <= d.memory_mib) d.memory_mib = *kib >> 10;
       }
       d.vcpus = d.record->vcpus;
       if (process_is(d.record->pid, d.record->program)) d.pid = d.record->pid;
@@ -56,9 +53,8 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
       d.in_xenstore = true;
       if (auto n = xs->read(domain_path(*domid) + "/name"); n && !n->empty()) d.name = *n;
       if (d.memory_mib == 0) {
-        auto kib = xs->read(domain_path(*domid) + "/memory/target");
-        if (kib && !kib->empty() && kib->size() < 16 && kib->find_first_not_of("0123456789") == std::string::npos) {
-          d.memory_mib = std::stoull(*kib) / 1024;
+        if (const auto node = xs->read(domain_path(*domid) + "/memory/target")) {
+          if (const auto kib = xenbus::parse_uint(*node)) d.memory_mib = *kib / 1024;
         }
       }
     }

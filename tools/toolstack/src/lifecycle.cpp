@@ -40,6 +40,7 @@
 #include "xpv/toolstack/run_lock.h"
 #include "xpv/toolstack/xenstore.h"
 #include "xpv/unique_fd.h"
+#include "xpv/xenbus/path.h"
 
 namespace xpv::toolstack {
 
@@ -200,11 +201,9 @@ void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size
                                      domain_label(d), d.type));
   }
   const std::string dom = domain_path(d.domid);
-  const auto max_kib = xs.read(dom + "/memory/static-max");
-  std::uint64_t max = 0;
-  try {
-    max = max_kib ? std::stoull(*max_kib) : 0;
-  } catch (const std::exception&) {
+  std::uint64_t max = 0;  // KiB
+  if (const auto node = xs.read(dom + "/memory/static-max")) {
+    if (const auto v = xenbus::parse_uint(*node)) max = *v;
   }
   if (max == 0) throw ToolstackError(fmt::format("{} has no valid memory/static-max in xenstore", domain_label(d)));
   if (*kib > max) {
