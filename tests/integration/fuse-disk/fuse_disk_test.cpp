@@ -30,7 +30,8 @@ namespace {
 
 // An in-memory disk, thread-safe, counting what reached it. With `async`, reads and writes
 // start asynchronously (BlockTarget::start_read/start_write) and a thread of its own completes
-// them in batches, newest first — out of order, as a device with a queue may.
+// them in batches, newest first — out of order, as a device with a queue may. With `at_once`
+// as well, each is answered inside start_read/start_write (a target that finishes at once).
 class MemoryTarget : public BlockTarget {
  public:
   MemoryTarget(std::size_t size, bool ro) : data_(size), ro_(ro) {}
@@ -69,11 +70,21 @@ class MemoryTarget : public BlockTarget {
   }
   bool start_read(std::uint64_t off, std::span<std::uint8_t> out, Done& done) override {
     if (!async) return false;
+    if (at_once) {
+      async_started++;
+      done(read(off, out));
+      return true;
+    }
     queue([this, off, out, done = std::move(done)] { done(read(off, out)); });
     return true;
   }
   bool start_write(std::uint64_t off, std::span<const std::uint8_t> in, Done& done) override {
     if (!async) return false;
+    if (at_once) {
+      async_started++;
+      done(write(off, in));
+      return true;
+    }
     // `in` is the caller's only until we return.
     queue([this, off, data = std::vector<std::uint8_t>(in.begin(), in.end()), done = std::move(done)] {
       done(write(off, data));
@@ -85,7 +96,7 @@ class MemoryTarget : public BlockTarget {
     return data_;
   }
 
-  bool async = false;
+  bool async = false, at_once = false;
   std::atomic<int> flushes{0}, writes{0}, fail_with{0}, async_started{0};
   std::pair<std::uint64_t, std::uint64_t> last_discard{0, 0};
 
@@ -138,14 +149,17 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// Every test runs four times: the target blocking FUSE's worker (sync) or completing on a
-// thread of its own (async), each over /dev/fuse and over FUSE's io_uring rings. The io_uring
+// Every test runs six times: the target blocking FUSE's worker (sync), completing on a thread
+// of its own (async) or answering inside the start call (at once), each over /dev/fuse and over
+// FUSE's io_uring rings. The io_uring
 // runs switch the fuse module's enable_uring on for their time (FuseUringEnable: the last
 // holder switches it back off) and are skipped on a kernel without it (before Linux 6.14,
 // Debian 12's own); they check that the rings carried the requests.
-class FuseDiskTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+enum class Completion { sync, async, at_once };
+
+class FuseDiskTest : public ::testing::TestWithParam<std::tuple<Completion, bool>> {
  protected:
-  bool async() const { return std::get<0>(GetParam()); }
+  bool async() const { return std::get<0>(GetParam()) != Completion::sync; }
   bool uring() const { return std::get<1>(GetParam()); }
   void SetUp() override {
     if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse";
@@ -169,6 +183,7 @@ class FuseDiskTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
   }
   void mount(MemoryTarget& t) {
     t.async = async();
+    t.at_once = std::get<0>(GetParam()) == Completion::at_once;
     FuseDiskOptions o;
     o.uring = uring();
     disk_ = std::make_unique<FuseDisk>(dir_, "disk", t, o);
@@ -461,11 +476,15 @@ TEST_P(FuseDiskTest, ASlowFlushHoldsUpNoReadOnItsQueue) {
   EXPECT_EQ(t.flushes.load(), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, FuseDiskTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& i) {
-                           return std::string(std::get<0>(i.param) ? "Async" : "Sync") +
-                                  (std::get<1>(i.param) ? "Uring" : "DevFuse");
-                         });
+std::string transport_name(const ::testing::TestParamInfo<std::tuple<Completion, bool>>& i) {
+  static const char* const kCompletion[] = {"Sync", "Async", "AtOnce"};
+  return std::string(kCompletion[static_cast<int>(std::get<0>(i.param))]) + (std::get<1>(i.param) ? "Uring" : "DevFuse");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, FuseDiskTest,
+                         ::testing::Combine(::testing::Values(Completion::sync, Completion::async, Completion::at_once),
+                                            ::testing::Bool()),
+                         transport_name);
 
 }  // namespace
 }  // namespace xpv::frontends
