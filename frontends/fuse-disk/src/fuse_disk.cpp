@@ -300,7 +300,12 @@ ssize_t answer_init(FuseDisk::Impl& d, int fd, iovec* iov, int count) {
                                                             b.mem = req;
                                                             b.size = len;
                                                             fuse_session_process_buf(se, &b);
-                                                          });
+                                                          },
+                                                          d.options.uring_poll
+                                                              ? detail::FuseUring::Poller{
+                                                                    [&t = d.target](bool on) { t.polling(on); },
+                                                                    [&t = d.target] { t.poll(); }}
+                                                              : detail::FuseUring::Poller{});
       d.blocking = std::make_unique<boost::asio::thread_pool>(16);
     } catch (const std::exception& e) {
       spdlog::warn("FUSE disk: FUSE over io_uring declined, /dev/fuse serves: {}", e.what());

@@ -13,7 +13,10 @@
 // that submits to that ring, so the kernel's task work that fills an entry runs in the worker
 // itself (io_uring runs a command's completion work in the task that submitted it). A reply
 // made on another thread (an asynchronous BlockTarget completing) is queued to the entry's
-// worker, and woken through an eventfd only if the worker sleeps.
+// worker, and woken through an eventfd only if the worker sleeps. With a Poller (the target's
+// polling/poll), a worker that is awake with requests outstanding collects the answers itself
+// while it spins, so the reply is made on the worker and no other thread is woken; before it
+// sleeps it hands what is still in flight back to the target's thread.
 //
 // libfuse 3.14 (Debian 12) knows nothing of this: FuseDisk lets libfuse decode requests and
 // build replies as usual (fuse_session_process_buf; replies through its custom I/O writev
@@ -75,7 +78,14 @@ class FuseUring {
   // each and payload areas of `payload_size` bytes, on `threads` workers; starts nothing yet.
   // Throws std::runtime_error if a ring or the buffers cannot be had (io_uring without 128-byte
   // SQEs, no memory) — before the server accepts FUSE_OVER_IO_URING, so it can decline.
-  FuseUring(int dev_fd, unsigned queues, unsigned entries, unsigned threads, std::size_t payload_size, Process process);
+  // Optional polling hooks (BlockTarget::polling/poll): a worker polls while it is awake and has
+  // requests outstanding, and stops before it sleeps.
+  struct Poller {
+    std::function<void(bool)> polling;
+    std::function<void()> poll;
+  };
+  FuseUring(int dev_fd, unsigned queues, unsigned entries, unsigned threads, std::size_t payload_size, Process process,
+            Poller poller = {});
   ~FuseUring();  // stop(), then the rings and buffers go
   FuseUring(const FuseUring&) = delete;
   FuseUring& operator=(const FuseUring&) = delete;
@@ -117,6 +127,7 @@ class FuseUring {
   int dev_fd_ = -1;  // a dup of the session's /dev/fuse descriptor
   std::size_t payload_size_;
   Process process_;
+  Poller poller_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex pending_m_;
   std::unordered_map<std::uint64_t, Entry*> pending_;  // unique → entry, until its reply

@@ -52,6 +52,16 @@ bool Blkfront::start_write(std::uint64_t offset, std::span<const std::uint8_t> i
   return start_io(true, offset, const_cast<std::uint8_t*>(in.data()), in.size(), done);
 }
 
+void Blkfront::polling(bool on) {
+  if (completers_.empty()) return;
+  for (auto& q : queues_) q->polling(on);
+}
+
+void Blkfront::poll() {
+  if (completers_.empty()) return;
+  for (auto& q : queues_) (void)q->poll();
+}
+
 bool Blkfront::start_io(bool write, std::uint64_t offset, std::uint8_t* buf, std::uint64_t len, Done& done) {
   if (completers_.empty() || (write && readonly()) || !one_request(offset, len)) return false;
   // `done` stays the caller's unless the request started.

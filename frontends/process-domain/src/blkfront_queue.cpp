@@ -334,7 +334,8 @@ int BlkfrontQueue::start(bool write, std::uint64_t sector, std::uint8_t* buf, st
   std::lock_guard l(lock_);
   // A ring that broke meanwhile: complete() finishes this slot with -EIO.
   if (!dead_) (void)produce_locked(req);
-  if (async_waiting_) async_wake_.notify_one();  // a completion thread waiting for work
+  // A completion thread waiting for work, unless a poller collects the answer.
+  if (idle_waiting_ && pollers_ == 0) async_wake_.notify_one();
   return 0;
 }
 
@@ -342,9 +343,9 @@ void BlkfrontQueue::run_completions() {
   for (;;) {
     {
       std::unique_lock l(lock_);
-      async_waiting_ = true;
-      async_wake_.wait(l, [&] { return async_in_flight_ > 0 || stopping_; });
-      async_waiting_ = false;
+      idle_waiting_ = true;
+      async_wake_.wait(l, [&] { return (async_in_flight_ > 0 && pollers_ == 0) || stopping_; });
+      idle_waiting_ = false;
       if (stopping_) {
         if (async_in_flight_ > 0) {
           spdlog::warn("blkfront: {} asynchronous request(s) still in flight at shutdown", async_in_flight_);
@@ -422,6 +423,45 @@ unsigned BlkfrontQueue::complete(unsigned min) {
     std::lock_guard l(lock_);
     if (ran >= min || async_in_flight_ == 0 || stopping_) return ran;
   }
+}
+
+void BlkfrontQueue::polling(bool on) {
+  std::lock_guard l(lock_);
+  if (on) {
+    ++pollers_;
+  } else if (pollers_ > 0 && --pollers_ == 0 && async_in_flight_ > 0 && idle_waiting_) {
+    async_wake_.notify_one();  // the completion thread takes over what is in flight
+  }
+}
+
+unsigned BlkfrontQueue::poll() {
+  thread_local std::vector<std::uint32_t> finished;
+  finished.clear();
+  {
+    std::lock_guard l(lock_);
+    if (async_in_flight_ == 0) return 0;
+    if (reap_locked() && sleepers_ > 0) arm_locked();
+    if (async_answered_ == 0 && !dead_) return 0;
+    for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.busy && s.async && (s.done || dead_)) {
+        s.async = false;  // claimed: still busy until its data is out
+        if (s.done) --async_answered_;
+        --async_in_flight_;
+        finished.push_back(i);
+      }
+    }
+  }
+  for (std::uint32_t id : finished) {
+    Slot& s = slots_[id];
+    const int rc = s.done ? result_of(s.status) : -EIO;
+    if (rc == 0 && !s.write) copy_out(id, s.buf, s.bytes);
+    Done cb = std::move(s.on_done);
+    s.on_done = nullptr;
+    free_slot(id);
+    cb(rc);
+  }
+  return static_cast<unsigned>(finished.size());
 }
 
 int BlkfrontQueue::simple(BlkifRequest req) {

@@ -10,14 +10,18 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "xpv/blkback/queue.h"
 #include "xpv/domain/domain.h"
@@ -490,6 +494,59 @@ TEST_F(BlkPath, Ext4OverFuseAndLoop) {
   start(f);
   ext4_over_fuse();
   EXPECT_EQ(front_->stats().async_requests, 0u) << "no completion threads: FUSE blocks a worker per request";
+}
+
+// A poller (FUSE's ring worker while it is awake) collects the answers on its own thread: while
+// it polls, the completion threads leave them alone; once it stops, they complete what is still
+// in flight. Bounded: 10 s for each wait.
+TEST_F(BlkPath, APollerCollectsAnswersAndHandsTheRestBackWhenItStops) {
+  start_async_two_queues();
+  const auto me = std::this_thread::get_id();
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::thread::id> who;  // the thread each answer ran on
+  std::vector<std::uint8_t> buf(8 * 4096);
+  auto start8 = [&] {
+    for (int i = 0; i < 8; ++i) {
+      frontends::BlockTarget::Done done = [&](long n) {
+        EXPECT_EQ(n, 4096);
+        std::lock_guard l(m);
+        who.push_back(std::this_thread::get_id());
+        cv.notify_all();
+      };
+      ASSERT_TRUE(front_->start_read(std::uint64_t(i) * 4096, std::span(buf).subspan(i * 4096, 4096), done));
+    }
+  };
+  auto answered = [&] {
+    std::lock_guard l(m);
+    return who.size();
+  };
+
+  front_->polling(true);
+  start8();
+  // The backend answers; nobody but this thread runs the callbacks.
+  for (int i = 0; i < 10000 && answered() < 8; ++i) {
+    front_->poll();
+    if (answered() < 8) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    std::lock_guard l(m);
+    ASSERT_EQ(who.size(), 8u) << "every answer was collected by polling";
+    for (auto id : who) EXPECT_EQ(id, me) << "an answer ran on another thread while this one polled";
+    who.clear();
+  }
+
+  start8();
+  front_->polling(false);  // handed back: the completion threads finish them
+  {
+    std::unique_lock l(m);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(10), [&] { return who.size() == 8; }))
+        << "requests in flight when polling stopped were never completed";
+    for (auto id : who) EXPECT_NE(id, me);
+  }
+  const auto st = front_->stats();
+  EXPECT_EQ(st.async_requests, 16u);
+  EXPECT_EQ(st.responses, st.requests);
 }
 
 TEST_F(BlkPath, Ext4OverFuseAndLoopThroughTheAsynchronousPath) {

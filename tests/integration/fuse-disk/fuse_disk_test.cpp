@@ -32,6 +32,8 @@ namespace {
 // start asynchronously (BlockTarget::start_read/start_write) and a thread of its own completes
 // them in batches, newest first — out of order, as a device with a queue may. With `at_once`
 // as well, each is answered inside start_read/start_write (a target that finishes at once).
+// With `polled` as well, a caller between polling(true) and polling(false) runs the answers in
+// poll(), and the target's thread leaves them alone meanwhile (as Blkfront does).
 class MemoryTarget : public BlockTarget {
  public:
   MemoryTarget(std::size_t size, bool ro) : data_(size), ro_(ro) {}
@@ -91,13 +93,31 @@ class MemoryTarget : public BlockTarget {
     });
     return true;
   }
+  void polling(bool on) override {
+    if (!polled) return;
+    {
+      std::lock_guard l(jobs_m_);
+      pollers_ += on ? 1 : -1;
+    }
+    jobs_cv_.notify_all();
+  }
+  void poll() override {
+    if (!polled) return;
+    std::vector<std::function<void()>> mine;
+    {
+      std::lock_guard l(jobs_m_);
+      mine.swap(jobs_);
+    }
+    for (auto& j : mine) j();
+    polled_answers += static_cast<int>(mine.size());
+  }
   std::vector<std::uint8_t> snapshot() {
     std::lock_guard lock(m_);
     return data_;
   }
 
-  bool async = false, at_once = false;
-  std::atomic<int> flushes{0}, writes{0}, fail_with{0}, async_started{0};
+  bool async = false, at_once = false, polled = false;
+  std::atomic<int> flushes{0}, writes{0}, fail_with{0}, async_started{0}, polled_answers{0};
   std::pair<std::uint64_t, std::uint64_t> last_discard{0, 0};
 
  private:
@@ -113,7 +133,7 @@ class MemoryTarget : public BlockTarget {
   void complete_jobs() {
     std::unique_lock l(jobs_m_);
     for (;;) {
-      jobs_cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+      jobs_cv_.wait(l, [&] { return stop_ || (!jobs_.empty() && pollers_ == 0); });
       if (jobs_.empty()) return;  // stop_, nothing left
       // Let a few more arrive (bounded), then complete the batch newest first.
       jobs_cv_.wait_for(l, std::chrono::milliseconds(1), [&] { return jobs_.size() >= 8 || stop_; });
@@ -132,6 +152,7 @@ class MemoryTarget : public BlockTarget {
   std::condition_variable jobs_cv_;
   std::vector<std::function<void()>> jobs_;
   bool stop_ = false;
+  int pollers_ = 0;
   std::thread completer_;
 };
 
@@ -149,13 +170,14 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// Every test runs six times: the target blocking FUSE's worker (sync), completing on a thread
-// of its own (async) or answering inside the start call (at once), each over /dev/fuse and over
-// FUSE's io_uring rings. The io_uring
+// Every test runs eight times: the target blocking FUSE's worker (sync), completing on a thread
+// of its own (async), answering inside the start call (at once) or leaving its answers to a
+// poller while there is one (polled), each over /dev/fuse and over FUSE's io_uring rings (whose
+// workers poll). The io_uring
 // runs switch the fuse module's enable_uring on for their time (FuseUringEnable: the last
 // holder switches it back off) and are skipped on a kernel without it (before Linux 6.14,
 // Debian 12's own); they check that the rings carried the requests.
-enum class Completion { sync, async, at_once };
+enum class Completion { sync, async, at_once, polled };
 
 class FuseDiskTest : public ::testing::TestWithParam<std::tuple<Completion, bool>> {
  protected:
@@ -178,12 +200,22 @@ class FuseDiskTest : public ::testing::TestWithParam<std::tuple<Completion, bool
       else EXPECT_EQ(disk_->uring_requests(), 0u);
     }
     disk_.reset();
+    target_.reset();  // after the disk: FUSE's workers may call into it until they are gone
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
     enable_.reset();
+  }
+  // The test's target, owned here so that it outlives the disk.
+  template <class T = MemoryTarget>
+  T& target(std::size_t size, bool ro) {
+    auto t = std::make_unique<T>(size, ro);
+    T& ref = *t;
+    target_ = std::move(t);
+    return ref;
   }
   void mount(MemoryTarget& t) {
     t.async = async();
     t.at_once = std::get<0>(GetParam()) == Completion::at_once;
+    t.polled = std::get<0>(GetParam()) == Completion::polled;
     FuseDiskOptions o;
     o.uring = uring();
     disk_ = std::make_unique<FuseDisk>(dir_, "disk", t, o);
@@ -191,11 +223,12 @@ class FuseDiskTest : public ::testing::TestWithParam<std::tuple<Completion, bool
 
   std::unique_ptr<FuseUringEnable> enable_;
   std::string dir_;
+  std::unique_ptr<MemoryTarget> target_;
   std::unique_ptr<FuseDisk> disk_;
 };
 
 TEST_P(FuseDiskTest, TheDiskIsAFileOfTheRightSize) {
-  MemoryTarget t(8 << 20, false);
+  auto& t = target(8 << 20, false);
   mount(t);
   struct stat st {};
   ASSERT_EQ(::stat(disk_->file_path().c_str(), &st), 0);
@@ -208,7 +241,7 @@ TEST_P(FuseDiskTest, TheDiskIsAFileOfTheRightSize) {
 }
 
 TEST_P(FuseDiskTest, WritesReachTheTargetAndReadBack) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_TRUE(fd);
@@ -222,7 +255,7 @@ TEST_P(FuseDiskTest, WritesReachTheTargetAndReadBack) {
 }
 
 TEST_P(FuseDiskTest, ODirectLargeIo) {
-  MemoryTarget t(4 << 20, false);
+  auto& t = target(4 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
   ASSERT_TRUE(fd);
@@ -238,7 +271,7 @@ TEST_P(FuseDiskTest, ODirectLargeIo) {
 }
 
 TEST_P(FuseDiskTest, FsyncFlushesAndPunchHoleDiscards) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_TRUE(fd);
@@ -256,7 +289,7 @@ TEST_P(FuseDiskTest, FsyncFlushesAndPunchHoleDiscards) {
 }
 
 TEST_P(FuseDiskTest, TheDiskDoesNotGrowOrShrink) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_TRUE(fd);
@@ -268,7 +301,7 @@ TEST_P(FuseDiskTest, TheDiskDoesNotGrowOrShrink) {
 }
 
 TEST_P(FuseDiskTest, ReadOnlyDiskRefusesWriters) {
-  MemoryTarget t(1 << 20, true);
+  auto& t = target(1 << 20, true);
   mount(t);
   UniqueFd rw(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
   EXPECT_FALSE(rw);
@@ -279,7 +312,7 @@ TEST_P(FuseDiskTest, ReadOnlyDiskRefusesWriters) {
 }
 
 TEST_P(FuseDiskTest, TargetErrorsReachTheCaller) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   UniqueFd fd(::open(disk_->file_path().c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_TRUE(fd);
@@ -290,7 +323,7 @@ TEST_P(FuseDiskTest, TargetErrorsReachTheCaller) {
 }
 
 TEST_P(FuseDiskTest, UnknownNamesAreAbsent) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   struct stat st {};
   EXPECT_NE(::stat((dir_ + "/other").c_str(), &st), 0);
@@ -300,7 +333,7 @@ TEST_P(FuseDiskTest, UnknownNamesAreAbsent) {
 }
 
 TEST_P(FuseDiskTest, DestructionUnmounts) {
-  MemoryTarget t(1 << 20, false);
+  auto& t = target(1 << 20, false);
   mount(t);
   ASSERT_TRUE(is_mounted(dir_));
   disk_.reset();
@@ -311,7 +344,7 @@ TEST_P(FuseDiskTest, LoopDeviceWithExt4OnTop) {
   if (::geteuid() != 0 || run("command -v losetup") != 0 || run("command -v mkfs.ext4") != 0) {
     GTEST_SKIP() << "needs root, losetup and mkfs.ext4";
   }
-  MemoryTarget t(64 << 20, false);
+  auto& t = target(64 << 20, false);
   mount(t);
   const std::string mnt = dir_ + "-mnt";
   std::filesystem::create_directory(mnt);
@@ -342,7 +375,7 @@ TEST_P(FuseDiskTest, LoopDeviceWithExt4OnTop) {
 }
 
 TEST_P(FuseDiskTest, ManyRequestsInFlightGetTheirOwnAnswers) {
-  MemoryTarget t(4 << 20, false);
+  auto& t = target(4 << 20, false);
   mount(t);
   // 8 threads × 32 blocks of 4 KiB, each block its own pattern: written with O_DIRECT at once,
   // then read back at once (the async target answers them in batches, newest first).
@@ -384,13 +417,18 @@ TEST_P(FuseDiskTest, ManyRequestsInFlightGetTheirOwnAnswers) {
   } else {
     EXPECT_EQ(t.async_started.load(), 0);
   }
+  if (t.polled && uring()) {
+    EXPECT_GT(t.polled_answers.load(), 0) << "the ring workers collected answers by polling";
+  } else {
+    EXPECT_EQ(t.polled_answers.load(), 0) << "only FUSE's ring workers poll";
+  }
 }
 
 // The disk is destroyed while four threads still read and write it (their files open): the
 // destructor ends the connection — their later requests fail, none hangs — and returns with
 // nothing left mounted. Bounded: 400 I/Os a thread.
 TEST_P(FuseDiskTest, DestroyingTheDiskWhileItIsInUseEndsCleanly) {
-  MemoryTarget t(4 << 20, false);
+  auto& t = target(4 << 20, false);
   mount(t);
   constexpr int kThreads = 4, kOps = 400;
   std::atomic<int> done_ops{0}, failed{0}, started{0};
@@ -442,7 +480,8 @@ TEST_P(FuseDiskTest, ASlowFlushHoldsUpNoReadOnItsQueue) {
     std::mutex m;
     std::condition_variable cv;
     bool entered = false, released = false;
-  } t(1 << 20, false);
+  };
+  auto& t = target<SlowFlush>(1 << 20, false);
   mount(t);
   cpu_set_t one;
   CPU_ZERO(&one);
@@ -477,12 +516,12 @@ TEST_P(FuseDiskTest, ASlowFlushHoldsUpNoReadOnItsQueue) {
 }
 
 std::string transport_name(const ::testing::TestParamInfo<std::tuple<Completion, bool>>& i) {
-  static const char* const kCompletion[] = {"Sync", "Async", "AtOnce"};
+  static const char* const kCompletion[] = {"Sync", "Async", "AtOnce", "Polled"};
   return std::string(kCompletion[static_cast<int>(std::get<0>(i.param))]) + (std::get<1>(i.param) ? "Uring" : "DevFuse");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, FuseDiskTest,
-                         ::testing::Combine(::testing::Values(Completion::sync, Completion::async, Completion::at_once),
+                         ::testing::Combine(::testing::Values(Completion::sync, Completion::async, Completion::at_once, Completion::polled),
                                             ::testing::Bool()),
                          transport_name);
 

@@ -57,6 +57,13 @@ class BlockTarget {
   virtual bool start_write(std::uint64_t /*offset*/, std::span<const std::uint8_t> /*in*/, Done& /*done*/) {
     return false;
   }
+  // Optional completion by polling (FUSE's ring workers while they are awake). Between
+  // polling(true) and polling(false) the caller calls poll(), which runs, on its thread, the
+  // `done` of asynchronous requests answered by then, without blocking; meanwhile the target's
+  // own thread need not wake up for them. polling(false): that thread completes everything in
+  // flight from then on. Calls nest (a count).
+  virtual void polling(bool /*on*/) {}
+  virtual void poll() {}
 };
 
 struct FuseDiskOptions {
@@ -67,6 +74,10 @@ struct FuseDiskOptions {
   unsigned uring_entries = 0;
   // Worker threads for the rings (each serves every n-th queue); 0: one per queue, at most 4.
   unsigned uring_threads = 0;
+  // Ring workers collect the target's answers themselves while they are awake and have requests
+  // outstanding (BlockTarget::polling/poll), instead of a thread of the target's handing each
+  // answer over; false: never (the target's own thread always answers).
+  bool uring_poll = true;
 };
 
 class FuseDisk {

@@ -109,6 +109,9 @@ class Blkfront final : public BlockTarget {
   // the next queue with a free one; otherwise false.
   bool start_read(std::uint64_t offset, std::span<std::uint8_t> out, Done& done) override;
   bool start_write(std::uint64_t offset, std::span<const std::uint8_t> in, Done& done) override;
+  // BlockTarget's polling (with completion_threads): every queue's answers, on the caller's thread.
+  void polling(bool on) override;
+  void poll() override;
 
   using Stats = BlkfrontQueue::Stats;
   Stats stats() const;                           // all queues summed

@@ -91,6 +91,12 @@ class BlkfrontQueue {
   // A completion thread's body (Blkfront's completion_threads): complete() while requests are in
   // flight, asleep while none is, until stop_completions(). Then no other thread calls complete().
   void run_completions();
+  // Another thread polls (poll()) for a while: run_completions() does not wake up for new
+  // requests meanwhile. polling(false) hands what is in flight back to it. Counted.
+  void polling(bool on);
+  // Runs the callbacks of asynchronous requests answered by now on the calling thread (popping
+  // responses first), without waiting; returns how many ran. Any thread.
+  unsigned poll();
   void stop_completions();  // run_completions() and a complete() waiting in it return
 
   struct Stats {
@@ -155,7 +161,9 @@ class BlkfrontQueue {
   unsigned sleepers_ = 0;  // callers asleep on wake_ or async_wake_ (each armed rsp_event first)
   std::condition_variable async_wake_;  // an asynchronous request was answered (or the ring broke)
   unsigned async_in_flight_ = 0, async_answered_ = 0;
-  bool async_waiting_ = false;  // complete() or run_completions() sleeps on async_wake_
+  bool async_waiting_ = false;  // complete() sleeps on async_wake_
+  bool idle_waiting_ = false;   // run_completions() waits on async_wake_ for work
+  unsigned pollers_ = 0;        // polling(true) not yet undone
   bool stopping_ = false;       // stop_completions() was called
   bool dead_ = false;  // this ring broke (waiters on it give up; other rings finish what is in flight)
   Stats stats_;
