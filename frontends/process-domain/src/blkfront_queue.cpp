@@ -399,27 +399,10 @@ unsigned BlkfrontQueue::complete(unsigned min) {
           poll_.adjust(AdaptivePoll::Clock::now() - began);
         }
       }
-      // Claim every answered asynchronous slot (every one, if the ring broke).
-      for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-        Slot& s = slots_[i];
-        if (s.busy && s.async && (s.done || dead_)) {
-          s.async = false;  // claimed: still busy until its data is out
-          if (s.done) --async_answered_;
-          --async_in_flight_;
-          finished.push_back(i);
-        }
-      }
+      claim_locked(finished);
     }
-    for (std::uint32_t id : finished) {
-      Slot& s = slots_[id];
-      const int rc = s.done ? result_of(s.status) : -EIO;
-      if (rc == 0 && !s.write) copy_out(id, s.buf, s.bytes);
-      Done cb = std::move(s.on_done);
-      s.on_done = nullptr;
-      free_slot(id);
-      cb(rc);
-      ++ran;
-    }
+    finish(finished);
+    ran += static_cast<unsigned>(finished.size());
     std::lock_guard l(lock_);
     if (ran >= min || async_in_flight_ == 0 || stopping_) return ran;
   }
@@ -441,17 +424,26 @@ unsigned BlkfrontQueue::poll() {
     std::lock_guard l(lock_);
     if (async_in_flight_ == 0) return 0;
     if (reap_locked() && sleepers_ > 0) arm_locked();
-    if (async_answered_ == 0 && !dead_) return 0;
-    for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-      Slot& s = slots_[i];
-      if (s.busy && s.async && (s.done || dead_)) {
-        s.async = false;  // claimed: still busy until its data is out
-        if (s.done) --async_answered_;
-        --async_in_flight_;
-        finished.push_back(i);
-      }
+    claim_locked(finished);
+  }
+  finish(finished);
+  return static_cast<unsigned>(finished.size());
+}
+
+void BlkfrontQueue::claim_locked(std::vector<std::uint32_t>& finished) {
+  if (async_answered_ == 0 && !dead_) return;
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.busy && s.async && (s.done || dead_)) {
+      s.async = false;  // claimed: still busy until its data is out
+      if (s.done) --async_answered_;
+      --async_in_flight_;
+      finished.push_back(i);
     }
   }
+}
+
+void BlkfrontQueue::finish(const std::vector<std::uint32_t>& finished) {
   for (std::uint32_t id : finished) {
     Slot& s = slots_[id];
     const int rc = s.done ? result_of(s.status) : -EIO;
@@ -461,7 +453,6 @@ unsigned BlkfrontQueue::poll() {
     free_slot(id);
     cb(rc);
   }
-  return static_cast<unsigned>(finished.size());
 }
 
 int BlkfrontQueue::simple(BlkifRequest req) {

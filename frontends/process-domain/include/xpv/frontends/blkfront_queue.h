@@ -142,6 +142,10 @@ class BlkfrontQueue {
   bool reap_locked();
   // lock_ held: makes sure the backend will notify the next response (a sleeper needs it).
   void arm_locked();
+  // lock_ held: claims every answered asynchronous slot (every one, if the ring broke).
+  void claim_locked(std::vector<std::uint32_t>& finished);
+  // Copies read data out, frees the slots and runs the callbacks of claimed slots (no lock).
+  void finish(const std::vector<std::uint32_t>& finished);
 
   domain::Domain& dom_;
   GuestEvents& events_;
