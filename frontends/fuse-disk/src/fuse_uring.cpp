@@ -253,10 +253,10 @@ void FuseUring::run(Worker& w) {
     // alternations on this 2-vCPU machine, session 23; means): 4k randread qd1 10.5k against
     // 9.8k IOPS, randread qd32 72k against 62k, randwrite qd32 59k against 55k (six more
     // alternations of a first version, which took polling(true) only after starting the
-    // requests: 12.1k / 10.7k, 72k / 64k, 59k / 54k). Without one, spin
-    // only with several requests awaiting their replies: with one, the thread that will answer
-    // it spins itself (Blkfront's completion thread), and a third spinner on two CPUs delays
-    // both (tmpfs image, 4k randread qd1: ~10k IOPS with the spin, ~17k without).
+    // requests: 12.1k / 10.7k, 72k / 64k, 59k / 54k). Without one, spin only with several
+    // requests awaiting their replies: with one, the thread that will answer it spins itself
+    // (Blkfront's completion thread), and a third spinner on two CPUs delays both (tmpfs image,
+    // 4k randread qd1: ~10k IOPS with the spin, ~17k without).
     const bool spun = idle() && w.outstanding >= (polling ? 1u : 2u) && !w.poll.spin([&] {
       if (polling) poller_.poll();
       return !idle();

@@ -48,10 +48,10 @@ class BlockTarget {
   virtual int discard(std::uint64_t offset, std::uint64_t length) = 0;
 
   // Optional asynchronous read/write. true: started, and `done(bytes done or -errno)` runs exactly
-  // once: later, on a thread of the target's, or — a target that finishes at once — inside this
-  // call; `out` stays valid until then, `in` only until this call returns
-  // (a target copies what it needs). false: not started (any reason: no asynchronous path, no
-  // free slot, unaligned); the caller uses read/write.
+  // once: later, on a thread of the target's (or one calling poll()), or — a target that
+  // finishes at once — inside this call; `out` stays valid until then, `in` only until this call
+  // returns (a target copies what it needs). false: not started (any reason: no asynchronous
+  // path, no free slot, unaligned); the caller uses read/write.
   using Done = std::function<void(long result)>;
   virtual bool start_read(std::uint64_t /*offset*/, std::span<std::uint8_t> /*out*/, Done& /*done*/) { return false; }
   virtual bool start_write(std::uint64_t /*offset*/, std::span<const std::uint8_t> /*in*/, Done& /*done*/) {
