@@ -252,6 +252,7 @@ class PvDisk {
     cfg.run_dir = dir + "/run";
     domain_ = std::make_unique<domain::Domain>(io_, cfg, sink_);
     events_ = std::make_unique<frontends::GuestEvents>(domain_->pages(domain::Domain::kSharedInfoGfn, 1));
+    events_->enable_direct_upcalls(*domain_);  // as xpv-front does
     sink_.target = events_.get();
     io_thread_ = std::thread([this] { io_.run(); });
     events_thread_ = std::thread([this] { events_->run(); });

@@ -1,11 +1,15 @@
 #include "xpv/frontends/guest_events.h"
 
 #include <poll.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <bit>
 #include <cstddef>
 #include <stdexcept>
+#include <system_error>
+#include <vector>
 
 #include "xpv/domain/shared_info.h"
 
@@ -36,6 +40,20 @@ GuestEvents::GuestEvents(std::span<std::uint8_t> shared_info) : si_(shared_info)
 void GuestEvents::upcall(unsigned) noexcept {
   upcalls_.fetch_add(1, std::memory_order_relaxed);
   (void)wake_.notify();
+}
+
+void GuestEvents::enable_direct_upcalls(domain::Domain& dom) {
+  if (dom.pages(domain::Domain::kSharedInfoGfn, 1).data() != si_.data()) {
+    throw std::invalid_argument("direct upcalls: the domain's shared_info is not this dispatcher's");
+  }
+  std::vector<UniqueFd> lines;
+  for (unsigned v = 0; v < dom.evtchn().nr_vcpus(); ++v) {
+    UniqueFd fd(::fcntl(wake_.fd(), F_DUPFD_CLOEXEC, 0));
+    if (!fd) throw std::system_error(errno, std::generic_category(), "direct upcalls: dup of the dispatcher's eventfd");
+    lines.push_back(std::move(fd));
+  }
+  dom.enable_direct_upcalls(std::move(lines), dom.mem().view());
+  dom.evtchn().set_direct_route(0, true);
 }
 
 void GuestEvents::set_handler(domain::Port port, std::function<void()> handler) {

@@ -205,6 +205,8 @@ int main(int argc, char** argv) {
     domain = std::make_unique<xpv::domain::Domain>(io, cfg, upcalls);
     events = std::make_unique<xpv::frontends::GuestEvents>(
         domain->pages(xpv::domain::Domain::kSharedInfoGfn, 1));
+    // Backends raise the upcall themselves: one thread woken per notification, not two.
+    events->enable_direct_upcalls(*domain);
   } catch (const std::exception& e) {
     return error("dom" + std::to_string(domid) + ": " + e.what());
   }

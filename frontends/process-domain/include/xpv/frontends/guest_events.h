@@ -7,6 +7,12 @@
 //   dispatcher: upcall_pending := 0; sel := xchg(pending_sel, 0);
 //               for each word in sel: bits := pending & ~mask; for each bit: clear pending, handler()
 //
+// Direct upcalls (enable_direct_upcalls): dom0 services set the pending bits in shared_info
+// themselves and write the dispatcher's eventfd on the upcall_pending 0 → 1 edge
+// (xpv/domain/direct_upcall.h), as they raise an HVM guest's upcall through KVM. A notification
+// then wakes one thread of the domain process, the dispatcher, instead of two (the control
+// thread that reads the kick, then the dispatcher).
+//
 // Threading: handlers run on the dispatcher thread (run()); bind/unbind from any thread.
 #pragma once
 
@@ -17,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "xpv/domain/domain.h"
 #include "xpv/domain/event_channels.h"
 #include "xpv/domain/event_fd.h"
 
@@ -28,6 +35,13 @@ class GuestEvents final : public domain::UpcallSink {
   explicit GuestEvents(std::span<std::uint8_t> shared_info);
 
   void upcall(unsigned vcpu) noexcept override;
+
+  // Lets dom0 services raise this domain's upcall themselves from now on (see above): hands `dom`
+  // this dispatcher's eventfd as the upcall line of every vCPU and routes vCPU 0 to it (the only
+  // vCPU whose events the dispatcher scans). `dom` must be the domain whose shared_info this
+  // object reads. Call it before `dom`'s control thread runs, or on it. Throws what
+  // Domain::enable_direct_upcalls throws, or std::system_error when no fd is left.
+  void enable_direct_upcalls(domain::Domain& dom);
 
   // Handlers for ports; a port without a handler is cleared and dropped, as Linux does for an
   // event on an unbound irq.
