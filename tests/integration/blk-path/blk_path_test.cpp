@@ -80,6 +80,7 @@ class BlkPath : public ::testing::Test {
     domain_ = std::make_unique<domain::Domain>(io_, cfg, *shared_info_holder_);
     events_ = std::make_unique<frontends::GuestEvents>(domain_->pages(domain::Domain::kSharedInfoGfn, 1));
     shared_info_holder_->target = events_.get();
+    if (direct_upcalls_) events_->enable_direct_upcalls(*domain_);  // as xpv-front does
     io_thread_ = std::thread([this] { io_.run(); });
     events_thread_ = std::thread([this] { events_->run(); });
     front_ = std::make_unique<Blkfront>(*domain_, *events_, fcfg);
@@ -122,6 +123,7 @@ class BlkPath : public ::testing::Test {
     b.max_indirect_segments = 32;
     start(f, b);
   }
+  bool direct_upcalls_ = false;  // start(): the backend raises the domain's upcall itself
   void stop_backend() {
     hostile_port_.reset();
     hostile_ring_.reset();
@@ -214,6 +216,50 @@ TEST_F(BlkPath, WritesLandInTheImageAndReadBack) {
   EXPECT_EQ(back, data);
   EXPECT_GE(front_->stats().requests, (1u << 20) / (11 * 4096));
   EXPECT_FALSE(front_->broken());
+}
+
+// A process domain that takes direct upcalls (GuestEvents::enable_direct_upcalls, what xpv-front
+// does): every notification of the backend's sets the pending bit in the domain's shared_info and
+// wakes the dispatcher itself. None goes through the domain's control thread (which would make
+// EventChannels call GuestEvents::upcall), and nothing is lost: the frontend never spins
+// (poll_max 0), so each answer is found through a notification.
+TEST_F(BlkPath, DirectUpcallsWakeTheDispatcherWithoutTheControlThread) {
+  direct_upcalls_ = true;
+  frontends::BlkfrontConfig f;
+  f.poll_max = std::chrono::nanoseconds{0};
+  f.completion_threads = true;
+  start(f);
+  ASSERT_TRUE(foreign_->direct()) << "the backend's side did not get the domain's direct upcall table";
+  std::vector<std::uint8_t> data(256 << 10);
+  std::mt19937 rng(11);
+  for (auto& b : data) b = static_cast<std::uint8_t>(rng());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(front_->write(static_cast<std::uint64_t>(i) * data.size(), data), static_cast<long>(data.size()));
+  }
+  std::vector<std::uint8_t> back(data.size());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(front_->read(static_cast<std::uint64_t>(i) * data.size(), back), static_cast<long>(back.size()));
+    ASSERT_EQ(back, data) << "chunk " << i;
+  }
+  EXPECT_GT(foreign_->direct()->delivered(), 0u);
+  EXPECT_GT(foreign_->direct()->interrupts(), 0u);
+  EXPECT_EQ(foreign_->direct()->declined(), 0u);
+  EXPECT_EQ(events_->upcalls(), 0u) << "a notification went through the domain's control thread";
+  EXPECT_FALSE(front_->broken());
+}
+
+TEST_F(BlkPath, DirectUpcallsNeedTheDomainWhoseSharedInfoTheDispatcherReads) {
+  start();
+  domain::DomainConfig cfg;
+  cfg.domid = 4;
+  cfg.name = "other";
+  cfg.memory_bytes = 16 << 20;
+  cfg.run_dir = dir_ + "/run-other";
+  ForwardingSink sink;
+  std::unique_ptr<domain::Domain> other;
+  on_io([&] { other = std::make_unique<domain::Domain>(io_, cfg, sink); });
+  EXPECT_THROW(events_->enable_direct_upcalls(*other), std::invalid_argument);
+  on_io([&] { other.reset(); });
 }
 
 TEST_F(BlkPath, UnalignedBytesAreReadModifyWritten) {
