@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "xpv/thread_name.h"
+
 namespace xpv::netback {
 
 VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
@@ -33,6 +35,7 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
   for (unsigned i = 0; i < queues_.size(); ++i) {
     Queue& q = *queues_[i];
     q.thread = std::thread([this, &q, i] {
+      set_thread_name(name_ + "-q" + std::to_string(i));  // vbd<N>.<devid>-q<i>, as top -H shows it
       q.queue->run();
       if (on_exit_) on_exit_(i);
     });

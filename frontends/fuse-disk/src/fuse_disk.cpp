@@ -31,6 +31,8 @@
 
 #include "fuse_uring.h"
 
+#include "xpv/thread_name.h"
+
 namespace xpv::frontends {
 
 struct FuseDisk::Impl {
@@ -442,6 +444,7 @@ FuseDisk::FuseDisk(std::string mountpoint, std::string name, BlockTarget& target
   // and the kernel refuses to clone a device of a connection on io_uring: no clone_fd then.
   const bool rings_expected = options.uring && uring_offered();
   loop_ = std::thread([se = impl_->se, mp = mountpoint_, rings_expected] {
+    set_thread_name("fuse-loop");
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(cfg, rings_expected ? 0 : 1);
     // Idle workers are kept (up to the maximum): with a lower limit, a queue-depth-32 load made

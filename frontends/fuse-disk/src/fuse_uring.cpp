@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "xpv/adaptive_poll.h"
+#include "xpv/thread_name.h"
 
 namespace xpv::frontends::detail {
 
@@ -179,7 +180,11 @@ void FuseUring::release() noexcept {
 void FuseUring::start() {
   for (auto& w : workers_) {
     Worker* wp = w.get();
-    wp->thread = std::thread([this, wp] { run(*wp); });
+    const unsigned t = static_cast<unsigned>(&w - workers_.data());
+    wp->thread = std::thread([this, wp, t] {
+      set_thread_name("fuse-ring" + std::to_string(t));
+      run(*wp);
+    });
   }
 }
 

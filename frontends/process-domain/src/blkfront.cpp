@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "xpv/thread_name.h"
+
 namespace xpv::frontends {
 
 using namespace xpv::ring;
@@ -29,7 +31,12 @@ Blkfront::Blkfront(domain::Domain& dom, GuestEvents& events, BlkfrontConfig conf
     queues_.push_back(std::make_unique<BlkfrontQueue>(dom, events, q, broken_));
   }
   if (config_.completion_threads) {
-    for (auto& queue : queues_) completers_.emplace_back([q = queue.get()] { q->run_completions(); });
+    for (std::size_t i = 0; i < queues_.size(); ++i) {
+      completers_.emplace_back([q = queues_[i].get(), i] {
+        set_thread_name("blkfront-c" + std::to_string(i));
+        q->run_completions();
+      });
+    }
   }
 }
 

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "xpv/thread_name.h"
+
 namespace xpv::frontends {
 
 using namespace xpv::ring;
@@ -103,7 +105,10 @@ Netfront::~Netfront() {
 void Netfront::start() {
   if (thread_.joinable()) return;
   post_rx(rx_->size());
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    set_thread_name("netfront");
+    loop();
+  });
 }
 
 void Netfront::stop() noexcept {

@@ -48,6 +48,7 @@
 #include "xpv/frontends/vbd_driver.h"
 #include "xpv/frontends/vif_driver.h"
 #include "xpv/xenbus/client/ring_client.h"
+#include "xpv/thread_name.h"
 
 namespace {
 
@@ -212,13 +213,17 @@ int main(int argc, char** argv) {
   }
   upcalls.target.store(events.get(), std::memory_order_release);
   io_thread = std::thread([&] {
+    xpv::set_thread_name("dom-control");
     try {
       io.run();
     } catch (const std::exception& e) {
       spdlog::critical("dom{}: control thread stopped: {}", domid, e.what());
     }
   });
-  events_thread = std::thread([&] { events->run(); });
+  events_thread = std::thread([&] {
+    xpv::set_thread_name("evt-dispatch");
+    events->run();
+  });
 
   std::printf("ready\n");
   std::fflush(stdout);

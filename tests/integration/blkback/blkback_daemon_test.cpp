@@ -36,6 +36,7 @@
 #include "xpv/ring/blkif.h"
 #include "xpv/test/loop_device.h"
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/test/thread_names.h"
 
 extern char** environ;
 
@@ -488,6 +489,9 @@ TEST_F(BlkbackDaemon, AMultiQueueBlkfrontIsServedOnEveryQueue) {
     EXPECT_GE(st.requests, 1u) << "queue " << q;
     EXPECT_EQ(st.responses, st.requests) << "queue " << q;
   }
+  // One named data-plane thread per queue, as top -H shows them.
+  const auto names = test::thread_names(blkback_->pid());
+  for (const char* t : {"vbd3.51712-q0", "vbd3.51712-q1", "vbd3.51712-q2"}) EXPECT_EQ(names.count(t), 1u) << t;
   for (unsigned t = 0; t < 3; ++t) {
     const std::string on_disk = image_bytes(img, (t + 1) << 20, data[t].size());
     EXPECT_EQ(checksum(std::span(reinterpret_cast<const std::uint8_t*>(on_disk.data()), on_disk.size())), checksum(data[t]))

@@ -35,6 +35,7 @@ extern "C" {
 #include "xpv/frontends/guest_events.h"
 #include "xpv/xenbus/client/ring_client.h"
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/test/thread_names.h"
 
 namespace xpv {
 namespace {
@@ -619,6 +620,13 @@ TEST_F(XsFront, MultiQueueIsNegotiatedAndCarriesData) {
   RecordProperty("writes_queue1", std::to_string(q1));
   EXPECT_GE(q0 + q1, 4u * 8u) << "4 threads x 8 writes of 64 KiB";
   EXPECT_GE(queues_[0]->counters().flushes.load() + queues_[1]->counters().flushes.load(), 1u);
+  // Its threads carry names (what top -H and perf show): one completion thread per queue; the
+  // /dev/fuse loop's workers, which libfuse starts from it, inherit its name.
+  const auto names = test::thread_names(front_->pid());
+  for (const char* t : {"dom-control", "evt-dispatch", "xs-ring-io", "xs-watch", "blkfront-c0", "blkfront-c1"}) {
+    EXPECT_EQ(names.count(t), 1u) << t;
+  }
+  EXPECT_GE(names.count("fuse-loop"), 1u);
 }
 
 TEST_F(XsFront, WithoutMultiQueueTheFlatLayoutIsUsed) {

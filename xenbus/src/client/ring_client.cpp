@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "xpv/ring/byte_ring.h"
+#include "xpv/thread_name.h"
 
 namespace xpv::xenbus::client {
 
@@ -49,8 +50,14 @@ RingClient::RingClient(std::span<std::uint8_t> page, std::function<void()> notif
   if (!intf) throw std::invalid_argument("xenstore ring client: page too small or misaligned");
   if (!notify_) throw std::invalid_argument("xenstore ring client: no notify function");
   intf_ = *intf;
-  io_thread_ = std::thread([this] { io_loop(); });
-  watch_thread_ = std::thread([this] { watch_loop(); });
+  io_thread_ = std::thread([this] {
+    set_thread_name("xs-ring-io");
+    io_loop();
+  });
+  watch_thread_ = std::thread([this] {
+    set_thread_name("xs-watch");
+    watch_loop();
+  });
 }
 
 RingClient::~RingClient() {

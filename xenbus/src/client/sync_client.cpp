@@ -8,6 +8,8 @@
 #include <future>
 #include <stdexcept>
 
+#include "xpv/thread_name.h"
+
 namespace xpv::xenbus::client {
 
 namespace asio = boost::asio;
@@ -17,6 +19,7 @@ SyncClient::SyncClient(const std::string& socket_path, std::chrono::milliseconds
     : io_(std::make_unique<asio::io_context>(1)), timeout_(timeout) {
   client_ = Client::create(*io_);
   thread_ = std::thread([io = io_.get()] {
+    set_thread_name("xs-client");
     auto guard = asio::make_work_guard(*io);
     try {
       io->run();
