@@ -1,7 +1,7 @@
 #include "xpv/frontends/guest_events.h"
 
-#include <poll.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>

@@ -53,6 +53,8 @@ class GuestEvents final : public domain::UpcallSink {
   void stop() noexcept { stopping_ = true; (void)wake_.notify(); }
   unsigned dispatch();
 
+  // Upcalls that came through upcall() (EventChannels in this process); a direct upcall writes
+  // the eventfd without passing here and is not counted.
   std::uint64_t upcalls() const noexcept { return upcalls_.load(std::memory_order_relaxed); }
 
  private:
