@@ -35,7 +35,7 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
   for (unsigned i = 0; i < queues_.size(); ++i) {
     Queue& q = *queues_[i];
     q.thread = std::thread([this, &q, i] {
-      set_thread_name(name_ + "-q" + std::to_string(i));  // vbd<N>.<devid>-q<i>, as top -H shows it
+      set_thread_name(name_ + "-q" + std::to_string(i));  // vif<N>.<devid>-q<i>, as top -H shows it
       q.queue->run();
       if (on_exit_) on_exit_(i);
     });

@@ -178,9 +178,8 @@ void FuseUring::release() noexcept {
 }
 
 void FuseUring::start() {
-  for (auto& w : workers_) {
-    Worker* wp = w.get();
-    const unsigned t = static_cast<unsigned>(&w - workers_.data());
+  for (std::size_t t = 0; t < workers_.size(); ++t) {
+    Worker* wp = workers_[t].get();
     wp->thread = std::thread([this, wp, t] {
       set_thread_name("fuse-ring" + std::to_string(t));
       run(*wp);

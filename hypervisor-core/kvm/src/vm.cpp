@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "xpv/kvm/mptable.h"
+#include "xpv/thread_name.h"
 
 namespace xpv::kvm {
 namespace {
@@ -833,8 +834,7 @@ StopReason Vm::run() noexcept {
     for (auto& v : vcpus_) {
       Vcpu* vp = v.get();
       v->thread = std::thread([this, vp] {
-        const std::string name = fmt::format("vcpu{}", vp->id);
-        pthread_setname_np(pthread_self(), name.c_str());
+        set_thread_name(fmt::format("vcpu{}", vp->id));
         vcpu_thread(*vp);
       });
       v->started.store(true);

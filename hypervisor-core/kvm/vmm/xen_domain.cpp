@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "xpv/thread_name.h"
 #include "xpv/xen/stubs.h"
 
 namespace xpv::vmm {
@@ -358,7 +359,7 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     return true;
   });
   io_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "xen-events");  // dom0 kicks → upcalls; the control socket
+    set_thread_name("xen-events");  // dom0 kicks → upcalls; the control socket
     io_.run();
   });
   reassert_thread_ = std::thread([this] { reassert_loop(); });
