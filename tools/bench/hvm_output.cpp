@@ -45,6 +45,30 @@ Iperf parse_iperf(const std::string& out, const std::string& mode) {
   }
 }
 
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+}  // namespace
+
+BothWays summarize_rounds(const std::vector<Iperf>& rounds) {
+  if (rounds.empty()) throw HvmOutputError("both ways: no rounds to summarize");
+  BothWays b;
+  std::vector<double> totals, ratios;
+  for (const Iperf& r : rounds) {
+    totals.push_back(r.fwd + r.rev);
+    if (const double hi = std::max(r.fwd, r.rev); hi > 0) ratios.push_back(std::min(r.fwd, r.rev) / hi);
+    char one[64];
+    std::snprintf(one, sizeof one, "%s%.3f+%.3f", b.rounds.empty() ? "" : ", ", r.fwd, r.rev);
+    b.rounds += one;
+  }
+  b.total = median(totals);
+  if (!ratios.empty()) b.fairness = median(ratios);
+  return b;
+}
+
 Ping parse_ping(const std::string& out) {
   Ping p;
   std::istringstream in(out);

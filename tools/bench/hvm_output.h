@@ -34,6 +34,19 @@ struct Ping {
 };
 Ping parse_ping(const std::string& out);
 
+// Both directions at once, measured in several rounds (`xpv bench hvm` runs each both-ways test
+// kBothWaysRounds times in one boot): one round's split moves a lot from run to run in the
+// testbed (min/max 0.32 and 0.93 for the same build in two sessions), so the figure is the
+// median round. total: the median of the rounds' fwd + rev; fairness: the median of their
+// min/max (0 when a round moved nothing one way; no figure when a round moved nothing at all);
+// rounds: "fwd+rev" per round in Gbit/s, as the notes print them. Throws on no rounds.
+struct BothWays {
+  double total = 0;
+  std::optional<double> fairness;
+  std::string rounds;
+};
+BothWays summarize_rounds(const std::vector<Iperf>& rounds);
+
 // bonnie++ 1.98's CSV line (starts with "1.9", 20+ commas) in `text`; empty when there is none.
 std::vector<std::string> bonnie_csv_fields(const std::string& text);
 

@@ -8,7 +8,8 @@
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
-//             boot 1: xpv.run=iperf3 xpv.clients=3 xpv.pairs=1
+//             boot 1: xpv.run=iperf3 xpv.clients=5 xpv.pairs=3 (host->guest, guest->host, then
+//                     3 rounds of --bidir and 3 of two processes at once: kBothWaysRounds)
 //             boot 2: xpv.run=bonnie xpv.bonnie_direct=1 xpv.size=512 xpv.bonnie_chunk=65536
 //                     (bonnie++ -f -D -s 512:65536: O_DIRECT bulk phases in 64 KiB chunks, no
 //                     per-char phases)
@@ -23,6 +24,8 @@
 //   iperf3 host->guest, guest->host (-R)   Gbit/s received, iperf3 -t 10 (its default) from L1 to 10.0.0.2
 //   iperf3 bidir total                     Gbit/s, both directions of --bidir summed
 //   iperf3 bidir min/max                   the smaller direction over the larger (1 = fair)
+//                                          (both-ways rows: the median of 3 rounds; the notes
+//                                          list every round)
 //   iperf3 2-process bidir total, min/max  the same with two iperf3 clients at once (host->guest to
 //                                          5201, guest->host -R to 5202), each against its own guest
 //                                          server process (xpv.pairs=1): iperf3 3.12's --bidir runs
@@ -325,6 +328,7 @@ class QemuVm : public Vm {
 struct NetFigures {
   std::optional<double> up, down, bidir_total, bidir_fairness;
   std::optional<double> pair_total, pair_fairness;  // two iperf3 processes, one per direction
+  std::string bidir_rounds, pair_rounds;            // each round's "host->guest+guest->host" Gbit/s
   // Round trips from L1 to the guest (ping), with the link idle and during the single-stream runs;
   // a ping that failed leaves its figure empty and says why in ping_error (the iperf3 figures stand).
   std::optional<xpv::bench::hvm::Ping> rtt_idle, rtt_close, rtt_up, rtt_down;
@@ -339,6 +343,10 @@ struct DiskFigures {
   std::string csv_note;  // fields bonnie++ could not time
   std::string retried;
 };
+
+// Both-ways tests (--bidir, and two processes at once) run this many times in the iperf3 boot; their
+// figures are the median round's (hvm_output.h, summarize_rounds).
+constexpr int kBothWaysRounds = 3;
 
 constexpr double kReadyTimeout = 300;  // boot to the workload's first marker (nested KVM under TCG)
 
@@ -440,19 +448,26 @@ NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
     f.up = iperf_with_ping(in.iperf_s, "", in.work, kept.string() + "-up.json", f.rtt_up, f.ping_error).fwd;
     c.await("XPV-IPERF3-LISTENING 5201 client=2", 60, alive);
     f.down = iperf_with_ping(in.iperf_s, "-R", in.work, kept.string() + "-down.json", f.rtt_down, f.ping_error).fwd;
-    c.await("XPV-IPERF3-LISTENING 5201 client=3", 60, alive);
-    const Iperf b = iperf(in.iperf_s, "--bidir", kept.string() + "-bidir.json");
-    f.bidir_total = b.fwd + b.rev;
-    const double lo = std::min(b.fwd, b.rev), hi = std::max(b.fwd, b.rev);
-    if (hi > 0) f.bidir_fairness = lo / hi;
-    c.await("XPV-IPERF3-LISTENING 5201+5202 pair=1", 60, alive);
-    const Iperf p = iperf_pair(in.iperf_s, in.work, kept.string() + "-pair");
-    f.pair_total = p.fwd + p.rev;
-    if (const double phi = std::max(p.fwd, p.rev); phi > 0) f.pair_fairness = std::min(p.fwd, p.rev) / phi;
+    std::vector<Iperf> bidir, pair;
+    for (int k = 1; k <= kBothWaysRounds; ++k) {
+      c.await("XPV-IPERF3-LISTENING 5201 client=" + std::to_string(2 + k), 60, alive);
+      bidir.push_back(iperf(in.iperf_s, "--bidir", kept.string() + "-bidir-" + std::to_string(k) + ".json"));
+    }
+    const auto b = xpv::bench::hvm::summarize_rounds(bidir);
+    f.bidir_total = b.total;
+    f.bidir_fairness = b.fairness;
+    f.bidir_rounds = b.rounds;
+    for (int k = 1; k <= kBothWaysRounds; ++k) {
+      c.await("XPV-IPERF3-LISTENING 5201+5202 pair=" + std::to_string(k), 60, alive);
+      pair.push_back(iperf_pair(in.iperf_s, in.work, kept.string() + "-pair-" + std::to_string(k)));
+    }
+    const auto p = xpv::bench::hvm::summarize_rounds(pair);
+    f.pair_total = p.total;
+    f.pair_fairness = p.fairness;
+    f.pair_rounds = p.rounds;
     c.await("XPV-DONE iperf3 rc=0", 60, alive);
     say(who + ": iperf3 done: " + std::to_string(*f.up) + " / " + std::to_string(*f.down) + " Gbit/s, bidir " +
-        std::to_string(b.fwd) + " + " + std::to_string(b.rev) + ", two processes " + std::to_string(p.fwd) + " + " +
-        std::to_string(p.rev));
+        b.rounds + ", two processes " + p.rounds);
   } catch (const Failure& e) {
     f.error = e.what();
     say(who + ": iperf3 FAILED: " + f.error);
@@ -536,6 +551,13 @@ std::string bonnie_cmdline(const Inner& in) {
   return "xpv.run=bonnie xpv.bonnie_direct=1 xpv.bonnie_chunk=65536 xpv.size=" + std::to_string(in.bonnie_mib);
 }
 
+// The iperf3 boot's workload: host->guest and guest->host once each, then kBothWaysRounds rounds of
+// --bidir (one client each) and as many pairs of servers; the guest gives up after xpv.wait s.
+std::string iperf_cmdline(const Inner& in) {
+  return "xpv.run=iperf3 xpv.clients=" + std::to_string(2 + kBothWaysRounds) + " xpv.pairs=" +
+         std::to_string(kBothWaysRounds) + " xpv.wait=" + std::to_string((2 + 2 * kBothWaysRounds) * (in.iperf_s + 30));
+}
+
 Side measure_xpv(const Inner& in) {
   Side s;
   const fs::path run = in.work / "xpv-run", log = in.work / "xpv-log";
@@ -550,7 +572,7 @@ Side measure_xpv(const Inner& in) {
     s.net.error = s.disk.error = "xpv up failed (see toolstack.log)";
   } else {
     s.net = guarded("xpv", [&](int attempt) {
-      XpvVm vm(in, attempt_name("hvm-iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=" + std::to_string(4 * (in.iperf_s + 30)));
+      XpvVm vm(in, attempt_name("hvm-iperf", attempt), iperf_cmdline(in));
       return run_iperf(vm, in, "xpv");
     });
     s.disk = guarded("xpv", [&](int attempt) {
@@ -574,7 +596,7 @@ Side measure_qemu(const Inner& in) {
     return s;
   }
   s.net = guarded("qemu", [&](int attempt) {
-    QemuVm vm(in, attempt_name("iperf", attempt), "xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=" + std::to_string(4 * (in.iperf_s + 30)), vhost);
+    QemuVm vm(in, attempt_name("iperf", attempt), iperf_cmdline(in), vhost);
     return run_iperf(vm, in, "qemu");
   });
   s.disk = guarded("qemu", [&](int attempt) {
@@ -654,17 +676,27 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   std::vector<Result> out;
   out.push_back(metric("iperf3 host->guest", "Gbit/s", x.net.up, r.net.up, x.net.error, r.net.error, net));
   out.push_back(metric("iperf3 guest->host", "Gbit/s", x.net.down, r.net.down, x.net.error, r.net.error, net));
+  // Every round of the both-ways tests, so that the median can be read against its spread.
+  const auto rounds = [&](std::string NetFigures::*which) {
+    std::string s = "; the median of " + std::to_string(kBothWaysRounds) + " rounds in one boot, each round " +
+                    "host->guest+guest->host Gbit/s";
+    for (const auto& [side, n] : {std::pair<const char*, const NetFigures*>{"xpv", &x.net}, {"QEMU", &r.net}}) {
+      if (!(n->*which).empty()) s += std::string("; ") + side + ": " + n->*which;
+    }
+    return s;
+  };
   out.push_back(metric("iperf3 bidir total", "Gbit/s", x.net.bidir_total, r.net.bidir_total, x.net.error,
-                       r.net.error, net + "; both directions of --bidir summed"));
+                       r.net.error, net + "; both directions of --bidir summed" + rounds(&NetFigures::bidir_rounds)));
   out.push_back(metric("iperf3 bidir min/max", "ratio", x.net.bidir_fairness, r.net.bidir_fairness, x.net.error,
-                       r.net.error, net + "; the smaller direction of --bidir over the larger (1 = fair)"));
+                       r.net.error, net + "; the smaller direction of --bidir over the larger (1 = fair)" +
+                                        rounds(&NetFigures::bidir_rounds)));
   out.push_back(metric("iperf3 2-process bidir total", "Gbit/s", x.net.pair_total, r.net.pair_total, x.net.error,
                        r.net.error, net + "; two iperf3 clients at once (host->guest, guest->host -R), each against its own "
-                       "guest server process, summed"));
+                       "guest server process, summed" + rounds(&NetFigures::pair_rounds)));
   out.push_back(metric("iperf3 2-process bidir min/max", "ratio", x.net.pair_fairness, r.net.pair_fairness, x.net.error,
                        r.net.error, net + "; the smaller of the two processes' directions over the larger (1 = fair): "
                        "both directions at once without iperf3 3.12's one-thread --bidir loop, which sends up to "
-                       "10 blocks (multisend) for each block it reads"));
+                       "10 blocks (multisend) for each block it reads" + rounds(&NetFigures::pair_rounds)));
   const auto rtt = [](const std::optional<xpv::bench::hvm::Ping>& p) -> std::optional<double> {
     if (p) return p->avg_ms;
     return std::nullopt;

@@ -191,12 +191,17 @@ class Tail {
   }
   Tail(const Tail&) = delete;
   Tail& operator=(const Tail&) = delete;
-  void pump(bool final) {
+  // Copies what is new; true when anything was (a partial line counts: the command is alive).
+  bool pump(bool final) {
     if (fd_ < 0) fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) return;
+    if (fd_ < 0) return false;
     char buf[8192];
     ssize_t n;
-    while ((n = read(fd_, buf, sizeof buf)) > 0) pending_.append(buf, static_cast<size_t>(n));
+    bool got = false;
+    while ((n = read(fd_, buf, sizeof buf)) > 0) {
+      pending_.append(buf, static_cast<size_t>(n));
+      got = true;
+    }
     // Serial output may carry CRs; drop them so the host sees plain lines.
     std::string out;
     size_t nl = pending_.rfind('\n');
@@ -208,12 +213,13 @@ class Tail {
       out += pending_ + "\n";
       pending_.clear();
     }
-    if (out.empty()) return;
+    if (out.empty()) return got;
     std::string clean;
     clean.reserve(out.size());
     for (char c : out) if (c != '\r') clean += c;
     fwrite(clean.data(), 1, clean.size(), stdout);
     fflush(stdout);
+    return got;
   }
 
  private:
@@ -329,9 +335,10 @@ int run(const Options& opts) {
       return stuck;
     };
     bool ready = false;
+    double last_output = 0;  // elapsed() when CMD last wrote anything (L1's boot counts from 0)
     for (;;) {
       const bool exited = qemu.poll();
-      tail.pump(exited);
+      if (tail.pump(exited)) last_output = elapsed();
       if (!exited) {
         if (auto stuck = watch_console()) {
           failure = fmt::format("{}: L1 cannot finish; killed", *stuck);
@@ -351,6 +358,13 @@ int run(const Options& opts) {
       }
       if (elapsed() > opts.timeout_s) {
         failure = fmt::format("timeout after {} s; L1 killed", opts.timeout_s);
+        result = 124;
+        break;
+      }
+      // A session whose command has gone silent (L1 hung, or CMD stuck) ends here rather than at
+      // the timeout; the callers run a lost session again.
+      if (opts.quiet_s > 0 && elapsed() - last_output > opts.quiet_s) {
+        failure = fmt::format("no output from the command for {} s (--quiet-limit); L1 killed", opts.quiet_s);
         result = 124;
         break;
       }
@@ -392,6 +406,9 @@ Command::Command(CLI::App& app) {
   sub_->add_option("--share", opts_.share,
                    "writable directory shared into L1 at the same path (default: a temp dir)");
   sub_->add_option("--timeout", opts_.timeout_s, "seconds before L1 is killed")->capture_default_str();
+  sub_->add_option("--quiet-limit", opts_.quiet_s,
+                   "seconds CMD may print nothing before L1 is killed (exit 124); 0: no limit")
+      ->capture_default_str();
   sub_->add_flag("--print-kernel", opts_.print_kernel,
                  "fetch and cache Debian's kernel, print its vmlinuz path, exit");
   sub_->add_option("cmd", opts_.cmd, "command to run inside L1 (after --)");

@@ -30,6 +30,7 @@ struct Options {
   unsigned mem_mib = 3072;        // L1 memory
   std::string share;              // writable share, same path inside L1 (default: a temp dir)
   unsigned timeout_s = 1800;      // whole run, L1 boot included; QEMU is killed after it
+  unsigned quiet_s = 0;           // no output from CMD for this long: L1 is killed, exit 124 (0: never)
   bool print_kernel = false;      // fetch/cache the kernel, print its vmlinuz path, exit
   std::vector<std::string> cmd;   // command to run inside L1 (after `--`)
 };

@@ -137,7 +137,10 @@ class TestbedBoot : public ::testing::Test {
         << "boot vmlinux " << quote((share / "vmlinux").string()) << "\n";
     // A session the testbed itself lost (L1 reset or stuck) runs again, 3 sessions at most.
     const auto r = xpv::test::run_sessions("boot", [&](int) {
-      const int st = shell(std::string(XPV_BIN) + " testbed --timeout 840 --share " + quote(share.string()) +
+      // --quiet-limit: an L1 that hangs (its command silent: smoke and each boot attempt print
+      // within 150 s) is given up after 300 s rather than at the 840 s timeout, and run again.
+      const int st = shell(std::string(XPV_BIN) + " testbed --timeout 840 --quiet-limit 300 --share " +
+                           quote(share.string()) +
                            " -- sh " + quote((share / "run.sh").string()) + " > " + quote(host_out.string()) + " 2>&1");
       return xpv::test::SessionResult{st, slurp(host_out)};
     });
@@ -171,6 +174,35 @@ TEST_F(TestbedBoot, StockKernelBootsUnderXpvVmm) {
     EXPECT_NE(s.find("xpv-vmm: guest stopped: poweroff"), std::string::npos) << s;
     EXPECT_NE(s.find(std::string("XPV-TEST: end ") + name + " rc=0"), std::string::npos) << s;
   }
+}
+
+// `xpv testbed --quiet-limit`: a session whose command stops printing ends then (exit 124, one line
+// saying why) instead of at --timeout, and each line the command prints starts the limit again.
+// Its own L1 session (~10 s to boot, ~70 s in all).
+TEST(TestbedQuietLimit, ASilentCommandEndsTheSessionAndOutputKeepsItAlive) {
+  char tmpl[] = "/tmp/xpv-quiet-test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{tmpl};
+  const fs::path out = cleanup.dir / "out.log";
+  // Six lines 8 s apart (every gap well inside the 20 s limit, 48 s in all: longer than the limit),
+  // then silence for longer than the limit but far shorter than the timeout.
+  const int st = shell(std::string(XPV_BIN) +
+                       " testbed --timeout 600 --quiet-limit 20 -- sh -c "
+                       "'for i in 1 2 3 4 5 6; do echo tick $i; sleep 8; done; sleep 400; echo never' > " +
+                       quote(out.string()) + " 2>&1");
+  const std::string o = slurp(out);
+  EXPECT_EQ(st, 124) << o;
+  EXPECT_NE(o.find("tick 6\n"), std::string::npos) << o;  // the gaps between lines did not end it
+  EXPECT_EQ(o.find("never"), std::string::npos) << o;
+  EXPECT_NE(o.find("xpv testbed: no output from the command for 20 s (--quiet-limit); L1 killed"), std::string::npos)
+      << o;
+  EXPECT_EQ(o.find("timeout after"), std::string::npos) << o;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ using xpv::bench::hvm::bonnie_field;
 using xpv::bench::hvm::HvmOutputError;
 using xpv::bench::hvm::parse_iperf;
 using xpv::bench::hvm::parse_ping;
+using xpv::bench::hvm::summarize_rounds;
 
 // iputils-ping 20221126 (Debian 12), -q.
 constexpr const char* kPingOk =
@@ -88,6 +89,27 @@ TEST(BenchHvmOutput, IperfErrorsAreIperfsOwnWords) {
   } catch (const HvmOutputError& e) {
     EXPECT_STREQ(e.what(), "iperf3  printed no JSON: iperf3: error - unable to connect | second line");
   }
+}
+
+TEST(BenchHvmOutput, BothWaysRoundsGiveTheMedianRoundNotTheMean) {
+  // Session 24's bench round next to two fairer ones: the figure is the middle round's, so one
+  // lopsided round moves it neither way.
+  const auto b = summarize_rounds({{0.537, 0.172}, {0.30, 0.28}, {0.35, 0.25}});
+  EXPECT_NEAR(*b.fairness, 0.25 / 0.35, 1e-12);  // ratios 0.320, 0.933, 0.714 → 0.714
+  EXPECT_NEAR(b.total, 0.60, 1e-12);             // totals 0.709, 0.58, 0.60 → 0.60
+  EXPECT_EQ(b.rounds, "0.537+0.172, 0.300+0.280, 0.350+0.250");
+  // The split is the smaller over the larger, whichever direction leads.
+  EXPECT_NEAR(*summarize_rounds({{0.1, 0.4}}).fairness, 0.25, 1e-12);
+  // An even count: the mean of the two middle ones.
+  const auto two = summarize_rounds({{0.2, 0.2}, {0.4, 0.1}});
+  EXPECT_NEAR(*two.fairness, (1.0 + 0.25) / 2, 1e-12);
+  EXPECT_NEAR(two.total, 0.45, 1e-12);
+  // One direction starved to nothing is a split of 0, not a missing figure.
+  EXPECT_EQ(*summarize_rounds({{0.5, 0.0}}).fairness, 0.0);
+  // Nothing moved at all: no split to give; such a round is left out of the median.
+  EXPECT_FALSE(summarize_rounds({{0.0, 0.0}}).fairness.has_value());
+  EXPECT_NEAR(*summarize_rounds({{0.0, 0.0}, {0.3, 0.1}}).fairness, 1.0 / 3, 1e-12);
+  EXPECT_THROW(summarize_rounds({}), HvmOutputError);
 }
 
 TEST(BenchHvmOutput, BonnieCsvFieldsAndWhatHasNoFigure) {
