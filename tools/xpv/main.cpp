@@ -103,6 +103,14 @@ int main(int argc, char** argv) {
   bool json = false;
   list->add_flag("--json", json, "machine-readable output");
 
+  ts::TopOptions top_opts;
+  auto* top = app.add_subcommand("top", "the domains' CPU, memory, disk and network counters every few seconds, as xentop");
+  top->add_option("-d,--delay", top_opts.delay_s, "seconds between updates (0.1-3600)")->capture_default_str();
+  top->add_option("-i,--iterations", top_opts.iterations, "number of updates, then exit (0: until interrupted)")
+      ->capture_default_str();
+  top->add_flag("-b,--batch", top_opts.batch, "batch mode: print each update below the last (no screen clearing)");
+  top->add_flag("--json", top_opts.json, "one JSON object per update, one per line (counters and their rates)");
+
   std::string which;
   auto* destroy = app.add_subcommand("destroy", "tear a domain down now");
   destroy->add_option("domain", which, "name or id")->required();
@@ -196,6 +204,7 @@ int main(int argc, char** argv) {
     else if (*supervise) return ts::cmd_supervise(ctx);
     else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
     else if (*list) ts::cmd_list(ctx, json);
+    else if (*top) ts::cmd_top(ctx, top_opts);
     else if (*destroy) ts::cmd_destroy(ctx, which);
     else if (*console) ts::cmd_console(ctx, which, console_type);
     else if (*shutdown) ts::cmd_shutdown(ctx, which, std::chrono::seconds(shutdown_timeout_s));

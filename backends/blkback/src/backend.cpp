@@ -8,6 +8,8 @@
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -32,10 +34,16 @@ std::optional<std::uint32_t> parse_uint(const std::string& s, std::uint32_t max)
 }  // namespace
 
 Backend::Backend(asio::io_context& io, BackendOptions options)
-    : io_(io), options_(std::move(options)), shadow_dir_(options_.run_dir + "/blkback") {
+    : io_(io),
+      options_(std::move(options)),
+      shadow_dir_(options_.run_dir + "/blkback"),
+      stats_(stats::stats_dir(options_.run_dir), "xpv-blkback"),
+      stats_timer_(io) {
   if (options_.max_queues == 0) options_.max_queues = 1;
   std::filesystem::create_directories(shadow_dir_);
   ::chmod(shadow_dir_.c_str(), 0700);
+  std::filesystem::create_directories(stats_.dir());
+  stats_.remove_leftovers("vbd");
   try {
     xs_ = std::make_unique<xenbus::client::SyncClient>(options_.xenstore_path);
   } catch (const std::exception&) {
@@ -49,18 +57,51 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments, poll ≤ {} µs)",
                kBase, options_.max_queues, options_.max_ring_page_order, options_.max_indirect_segments,
                options_.poll_max_us);
+  arm_stats_timer();
 }
 
 Backend::~Backend() { shutdown(); }
 
+void Backend::arm_stats_timer() {
+  stats_timer_.expires_after(std::chrono::seconds(1));
+  stats_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || shut_down_) return;
+    publish_stats();
+    arm_stats_timer();
+  });
+}
+
+void Backend::publish_stats() {
+  for (const auto& [key, d] : devices_) {
+    if (!d.conn) continue;
+    std::uint64_t req = 0, rd = 0, wr = 0, fl = 0, ds = 0, rs = 0, ws = 0, err = 0, uns = 0;
+    for (std::size_t i = 0; i < d.conn->queues(); ++i) {
+      const QueueCounters& c = d.conn->queue(i).counters();
+      auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+      req += n(c.requests), rd += n(c.reads), wr += n(c.writes), fl += n(c.flushes), ds += n(c.discards);
+      rs += n(c.sectors_read), ws += n(c.sectors_written), err += n(c.errors), uns += n(c.unsupported);
+    }
+    // Linux blkback's statistics names where there is one (xentop's VBD_RD, VBD_WR, …).
+    const stats::Counters counters = {{"queues", d.conn->queues()}, {"requests", req}, {"rd_req", rd},
+                                      {"wr_req", wr},  {"f_req", fl},  {"ds_req", ds},   {"rd_sect", rs},
+                                      {"wr_sect", ws}, {"errors", err}, {"unsupported", uns}};
+    if (const int e = stats_.put(d.name, counters); e != 0) {
+      spdlog::warn("blkback: cannot publish statistics in {}: {} (not said again)", stats_.dir(), std::strerror(e));
+    }
+  }
+  stats_.sweep();
+}
+
 void Backend::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  stats_timer_.cancel();
   // Stop every queue of every device first so they all drain in parallel, then tear down.
   for (auto& [key, d] : devices_) {
     if (d.conn) d.conn->stop();
   }
   for (auto& [key, d] : devices_) d.conn.reset();
+  stats_.clear();
   devices_.clear();
   xs_.reset();  // joins the client's thread: no more watch events
 }

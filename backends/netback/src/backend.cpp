@@ -8,6 +8,9 @@
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace xpv::netback {
@@ -38,8 +41,14 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> parse_rate_node(const std
   return std::pair{*bytes, *usec};
 }
 
-Backend::Backend(asio::io_context& io, BackendOptions options) : io_(io), options_(std::move(options)) {
+Backend::Backend(asio::io_context& io, BackendOptions options)
+    : io_(io),
+      options_(std::move(options)),
+      stats_(stats::stats_dir(options_.run_dir), "xpv-netback"),
+      stats_timer_(io) {
   if (options_.max_queues == 0) options_.max_queues = 1;
+  std::filesystem::create_directories(stats_.dir());
+  stats_.remove_leftovers("vif");
   try {
     xs_ = std::make_unique<xenbus::client::SyncClient>(options_.xenstore_path);
   } catch (const std::exception&) {
@@ -51,17 +60,53 @@ Backend::Backend(asio::io_context& io, BackendOptions options) : io_(io), option
   });
   if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
   spdlog::info("netback: watching {} (max {} queues)", kBase, options_.max_queues);
+  arm_stats_timer();
 }
 
 Backend::~Backend() { shutdown(); }
 
+void Backend::arm_stats_timer() {
+  stats_timer_.expires_after(std::chrono::seconds(1));
+  stats_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || shut_down_) return;
+    publish_stats();
+    arm_stats_timer();
+  });
+}
+
+void Backend::publish_stats() {
+  for (const auto& [key, d] : devices_) {
+    if (!d.conn) continue;
+    // tx: the guest's transmit (written to the TAP); rx: what the guest received — the guest's
+    // view, as xentop's NETTX / NETRX.
+    std::uint64_t txp = 0, txb = 0, txe = 0, txd = 0, rxp = 0, rxb = 0, rxd = 0, rxe = 0, rxo = 0, rxq = 0, fw = 0;
+    for (std::size_t i = 0; i < d.conn->queues(); ++i) {
+      const NetbackCounters& c = d.conn->queue(i).counters();
+      auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+      txp += n(c.tx_packets), txb += n(c.tx_bytes), txe += n(c.tx_errors), txd += n(c.tx_dropped);
+      rxp += n(c.rx_packets), rxb += n(c.rx_bytes), rxd += n(c.rx_dropped), rxe += n(c.rx_errors);
+      rxo += n(c.rx_overflow), rxq += n(c.rx_queued), fw += n(c.fair_waits);
+    }
+    const stats::Counters counters = {
+        {"queues", d.conn->queues()}, {"tx_packets", txp}, {"tx_bytes", txb},       {"tx_errors", txe},
+        {"tx_dropped", txd},          {"rx_packets", rxp}, {"rx_bytes", rxb},       {"rx_dropped", rxd},
+        {"rx_errors", rxe},           {"rx_overflow", rxo}, {"rx_queued", rxq},     {"fair_waits", fw}};
+    if (const int e = stats_.put(d.name, counters); e != 0) {
+      spdlog::warn("netback: cannot publish statistics in {}: {} (not said again)", stats_.dir(), std::strerror(e));
+    }
+  }
+  stats_.sweep();
+}
+
 void Backend::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  stats_timer_.cancel();
   for (auto& [key, d] : devices_) {
     if (d.conn) d.conn->stop();
   }
   for (auto& [key, d] : devices_) d.conn.reset();
+  stats_.clear();
   devices_.clear();
   xs_.reset();  // joins the client's thread: no more watch events
 }

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -324,8 +325,39 @@ TEST_P(NetbackPath, PingAndChecksummedTcpBothWays) {
   EXPECT_EQ(to_host.received, bytes);
   EXPECT_EQ(to_host.received_hash, to_host.sent_hash);
 
+  // `xpv top`: the vif's counters as xpv-netback publishes them (RUN/stats/vif1.0, rewritten every
+  // second), from the guest's side: it received one transfer and sent the other.
+  nlohmann::json vif;
+  for (int i = 0; i < 40; ++i) {  // bounded: 40 × (0.2 s + the command)
+    auto t = xpv({"top", "--json", "-i", "1", "-d", "0.2"});
+    ASSERT_EQ(t.rc, 0) << t.err;
+    const auto j = nlohmann::json::parse(t.out);
+    ASSERT_EQ(j.at("domains").size(), 1u) << t.out;
+    ASSERT_EQ(j.at("domains").at(0).at("vifs").size(), 1u) << t.out;
+    vif = j.at("domains").at(0).at("vifs").at(0);
+    const auto& c = vif.at("counters");
+    if (c.value("tx_bytes", 0ull) >= bytes && c.value("rx_bytes", 0ull) >= bytes) break;
+  }
+  EXPECT_EQ(vif.value("name", ""), "vif1.0");
+  EXPECT_TRUE(vif.value("published", false)) << vif.dump();
+  const auto& vc = vif.at("counters");
+  EXPECT_GE(vc.value("tx_bytes", 0ull), bytes) << vif.dump();
+  EXPECT_GE(vc.value("rx_bytes", 0ull), bytes) << vif.dump();
+  EXPECT_EQ(vc.value("queues", 0ull), vcpus) << vif.dump();
+  EXPECT_EQ(vc.value("tx_errors", 1ull), 0u) << vif.dump();
+  EXPECT_EQ(vc.value("rx_errors", 1ull), 0u) << vif.dump();
+  // The table: one vif, its KiB both ways.
+  auto table = xpv({"top", "-b", "-i", "1", "-d", "0.2"});
+  ASSERT_EQ(table.rc, 0) << table.err;
+  EXPECT_NE(table.out.find("NETTX(k)"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("dom0 services: xpv-blkback "), std::string::npos) << table.out;
+
   auto r = xpv({"destroy", "web1"});
   ASSERT_EQ(r.rc, 0) << r.err;
+  // The vif's statistics file goes with its connection (at the daemon's next second).
+  const fs::path stats = dir_ + "/run/stats/vif1.0";
+  for (int i = 0; i < 30 && fs::exists(stats); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(fs::exists(stats));
   EXPECT_FALSE(fs::exists(domns(1))) << "the namespace goes with the domain";
   EXPECT_NE(in(hostns_, "ip link show vif1.0"), 0) << "the host TAP goes with the vif";
   EXPECT_FALSE(node("/local/domain/0/backend/vif/1").has_value());

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
@@ -695,6 +696,50 @@ TEST_F(RealFront, CreateListBlockAttachDestroy) {
   for (pid_t p : processes_mentioning(h.dir)) {
     EXPECT_THAT(slurp(fmt::format("/proc/{}/cmdline", p)), ::testing::Not(HasSubstr("xpv-front")));
   }
+}
+
+// `xpv top` as xentop: the disk's counters as xpv-blkback publishes them (RUN/stats/vbd1.51712,
+// rewritten every second) — exactly the requests made through the PV disk, since each O_DIRECT
+// request on the FUSE file is one blkif request here — and the file gone with the device.
+TEST_F(RealFront, TopShowsTheDisksRequestsAndSectors) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  auto r = create_web1_with_disk(h);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
+  // 100 writes of 4 KiB, then 10 reads of 64 KiB, each straight through (O_DIRECT).
+  ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + disk + " bs=4k count=100 oflag=direct conv=notrunc status=none")
+                            .c_str()),
+            0);
+  ASSERT_EQ(std::system(("dd if=" + disk + " of=/dev/null bs=64k count=10 iflag=direct status=none").c_str()), 0);
+  nlohmann::json vbd;
+  for (int i = 0; i < 40; ++i) {  // bounded: 40 × (0.2 s + the command)
+    auto t = h.run({"top", "--json", "-i", "1", "-d", "0.2"});
+    ASSERT_EQ(t.rc, 0) << t.err;
+    const auto j = nlohmann::json::parse(t.out);
+    ASSERT_EQ(j.at("domains").size(), 1u) << t.out;
+    EXPECT_EQ(j.at("domains").at(0).value("name", ""), "web1");
+    ASSERT_EQ(j.at("domains").at(0).at("vbds").size(), 1u) << t.out;
+    vbd = j.at("domains").at(0).at("vbds").at(0);
+    if (vbd.at("counters").value("rd_req", 0ull) >= 10) break;
+  }
+  EXPECT_EQ(vbd.value("name", ""), "vbd1.51712");
+  const auto& c = vbd.at("counters");
+  EXPECT_EQ(c.value("wr_req", 0ull), 100u) << vbd.dump();
+  EXPECT_EQ(c.value("wr_sect", 0ull), 800u) << vbd.dump();
+  EXPECT_EQ(c.value("rd_req", 0ull), 10u) << vbd.dump();
+  EXPECT_EQ(c.value("rd_sect", 0ull), 1280u) << vbd.dump();
+  EXPECT_EQ(c.value("errors", 1ull), 0u) << vbd.dump();
+  // The table: the domain's row with those totals in its VBD columns.
+  auto t = h.run({"top", "-b", "-i", "1", "-d", "0.2"});
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_THAT(t.out, MatchesRegex("(.|\n)* +web1 +1 running +[0-9]+ +[0-9.]+ +65536 +1 +0 +0 +0 +1 +10 +100 +1280 +800\n(.|\n)*"))
+      << t.out;
+  EXPECT_THAT(t.out, HasSubstr("dom0 services: xpv-blkback "));
+  r = h.run({"destroy", "web1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(eventually([&] { return !fs::exists(h.run_dir + "/stats/vbd1.51712"); }, 3s));
 }
 
 // `xpv shutdown` as `xl shutdown`: xpv-front advertises control/feature-poweroff, so it is asked

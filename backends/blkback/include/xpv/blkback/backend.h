@@ -41,6 +41,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,6 +53,7 @@
 #include "xpv/blkback/connection.h"
 #include "xpv/blkback/disk.h"
 #include "xpv/domain/foreign_domain.h"
+#include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
 #include "xpv/xenbus/device_state.h"
 
@@ -59,7 +61,8 @@ namespace xpv::blkback {
 
 struct BackendOptions {
   std::string xenstore_path = "/run/xenstored/socket";
-  std::string run_dir = "/run/xpv";   // dom<N>.sock live here; our shadow files in blkback/
+  std::string run_dir = "/run/xpv";   // dom<N>.sock live here; our shadow files in blkback/,
+                                      // each connected device's statistics in stats/ (stats_file.h)
   unsigned max_queues = 1;            // multi-queue-max-queues
   unsigned max_ring_page_order = 4;   // max-ring-page-order
   std::uint32_t max_indirect_segments = 256;
@@ -118,10 +121,15 @@ class Backend {
 
   std::optional<std::string> read(const std::string& path);
   bool write_state(Device& d, xenbus::XenbusState s);
+  // Every second: each connected device's counters, summed over its queues, into stats/<name>.
+  void publish_stats();
+  void arm_stats_timer();
 
   boost::asio::io_context& io_;
   BackendOptions options_;
   std::string shadow_dir_;
+  stats::Publisher stats_;
+  boost::asio::steady_timer stats_timer_;
   std::unique_ptr<xenbus::client::SyncClient> xs_;
   std::map<Key, Device> devices_;
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -51,6 +52,7 @@
 #include "xpv/domain/foreign_domain.h"
 #include "xpv/netback/connection.h"
 #include "xpv/netback/fair_share.h"
+#include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
 #include "xpv/xenbus/device_state.h"
 
@@ -58,7 +60,8 @@ namespace xpv::netback {
 
 struct BackendOptions {
   std::string xenstore_path = "/run/xenstored/socket";
-  std::string run_dir = "/run/xpv";  // dom<N>.sock live here
+  std::string run_dir = "/run/xpv";  // dom<N>.sock live here; each connected vif's statistics
+                                     // in stats/ (stats_file.h)
   unsigned max_queues = 1;           // multi-queue-max-queues
 };
 
@@ -124,9 +127,14 @@ class Backend {
 
   std::optional<std::string> read(const std::string& path);
   bool write_state(Device& d, xenbus::XenbusState s);
+  // Every second: each connected vif's counters, summed over its queues, into stats/<name>.
+  void publish_stats();
+  void arm_stats_timer();
 
   boost::asio::io_context& io_;
   BackendOptions options_;
+  stats::Publisher stats_;
+  boost::asio::steady_timer stats_timer_;
   std::unique_ptr<xenbus::client::SyncClient> xs_;
   // Every queue of every vif shares it (fair_share.h); declared before devices_ so it outlives
   // their queues.

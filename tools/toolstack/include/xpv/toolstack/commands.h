@@ -48,6 +48,18 @@ int cmd_monitor(Context& ctx, std::uint16_t domid, const std::string& uuid);
 // domains (no balloon driver). Returns at once: the guest moves to the target in its own time.
 void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size);
 
+// `xpv top` (top.cpp), as xentop: every `delay_s` a table of the domains (CPU, memory, their disks'
+// and network interfaces' counters) and dom0's services' CPU; the first after one delay (CPU(%)
+// is measured over it). iterations 0: until interrupted. batch: no screen clearing (always so
+// when stdout is not a terminal); json: one JSON object per line instead of the table.
+struct TopOptions {
+  double delay_s = 3;
+  unsigned iterations = 0;
+  bool batch = false;
+  bool json = false;
+};
+void cmd_top(Context& ctx, const TopOptions& options);
+
 // Devices (device_commands.cpp).
 void cmd_block_attach(Context& ctx, const std::string& which, const std::string& spec, bool wait);
 void cmd_block_detach(Context& ctx, const std::string& which, const std::string& vdev);

@@ -1,0 +1,260 @@
+// `xpv top` (top.h): samples and the table.
+#include "xpv/toolstack/top.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "xpv/stats_file.h"
+#include "xpv/toolstack/commands.h"
+#include "xpv/toolstack/daemons.h"
+#include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/inventory.h"
+#include "xpv/toolstack/process.h"
+#include "xpv/toolstack/xenstore.h"
+#include "xpv/xenbus/path.h"
+
+namespace xpv::toolstack {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The devices under the backend directory of one kind for one domain, with their counters.
+std::vector<DeviceSample> devices(const Paths& paths, Xenstore* xs, const char* kind, std::uint16_t domid) {
+  std::vector<DeviceSample> out;
+  if (xs == nullptr) return out;
+  const std::string dir = stats::stats_dir(paths.run_dir);
+  for (const std::string& devid : xs->list(fmt::format("/local/domain/0/backend/{}/{}", kind, domid))) {
+    if (!xenbus::parse_uint(devid)) continue;
+    DeviceSample d;
+    d.name = fmt::format("{}{}.{}", kind, domid, devid);
+    const std::string file = dir + "/" + d.name;
+    struct stat st {};
+    if (auto text = read_file(file); text && ::stat(file.c_str(), &st) == 0) {
+      d.published = true;
+      d.published_at = static_cast<double>(st.st_mtim.tv_sec) + static_cast<double>(st.st_mtim.tv_nsec) / 1e9;
+      d.counters = stats::parse(*text);
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::uint64_t sum(const std::vector<DeviceSample>& devs, const char* key) {
+  std::uint64_t s = 0;
+  for (const auto& d : devs) {
+    if (auto it = d.counters.find(key); it != d.counters.end()) s += it->second;
+  }
+  return s;
+}
+
+// CPU share over the interval, percent of one CPU; nullopt when it cannot be said.
+std::optional<double> cpu_pct(pid_t p0, std::optional<double> c0, double t0, pid_t p1, std::optional<double> c1,
+                              double t1) {
+  if (p0 == 0 || p0 != p1 || !c0 || !c1 || t1 <= t0 || *c1 < *c0) return std::nullopt;
+  return (*c1 - *c0) / (t1 - t0) * 100.0;
+}
+
+const DomainSample* find_domain(const TopSample& s, std::uint16_t domid) {
+  for (const auto& d : s.domains) {
+    if (d.domid == domid) return &d;
+  }
+  return nullptr;
+}
+
+const DaemonSample* find_daemon(const TopSample& s, const std::string& program) {
+  for (const auto& d : s.daemons) {
+    if (d.program == program) return &d;
+  }
+  return nullptr;
+}
+
+std::optional<double> domain_cpu_pct(const TopSample& prev, const TopSample& cur, const DomainSample& d) {
+  const DomainSample* p = find_domain(prev, d.domid);
+  if (p == nullptr) return std::nullopt;
+  return cpu_pct(p->pid, p->cpu_s, prev.time_s, d.pid, d.cpu_s, cur.time_s);
+}
+
+std::optional<double> daemon_cpu_pct(const TopSample& prev, const TopSample& cur, const DaemonSample& d) {
+  const DaemonSample* p = find_daemon(prev, d.program);
+  if (p == nullptr) return std::nullopt;
+  return cpu_pct(p->pid, p->cpu_s, prev.time_s, d.pid, d.cpu_s, cur.time_s);
+}
+
+const DeviceSample* find_device(const std::vector<DeviceSample>& devs, const std::string& name) {
+  for (const auto& d : devs) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<double> parse_proc_stat_cpu(const std::string& text, long ticks_per_second) {
+  // "pid (comm) state ppid … utime stime …": comm may hold anything, so count from its last ')'.
+  const auto close = text.rfind(')');
+  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
+  std::vector<std::string_view> f;
+  std::string_view rest = std::string_view(text).substr(close + 1);
+  while (!rest.empty()) {
+    const auto b = rest.find_first_not_of(" \n");
+    if (b == std::string_view::npos) break;
+    rest.remove_prefix(b);
+    const auto e = rest.find_first_of(" \n");
+    f.push_back(rest.substr(0, e));
+    if (e == std::string_view::npos) break;
+    rest.remove_prefix(e);
+  }
+  // f[0] is field 3 (state): utime is field 14, stime field 15.
+  if (f.size() < 13) return std::nullopt;
+  std::uint64_t ticks[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    const std::string_view v = f[11 + i];
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), ticks[i]);
+    if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
+  }
+  return static_cast<double>(ticks[0] + ticks[1]) / static_cast<double>(ticks_per_second);
+}
+
+std::optional<double> process_cpu_seconds(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const auto text = read_file(fmt::format("/proc/{}/stat", pid));
+  if (!text) return std::nullopt;
+  return parse_proc_stat_cpu(*text, ::sysconf(_SC_CLK_TCK));
+}
+
+TopSample sample_top(const Paths& paths, Xenstore* xs) {
+  TopSample s;
+  s.time_s = now_s();
+  for (const DomainSummary& d : gather_domains(paths, xs)) {
+    DomainSample x;
+    x.domid = d.domid;
+    x.name = d.name.empty() ? "-" : d.name;
+    x.type = d.type;
+    x.state = d.state;
+    x.mem_kib = d.memory_mib * 1024;
+    x.vcpus = d.vcpus;
+    x.pid = d.pid;
+    x.cpu_s = process_cpu_seconds(d.pid);
+    x.vbds = devices(paths, xs, "vbd", d.domid);
+    x.vifs = devices(paths, xs, "vif", d.domid);
+    s.domains.push_back(std::move(x));
+  }
+  std::vector<std::string> programs = backend_programs();
+  programs.push_back(kXenstored);
+  for (const std::string& program : programs) {
+    DaemonSample d;
+    d.program = program;
+    if (auto pid = running_pid(paths.pid_file(program), program)) {
+      d.pid = *pid;
+      d.cpu_s = process_cpu_seconds(*pid);
+    }
+    s.daemons.push_back(std::move(d));
+  }
+  s.time_s = (s.time_s + now_s()) / 2;  // the middle of the reads
+  return s;
+}
+
+std::string format_top(const TopSample& prev, const TopSample& cur) {
+  auto pct = [](std::optional<double> v) { return v ? fmt::format("{:.1f}", *v) : std::string("-"); };
+  std::string out = fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10}\n",
+                                "NAME", "ID", "STATE", "CPU(sec)", "CPU(%)", "MEM(k)", "VCPUS", "NETS", "NETTX(k)",
+                                "NETRX(k)", "VBDS", "VBD_RD", "VBD_WR", "VBD_RSECT", "VBD_WSECT");
+  for (const DomainSample& d : cur.domains) {
+    out += fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10}\n",
+                       d.name, d.domid, d.state, d.cpu_s ? fmt::format("{:.0f}", *d.cpu_s) : "-",
+                       pct(domain_cpu_pct(prev, cur, d)), d.mem_kib, d.vcpus, d.vifs.size(),
+                       sum(d.vifs, "tx_bytes") / 1024, sum(d.vifs, "rx_bytes") / 1024, d.vbds.size(),
+                       sum(d.vbds, "rd_req"), sum(d.vbds, "wr_req"), sum(d.vbds, "rd_sect"), sum(d.vbds, "wr_sect"));
+  }
+  std::string line;
+  for (const DaemonSample& d : cur.daemons) {
+    line += fmt::format("{}{} {}", line.empty() ? "" : ", ", d.program,
+                        d.pid == 0 ? std::string("not running") : pct(daemon_cpu_pct(prev, cur, d)) + "% CPU");
+  }
+  out += "dom0 services: " + line + "\n";
+  return out;
+}
+
+nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
+  const double dt = cur.time_s - prev.time_s;
+  auto opt = [](std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  auto devs = [&](const std::vector<DeviceSample>& now, const std::vector<DeviceSample>* before) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const DeviceSample& d : now) {
+      nlohmann::json j = {{"name", d.name}, {"published", d.published}, {"counters", d.counters}};
+      // Per second between the backend's two publications the samples read (its file's mtimes:
+      // the counters are up to a second older than the sample), for the counters both had; none
+      // when the backend has not published again since the previous sample.
+      nlohmann::json rates = nlohmann::json::object();
+      if (const DeviceSample* p = before ? find_device(*before, d.name) : nullptr;
+          p != nullptr && p->published && d.published && d.published_at > p->published_at) {
+        const double span = d.published_at - p->published_at;
+        for (const auto& [k, v] : d.counters) {
+          if (k == "queues") continue;
+          if (auto it = p->counters.find(k); it != p->counters.end() && v >= it->second) {
+            rates[k] = static_cast<double>(v - it->second) / span;
+          }
+        }
+      }
+      j["per_second"] = rates;
+      a.push_back(j);
+    }
+    return a;
+  };
+  nlohmann::json doms = nlohmann::json::array();
+  for (const DomainSample& d : cur.domains) {
+    const DomainSample* p = find_domain(prev, d.domid);
+    doms.push_back({{"id", d.domid},
+                    {"name", d.name},
+                    {"type", d.type},
+                    {"state", d.state},
+                    {"pid", d.pid},
+                    {"cpu_s", opt(d.cpu_s)},
+                    {"cpu_pct", opt(domain_cpu_pct(prev, cur, d))},
+                    {"mem_kib", d.mem_kib},
+                    {"vcpus", d.vcpus},
+                    {"vbds", devs(d.vbds, p ? &p->vbds : nullptr)},
+                    {"vifs", devs(d.vifs, p ? &p->vifs : nullptr)}});
+  }
+  nlohmann::json daemons = nlohmann::json::array();
+  for (const DaemonSample& d : cur.daemons) {
+    daemons.push_back({{"program", d.program}, {"pid", d.pid}, {"cpu_s", opt(d.cpu_s)},
+                       {"cpu_pct", opt(daemon_cpu_pct(prev, cur, d))}});
+  }
+  return {{"interval_s", dt}, {"domains", doms}, {"dom0_services", daemons}};
+}
+
+void cmd_top(Context& ctx, const TopOptions& o) {
+  if (!(o.delay_s >= 0.1 && o.delay_s <= 3600)) throw ToolstackError(fmt::format("--delay {}: not between 0.1 and 3600 seconds", o.delay_s));
+  auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
+  if (!xs) ctx.err << fmt::format("warning: xpv-xenstored is not running (no {}); no devices shown\n", ctx.paths.xenstore_socket);
+  const bool clear = !o.batch && !o.json && ::isatty(STDOUT_FILENO) == 1;
+  TopSample prev = sample_top(ctx.paths, xs.get());
+  for (unsigned i = 0; o.iterations == 0 || i < o.iterations; ++i) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.delay_s));
+    TopSample cur = sample_top(ctx.paths, xs.get());
+    if (o.json) {
+      ctx.out << top_json(prev, cur).dump() << "\n";
+    } else {
+      if (clear) ctx.out << "\x1b[H\x1b[2J";
+      ctx.out << format_top(prev, cur);
+      if (o.batch) ctx.out << "\n";
+    }
+    ctx.out.flush();
+    prev = std::move(cur);
+  }
+}
+
+}  // namespace xpv::toolstack
