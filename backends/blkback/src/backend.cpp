@@ -1,4 +1,5 @@
 #include "xpv/blkback/backend.h"
+#include "xpv/xenbus/daemon/run_every.h"
 #include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
@@ -57,19 +58,10 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   spdlog::info("blkback: watching {} (max {} queues, ring page order {}, {} indirect segments, poll ≤ {} µs)",
                kBase, options_.max_queues, options_.max_ring_page_order, options_.max_indirect_segments,
                options_.poll_max_us);
-  arm_stats_timer();
+  daemon::run_every(stats_timer_, std::chrono::seconds(1), [this] { return shut_down_; }, [this] { publish_stats(); });
 }
 
 Backend::~Backend() { shutdown(); }
-
-void Backend::arm_stats_timer() {
-  stats_timer_.expires_after(std::chrono::seconds(1));
-  stats_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || shut_down_) return;
-    publish_stats();
-    arm_stats_timer();
-  });
-}
 
 void Backend::publish_stats() {
   for (const auto& [key, d] : devices_) {

@@ -1,4 +1,5 @@
 #include "xpv/netback/backend.h"
+#include "xpv/xenbus/daemon/run_every.h"
 #include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
@@ -60,19 +61,10 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   });
   if (!w) throw std::runtime_error(fmt::format("cannot watch {}: {}", kBase, xenbus::wire::error_name(w.error())));
   spdlog::info("netback: watching {} (max {} queues)", kBase, options_.max_queues);
-  arm_stats_timer();
+  daemon::run_every(stats_timer_, std::chrono::seconds(1), [this] { return shut_down_; }, [this] { publish_stats(); });
 }
 
 Backend::~Backend() { shutdown(); }
-
-void Backend::arm_stats_timer() {
-  stats_timer_.expires_after(std::chrono::seconds(1));
-  stats_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec || shut_down_) return;
-    publish_stats();
-    arm_stats_timer();
-  });
-}
 
 void Backend::publish_stats() {
   for (const auto& [key, d] : devices_) {

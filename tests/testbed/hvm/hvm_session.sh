@@ -118,6 +118,10 @@ CFG
         timeout 5 $B/xpv console $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: console-attach /'
         # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
         timeout 5 $B/xpv console -t pv $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: pv-console-attach /'
+        # `xpv top` as xentop, one JSON line: the guest booted from its PV disk and wrote its
+        # selftest file through it, its vif carried the pings (the backends publish every second;
+        # the console attaches above took longer than that).
+        echo "XPV-TEST: top $($B/xpv top --json -i 1 -d 1 2>&1 | head -c 20000 | tr -d '\n')"
         # Vector mode: the guest gives half its memory back (`xpv mem-set`, memory/target; its
         # balloon driver), set early in its wait so the balloon moves while the guest waits. The
         # RAM file's allocated MiB before and after is information only: the balloon zeroes each

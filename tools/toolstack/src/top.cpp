@@ -7,9 +7,7 @@
 
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
-#include <iostream>
 #include <thread>
 
 #include "xpv/stats_file.h"

@@ -123,7 +123,6 @@ class Backend {
   bool write_state(Device& d, xenbus::XenbusState s);
   // Every second: each connected device's counters, summed over its queues, into stats/<name>.
   void publish_stats();
-  void arm_stats_timer();
 
   boost::asio::io_context& io_;
   BackendOptions options_;

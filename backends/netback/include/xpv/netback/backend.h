@@ -129,7 +129,6 @@ class Backend {
   bool write_state(Device& d, xenbus::XenbusState s);
   // Every second: each connected vif's counters, summed over its queues, into stats/<name>.
   void publish_stats();
-  void arm_stats_timer();
 
   boost::asio::io_context& io_;
   BackendOptions options_;
