@@ -7,16 +7,14 @@
 //   rd_req 1204
 //   wr_req 88
 //
-// The daemon rewrites it about once a second (a temporary file renamed over it: a reader sees
-// either the old or the new text, never half of one) and removes it when the device disconnects
+// The daemon rewrites it about once a second (replace_file.h: a reader sees either the old or
+// the new text, never half of one) and removes it when the device disconnects
 // or the daemon stops. A daemon killed with -9 leaves its files behind until its successor
 // removes them at its start (Publisher::remove_leftovers); the file's mtime says how fresh it is.
 #pragma once
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -26,6 +24,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "xpv/replace_file.h"
 
 namespace xpv::stats {
 
@@ -40,30 +40,10 @@ inline std::string format(std::string_view device, std::string_view writer, cons
   return s;
 }
 
-// Writes `text` as dir/name through dir/.name.tmp and a rename. Returns 0, or the errno of the
-// step that failed (nothing half-written is left under `name` then).
-inline int publish(const std::string& dir, const std::string& name, const std::string& text) noexcept {
-  const std::string tmp = dir + "/." + name + ".tmp", dst = dir + "/" + name;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno;
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return e;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::close(fd) != 0 || ::rename(tmp.c_str(), dst.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return e;
-  }
-  return 0;
+// Writes `text` as dir/name (replace_file: through dir/name.tmp and a rename). Returns 0, or the
+// errno of the step that failed.
+inline int publish(const std::string& dir, const std::string& name, const std::string& text) {
+  return replace_file(dir + "/" + name, text);
 }
 
 inline void withdraw(const std::string& dir, const std::string& name) noexcept {
@@ -110,9 +90,7 @@ class Publisher {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.starts_with(prefix) || name.starts_with("." + std::string(prefix))) {
-        std::filesystem::remove(e.path(), ec);
-      }
+      if (name.starts_with(prefix)) std::filesystem::remove(e.path(), ec);  // NAME.tmp too
     }
   }
 

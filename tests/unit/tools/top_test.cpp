@@ -75,11 +75,11 @@ TEST(StatsFile, PublisherReplacesWholeFilesAndWithdrawsWhatWasNotPutAgain) {
 TEST(StatsFile, ADaemonStartingRemovesWhatAKilledOneLeftOfItsKind) {
   TempDir d;
   ASSERT_FALSE(d.path.empty());
-  for (const char* f : {"vbd1.51712", ".vbd1.51712.tmp", "vif1.0", "other"}) std::ofstream(d.path / f) << "rd_req 1\n";
+  for (const char* f : {"vbd1.51712", "vbd1.51712.tmp", "vif1.0", "other"}) std::ofstream(d.path / f) << "rd_req 1\n";
   stats::Publisher p(d.path.string(), "xpv-blkback");
   p.remove_leftovers("vbd");
   EXPECT_FALSE(fs::exists(d.path / "vbd1.51712"));
-  EXPECT_FALSE(fs::exists(d.path / ".vbd1.51712.tmp"));
+  EXPECT_FALSE(fs::exists(d.path / "vbd1.51712.tmp"));
   EXPECT_TRUE(fs::exists(d.path / "vif1.0")) << "xpv-netback's";
   EXPECT_TRUE(fs::exists(d.path / "other"));
 }

@@ -1,5 +1,7 @@
 #include "xpv/toolstack/fs.h"
 
+#include "xpv/replace_file.h"
+
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <sys/stat.h>
@@ -35,25 +37,9 @@ std::optional<std::string> read_file(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& content, unsigned mode) {
-  const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
-  if (!fd) throw ToolstackError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  std::size_t done = 0;
-  while (done < content.size()) {
-    ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::unlink(tmp.c_str());
-      throw ToolstackError(fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw ToolstackError(fmt::format("cannot write {}: {}", path, std::strerror(e)));
+  std::string where;
+  if (const int e = replace_file(path, content, mode, &where); e != 0) {
+    throw ToolstackError(fmt::format("cannot write {}: {}", where, std::strerror(e)));
   }
 }
 

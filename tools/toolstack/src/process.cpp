@@ -82,14 +82,30 @@ pid_t spawn(const SpawnOptions& opts) {
   return pid;
 }
 
+std::vector<std::string_view> proc_stat_fields(std::string_view stat) {
+  std::vector<std::string_view> f;
+  const auto close = stat.rfind(')');
+  if (close == std::string_view::npos) return f;
+  std::string_view rest = stat.substr(close + 1);
+  while (true) {
+    const auto b = rest.find_first_not_of(" \n");
+    if (b == std::string_view::npos) break;
+    rest.remove_prefix(b);
+    const auto e = rest.find_first_of(" \n");
+    f.push_back(rest.substr(0, e));
+    if (e == std::string_view::npos) break;
+    rest.remove_prefix(e);
+  }
+  return f;
+}
+
 bool process_alive(pid_t pid) {
   if (pid <= 0) return false;
   auto stat = read_file(fmt::format("/proc/{}/stat", pid));
   if (!stat) return false;
-  // "pid (comm) S ...": the state follows the last ')' (comm may contain parentheses).
-  auto close = stat->rfind(')');
-  if (close == std::string::npos || close + 2 >= stat->size()) return false;
-  const char state = (*stat)[close + 2];
+  const auto f = proc_stat_fields(*stat);  // "pid (comm) S ...": f[0] is the state
+  if (f.empty()) return false;
+  const char state = f[0].front();
   return state != 'Z' && state != 'X';
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <filesystem>
@@ -64,58 +65,30 @@ std::optional<double> cpu_pct(pid_t p0, std::optional<double> c0, double t0, pid
   return (*c1 - *c0) / (t1 - t0) * 100.0;
 }
 
-const DomainSample* find_domain(const TopSample& s, std::uint16_t domid) {
-  for (const auto& d : s.domains) {
-    if (d.domid == domid) return &d;
-  }
-  return nullptr;
-}
-
-const DaemonSample* find_daemon(const TopSample& s, const std::string& program) {
-  for (const auto& d : s.daemons) {
-    if (d.program == program) return &d;
-  }
-  return nullptr;
+// The element of `v` whose `key` member equals `value`, or nullptr.
+template <class T, class K, class V>
+const T* find_by(const std::vector<T>& v, K T::*key, const V& value) {
+  const auto it = std::ranges::find(v, value, key);
+  return it == v.end() ? nullptr : &*it;
 }
 
 std::optional<double> domain_cpu_pct(const TopSample& prev, const TopSample& cur, const DomainSample& d) {
-  const DomainSample* p = find_domain(prev, d.domid);
+  const DomainSample* p = find_by(prev.domains, &DomainSample::domid, d.domid);
   if (p == nullptr) return std::nullopt;
   return cpu_pct(p->pid, p->cpu_s, prev.time_s, d.pid, d.cpu_s, cur.time_s);
 }
 
 std::optional<double> daemon_cpu_pct(const TopSample& prev, const TopSample& cur, const DaemonSample& d) {
-  const DaemonSample* p = find_daemon(prev, d.program);
+  const DaemonSample* p = find_by(prev.daemons, &DaemonSample::program, d.program);
   if (p == nullptr) return std::nullopt;
   return cpu_pct(p->pid, p->cpu_s, prev.time_s, d.pid, d.cpu_s, cur.time_s);
-}
-
-const DeviceSample* find_device(const std::vector<DeviceSample>& devs, const std::string& name) {
-  for (const auto& d : devs) {
-    if (d.name == name) return &d;
-  }
-  return nullptr;
 }
 
 }  // namespace
 
 std::optional<double> parse_proc_stat_cpu(const std::string& text, long ticks_per_second) {
-  // "pid (comm) state ppid … utime stime …": comm may hold anything, so count from its last ')'.
-  const auto close = text.rfind(')');
-  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
-  std::vector<std::string_view> f;
-  std::string_view rest = std::string_view(text).substr(close + 1);
-  while (!rest.empty()) {
-    const auto b = rest.find_first_not_of(" \n");
-    if (b == std::string_view::npos) break;
-    rest.remove_prefix(b);
-    const auto e = rest.find_first_of(" \n");
-    f.push_back(rest.substr(0, e));
-    if (e == std::string_view::npos) break;
-    rest.remove_prefix(e);
-  }
-  // f[0] is field 3 (state): utime is field 14, stime field 15.
-  if (f.size() < 13) return std::nullopt;
+  const auto f = proc_stat_fields(text);
+  if (f.size() < 13 || ticks_per_second <= 0) return std::nullopt;
   std::uint64_t ticks[2] = {};
   for (int i = 0; i < 2; ++i) {
     const std::string_view v = f[11 + i];
@@ -196,7 +169,7 @@ nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
       // the counters are up to a second older than the sample), for the counters both had; none
       // when the backend has not published again since the previous sample.
       nlohmann::json rates = nlohmann::json::object();
-      if (const DeviceSample* p = before ? find_device(*before, d.name) : nullptr;
+      if (const DeviceSample* p = before ? find_by(*before, &DeviceSample::name, d.name) : nullptr;
           p != nullptr && p->published && d.published && d.published_at > p->published_at) {
         const double span = d.published_at - p->published_at;
         for (const auto& [k, v] : d.counters) {
@@ -213,7 +186,7 @@ nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
   };
   nlohmann::json doms = nlohmann::json::array();
   for (const DomainSample& d : cur.domains) {
-    const DomainSample* p = find_domain(prev, d.domid);
+    const DomainSample* p = find_by(prev.domains, &DomainSample::domid, d.domid);
     doms.push_back({{"id", d.domid},
                     {"name", d.name},
                     {"type", d.type},

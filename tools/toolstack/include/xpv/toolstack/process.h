@@ -27,6 +27,11 @@ struct SpawnOptions {
 // `output`, default signal dispositions and an empty signal mask. Throws ToolstackError.
 pid_t spawn(const SpawnOptions& opts);
 
+// The fields of a /proc/<pid>/stat text after the command, which may itself hold spaces and
+// parentheses (so counted from its last ')'): [0] is field 3 (the state), [11] and [12] utime and
+// stime. Empty when the text has no command.
+std::vector<std::string_view> proc_stat_fields(std::string_view stat);
+
 // Exists and is not a zombie.
 bool process_alive(pid_t pid);
 // Alive, argv[0]'s basename is `program`, and (if given) argv[1] is `arg1`.
