@@ -588,6 +588,11 @@ bool EventChannels::upcall_masked(unsigned vcpu) const noexcept {
 bool EventChannels::upcall_pending(unsigned vcpu) const noexcept {
   if (!vcpu_valid(vcpu)) return false;
   std::shared_lock lk(table_mu_);
+  // A vCPU ≥ 32 without a registered vcpu_info records its events in the host placeholder,
+  // which the guest cannot see or clear: nothing there is an upcall it could take. Reporting it
+  // made the platform inject one when the guest chose an upcall mode, and xpv-vmm's re-assertion
+  // every 20 ms for ever. register_vcpu_info raises the upcall in the real vcpu_info.
+  if (!vcpus_[vcpu].guest_visible) return false;
   return u8_at(vcpus_[vcpu].info, kUpcallPendingOffset).load(std::memory_order_acquire) != 0;
 }
 

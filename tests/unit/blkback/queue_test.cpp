@@ -408,6 +408,38 @@ TEST_F(QueueTest, IndirectNotOfferedIsUnsupported) {
   EXPECT_EQ(rs[0].status, kBlkifRspEopnotsupp);
 }
 
+TEST_F(QueueTest, NoMoreIndirectSegmentsThanOneReadvTakes) {
+  // One request is one readv/writev, and the kernel takes at most IOV_MAX (1024) iovecs: a queue
+  // that offered 1025 answered such a well-formed request with an error (found writing
+  // tests/fuzz/blkback).
+  QueueConfig cfg;
+  cfg.max_indirect_segments = 1025;
+  EXPECT_THROW(start(cfg), std::invalid_argument);
+  queue_.reset();
+  mapper_.reset();  // before make_mapper() replaces the memory it maps
+  // 1024 one-sector segments in two indirect pages: served.
+  cfg.max_indirect_segments = 1024;
+  start(cfg);
+  std::memset(fe_.page(16).data(), 'v', kPageSize);
+  const auto g = fe_.grant(16, true);
+  BlkifRequestIndirect ind{};
+  ind.operation = kBlkifOpIndirect;
+  ind.indirect_op = kBlkifOpWrite;
+  ind.nr_segments = 1024;
+  ind.id = 1;
+  for (std::uint64_t p = 0; p < 2; ++p) {
+    auto* segs = reinterpret_cast<BlkifRequestSegment*>(fe_.page(12 + p).data());
+    for (int i = 0; i < 512; ++i) segs[i] = {g, 0, 0, {0, 0}};
+    ind.indirect_grefs[p] = fe_.grant(12 + p, true);
+  }
+  fe_.push(blkif_pack(ind));
+  auto rs = serve(1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].status, kBlkifRspOkay);
+  EXPECT_EQ(file_bytes(1023 * 512, 512), std::string(512, 'v'));
+  EXPECT_EQ(mapper_->mapped(), 1u);
+}
+
 TEST_F(QueueTest, ABadProducerIndexDisablesTheQueue) {
   start();
   // The guest claims 1000 requests on a 32-slot ring.

@@ -91,6 +91,21 @@ TEST(Rate, XlSyntax) {
   }
 }
 
+// Found by tests/fuzz/config: products that wrapped around 2^64 turned a huge rate into an
+// arbitrary small one and let an interval far beyond 10 s through.
+TEST(Rate, HugeValuesAreExactOrRefusedNeverWrapped) {
+  // 10^15 B/s over 50 ms: 5 * 10^13 bytes (bytes/s * interval overflowed before the division).
+  auto r = parse_rate("1000000GB/s");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->bytes_per_interval, 50'000'000'000'000u);
+  EXPECT_EQ(parse_rate("1099511627776KB/s@1us")->bytes_per_interval, 1099511627u);
+  // 2 * 10^19 B/s does not fit in 64 bits; 18446744073709552 ms is 384 µs modulo 2^64.
+  for (const char* bad : {"20000000000GB/s", "1099511627776GB/s@1us", "1Mb/s@18446744073709552ms",
+                          "1Mb/s@18446744073709552s"}) {
+    EXPECT_FALSE(parse_rate(bad)) << bad;
+  }
+}
+
 TEST(VifSpec, AllKeys) {
   auto v = parse_vif_spec("mac=00:16:3e:00:00:01, ip=10.0.0.2/24, rate=1Gb/s, vifname=web0, bridge=br0, model=vif");
   ASSERT_TRUE(v.mac);

@@ -96,6 +96,16 @@ TEST(DomainConfig, ErrorsNameFileLineAndSetting) {
   EXPECT_EQ(error_of("name = 'a'\nupcall = 'smoke'\n"), "vm.cfg:2: 'upcall': 'smoke' is not one of vector, callback, intx");
 }
 
+// Found by tests/fuzz/config: values quoted in a message keep it one line ("\n" in a string).
+TEST(DomainConfig, ErrorsQuotingValuesStayOnOneLine) {
+  EXPECT_EQ(error_of("name = 'a\\nb'\n"),
+            "vm.cfg:1: 'name': 'a\\nb' is not a valid domain name (1..64 of A-Z a-z 0-9 _ . -, not all digits)");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ 'vdev=xvda\\n, target=/a' ]\n"),
+            "vm.cfg:2: 'disk': item 0: disk spec 'vdev=xvda\\n, target=/a': "
+            "'xvda\\n' is not a virtual disk name (xvda, xvdb1, hda, sdc, d0p1)");
+  EXPECT_EQ(error_of("name = 'a'\nupcall = '\tx'\n"), "vm.cfg:2: 'upcall': '\\tx' is not one of vector, callback, intx");
+}
+
 TEST(DomainConfig, MissingFilesAreNamed) {
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/nonexistent/x.img,raw,xvda' ]\n", true),
             "vm.cfg: disk xvda: '/nonexistent/x.img' does not exist");

@@ -41,6 +41,20 @@ TEST(Vdev, CanonicalNames) {
   EXPECT_FALSE(xvd_name(8u << 8));
 }
 
+// Found by tests/fuzz/config: disks from 475254 on have five-letter names, which xvd_name()
+// gave (`xpv block-list`) but parse_vdev() refused (`xpv block-detach` of that name).
+TEST(Vdev, EveryNameXvdNameGivesParsesBack) {
+  EXPECT_EQ(id("xvdzzzz"), (1u << 28) | (475253u << 8));
+  EXPECT_EQ(id("xvdaaaaa"), (1u << 28) | (475254u << 8));
+  EXPECT_EQ(xvd_name((1u << 28) | (475254u << 8) | 3u), "xvdaaaaa3");
+  for (const std::uint32_t disk : {475253u, 475254u, 500000u, 1048575u}) {
+    const auto name = xvd_name((1u << 28) | (disk << 8));
+    ASSERT_TRUE(name) << disk;
+    EXPECT_EQ(id(*name), (1u << 28) | (disk << 8)) << *name;
+    EXPECT_EQ(parse_vdev("d" + std::to_string(disk))->name, *name);
+  }
+}
+
 TEST(Vdev, RejectsWhatIsNotADiskName) {
   for (const char* bad : {"", "xvd", "xvdA", "xvda0x", "xvda01", "hde", "hda64", "sdq", "sda16",
                           "vda", "d", "dp1", "d1p", "xvdzzzzz", "xvda256", "d1048576"}) {

@@ -52,6 +52,15 @@ TEST(XlParser, ErrorsNameTheLine) {
   EXPECT_EQ(error_of("x = [ 'a',"), "t.cfg:1: list items must be quoted strings");
 }
 
+// Found by tests/fuzz/config: a message quoted control characters from the input raw (a NUL cut
+// it short, a newline split it into a second line without a position). Now one printable line.
+TEST(XlParser, ErrorsAreOnePrintableLine) {
+  EXPECT_EQ(error_of(std::string("x = \0", 5)), "t.cfg:1: unexpected '\\0' (strings need quotes)");
+  EXPECT_EQ(error_of("x = 1\x01"), "t.cfg:1: unexpected '\\x01' after the value");
+  EXPECT_EQ(error_of("\x1b[31m = 1"), "t.cfg:1: expected a setting name, found '\\x1b'");
+  EXPECT_EQ(error_of("x = \t\x7f"), "t.cfg:1: unexpected '\\x7f' (strings need quotes)");
+}
+
 TEST(XlParser, UnterminatedListAcrossLinesNamesWhereItEnded) {
   EXPECT_EQ(error_of("x = [ 'a',\n 'b'\n"), "t.cfg:3: expected ',' or ']' in a list");
 }

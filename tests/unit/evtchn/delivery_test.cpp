@@ -312,12 +312,14 @@ TEST_F(EvtchnManyVcpus, VcpuBeyond32HasNoUpcallUntilItRegisters) {
   ASSERT_TRUE(ev_->send(*p));
   EXPECT_TRUE(pending(*p));
   EXPECT_EQ(sink_.count(), 0u);
+  EXPECT_FALSE(ev_->upcall_pending(35));  // the host placeholder is not an upcall to raise
   auto area = std::make_unique<Page>();
   ASSERT_TRUE(ev_->register_vcpu_info(35, area->span().subspan(512, 64)));
   auto* info = reinterpret_cast<VcpuInfo*>(area->bytes + 512);
   EXPECT_EQ(info->evtchn_pending_sel, ~std::uint64_t{0});
   EXPECT_EQ(info->evtchn_upcall_pending, 1);
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{35});
+  EXPECT_TRUE(ev_->upcall_pending(35));
 }
 
 }  // namespace

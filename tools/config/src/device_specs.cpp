@@ -168,6 +168,9 @@ std::optional<Rate> parse_rate(std::string_view s) {
   }
   auto n = to_number<std::uint64_t>(amount);
   if (!n || *n == 0 || *n > (1ull << 40)) return std::nullopt;
+  // Every product below is checked: a wrapped one would turn a huge rate into an arbitrary
+  // small one (or accept an interval far beyond 10 s). Too large to count is refused.
+  if (*n > UINT64_MAX / mult) return std::nullopt;
   std::uint64_t bytes_per_s = *n * mult;
   if (unit == 'b') bytes_per_s /= 8;
   if (at != std::string_view::npos) {
@@ -177,10 +180,14 @@ std::optional<Rate> parse_rate(std::string_view s) {
     else if (iv.ends_with("ms")) { scale = 1000; iv.remove_suffix(2); }
     else if (iv.ends_with("s")) { scale = 1000000; iv.remove_suffix(1); }
     auto v = to_number<std::uint64_t>(iv);
-    if (scale == 0 || !v || *v == 0 || *v * scale > 10'000'000) return std::nullopt;
+    if (scale == 0 || !v || *v == 0 || *v > 10'000'000 / scale) return std::nullopt;
     r.interval_us = *v * scale;
   }
-  r.bytes_per_interval = bytes_per_s * r.interval_us / 1000000;
+  // bytes_per_s * interval_us / 10^6 without the 128-bit product: whole MB/s times the interval,
+  // plus the remainder's share (< 10^6 * 10^7, no overflow).
+  const std::uint64_t mb = bytes_per_s / 1000000, rest = bytes_per_s % 1000000;
+  if (mb > (UINT64_MAX - rest * r.interval_us / 1000000) / r.interval_us) return std::nullopt;
+  r.bytes_per_interval = mb * r.interval_us + rest * r.interval_us / 1000000;
   if (r.bytes_per_interval == 0) return std::nullopt;
   return r;
 }

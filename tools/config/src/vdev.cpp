@@ -7,9 +7,11 @@ namespace {
 
 constexpr std::uint32_t kMaxDisk = (1u << 20) - 1;
 
-// Disk letters to an index, bijective base 26: a=0 … z=25, aa=26.
+// Disk letters to an index, bijective base 26: a=0 … z=25, aa=26. Up to five letters: four
+// name only disks up to 475253 (zzzz), and xvd_name() names every disk up to kMaxDisk, with five
+// from 475254 (aaaaa) on — a name it gives must parse back.
 std::optional<std::uint32_t> letters_to_disk(std::string_view s) {
-  if (s.empty() || s.size() > 4) return std::nullopt;
+  if (s.empty() || s.size() > 5) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : s) {
     if (c < 'a' || c > 'z') return std::nullopt;

@@ -49,7 +49,8 @@
 namespace xpv::blkback {
 
 struct QueueConfig {
-  // What this backend advertises as feature-max-indirect-segments (0: no indirect requests).
+  // What this backend advertises as feature-max-indirect-segments (0: no indirect requests; at
+  // most IOV_MAX, 1024: one request is one readv/writev — the constructor refuses more).
   std::uint32_t max_indirect_segments = 256;
   bool flush = true;    // feature-flush-cache
   bool discard = true;  // feature-discard (also needs a disk that can punch holes)
@@ -128,6 +129,10 @@ class BlkifQueue {
   void disable(const char* why) noexcept;
   template <class... Args>
   void guest_error(const char* fmt, Args&&... args) noexcept;
+  // A failed or short I/O: logged as an error, rate-limited as guest_error is — the guest picks
+  // the requests (on a disk with 4 KiB logical sectors every 512-byte-aligned one fails).
+  template <class... Args>
+  void io_error(const char* fmt, Args&&... args) noexcept;
 
   std::string name_;
   const Disk& disk_;
@@ -147,7 +152,7 @@ class BlkifQueue {
   std::atomic<bool> stop_requested_{false};
   QueueCounters counters_;
   AdaptivePoll poll_;
-  std::uint64_t guest_errors_logged_ = 0;
+  std::uint64_t guest_errors_logged_ = 0, io_errors_logged_ = 0;
 };
 
 }  // namespace xpv::blkback

@@ -240,10 +240,11 @@ class EventChannels {
 
   // ---- guest-state inspection (tests, process domains, debugging) ----
   bool upcall_masked(unsigned vcpu) const noexcept;
-  // vcpu_info.evtchn_upcall_pending of `vcpu` (false for a bad vCPU). For the HVM platform: the
-  // platform-pci INTx line stays asserted while vCPU 0's is set, and a guest that picks its
-  // upcall mode late gets one upcall if an event is already waiting. Takes the lock shared: not
-  // from an UpcallSink.
+  // vcpu_info.evtchn_upcall_pending of `vcpu` (false for a bad vCPU, and for a vCPU ≥ 32 that
+  // has no vcpu_info the guest can see: the host placeholder is never an upcall to raise). For
+  // the HVM platform: the platform-pci INTx line stays asserted while vCPU 0's is set, and a
+  // guest that picks its upcall mode late gets one upcall if an event is already waiting. Takes
+  // the lock shared: not from an UpcallSink.
   bool upcall_pending(unsigned vcpu) const noexcept;
   // The port's bit in shared_info.evtchn_pending (false for a port ≥ max_ports). For
   // SCHEDOP_poll, which waits for a (typically masked) port to become pending. Shared lock.
