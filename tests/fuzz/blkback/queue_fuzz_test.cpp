@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "temp_dir.h"
+#include "xpv/test/fuzz_seeds.h"
 #include "xpv/blkback/queue.h"
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
@@ -173,11 +174,6 @@ std::uint64_t splitmix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::strtoull(v, nullptr, 0);
-}
 
 // Whether O_DIRECT I/O of a single 512-byte sector works where the image is (a disk with 4 KiB
 // logical blocks refuses it): the predictions take sub-page segments to be served.
@@ -1583,8 +1579,8 @@ class BlkbackQueueFuzz : public ::testing::Test {
   // and `readonly` may depend on the seed, so that the seed alone replays an iteration.
   template <class Choose>
   Stats run_seeds(const char* test, std::uint64_t salt, std::uint64_t default_iterations, Choose choose) {
-    const std::uint64_t only = env_u64("XPV_FUZZ_SEED", 0);
-    const std::uint64_t n = only != 0 ? 1 : env_u64("XPV_FUZZ_ITERATIONS", default_iterations);
+    const std::uint64_t only = xpv::test::env_number("XPV_FUZZ_SEED", 0);
+    const std::uint64_t n = only != 0 ? 1 : xpv::test::env_number("XPV_FUZZ_ITERATIONS", default_iterations);
     Stats stats;
     for (std::uint64_t i = 0; i < n && !HasFailure(); ++i) {
       const std::uint64_t seed = only != 0 ? only : splitmix(salt + i);

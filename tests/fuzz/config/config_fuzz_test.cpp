@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "xpv/test/fuzz_seeds.h"
 #include "xpv/config/device_specs.h"
 #include "xpv/config/domain_config.h"
 #include "xpv/config/error.h"
@@ -54,18 +55,7 @@ __extension__ typedef unsigned __int128 U128;
 
 const std::string kSource = "t.cfg";
 
-// Seeds 1..XPV_FUZZ_ITERATIONS (default `fallback`), or XPV_FUZZ_SEED=S alone (to reproduce a
-// failure without the seeds before it).
-std::pair<std::uint64_t, std::uint64_t> seeds(std::uint64_t fallback) {
-  if (const char* e = std::getenv("XPV_FUZZ_SEED"); e != nullptr && *e != '\0') {
-    const std::uint64_t s = std::strtoull(e, nullptr, 10);
-    return {s, s};
-  }
-  if (const char* e = std::getenv("XPV_FUZZ_ITERATIONS"); e != nullptr && *e != '\0') {
-    return {1, std::strtoull(e, nullptr, 10)};
-  }
-  return {1, fallback};
-}
+using xpv::test::fuzz_seeds;
 
 // Valid domain configurations, as the project writes them.
 const std::vector<std::string>& samples() {
@@ -634,7 +624,7 @@ TEST(ConfigFuzz, TheSamplesAreValidConfigurations) {
 }
 
 TEST(ConfigFuzz, MutatedConfigurationsParseValidOrFailWithAPositionedError) {
-  const auto [first, last] = seeds(20000);
+  const auto [first, last] = fuzz_seeds(20000);
   const std::uint64_t n = last - first + 1;
   std::uint64_t ok = 0, failed = 0;
   for (std::uint64_t seed = first; seed <= last; ++seed) {
@@ -653,7 +643,7 @@ TEST(ConfigFuzz, MutatedConfigurationsParseValidOrFailWithAPositionedError) {
 }
 
 TEST(ConfigFuzz, RandomBytes) {
-  const auto [first, last] = seeds(20000);
+  const auto [first, last] = fuzz_seeds(20000);
   static const std::string alphabet = "abcdemnrstxvy_019 \t\r\n\"'[],;=#\\-@/:.";
   for (std::uint64_t seed = first; seed <= last; ++seed) {
     Rng rng(seed * 7919);
@@ -794,7 +784,7 @@ std::string random_vdev_name(Rng& rng) {
 }
 
 TEST(DeviceSpecFuzz, MutatedDiskAndVifSpecs) {
-  const auto [first, last] = seeds(20000);
+  const auto [first, last] = fuzz_seeds(20000);
   const std::uint64_t n = last - first + 1;
   std::uint64_t disks_ok = 0, vifs_ok = 0;
   for (std::uint64_t seed = first; seed <= last; ++seed) {
@@ -825,7 +815,7 @@ TEST(DeviceSpecFuzz, MutatedDiskAndVifSpecs) {
 }
 
 TEST(DeviceSpecFuzz, VdevNamesAndIdsAreABijection) {
-  const auto [first, last] = seeds(20000);
+  const auto [first, last] = fuzz_seeds(20000);
   const std::uint64_t n = last - first + 1;
   std::uint64_t ok = 0;
   for (std::uint64_t seed = first; seed <= last; ++seed) {
@@ -851,7 +841,7 @@ TEST(DeviceSpecFuzz, VdevNamesAndIdsAreABijection) {
 }
 
 TEST(DeviceSpecFuzz, MemorySizesAndRatesAgreeWithExactArithmetic) {
-  const auto [first, last] = seeds(20000);
+  const auto [first, last] = fuzz_seeds(20000);
   const std::uint64_t n = last - first + 1;
   std::uint64_t rates_ok = 0;
   for (std::uint64_t seed = first; seed <= last; ++seed) {

@@ -44,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "xpv/test/fuzz_seeds.h"
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
 #include "xpv/netback/queue.h"
@@ -57,10 +58,7 @@ constexpr std::uint64_t kTxGfn = 16, kRxGfn = 100, kDataPages = 64, kCheckGfn = 
 constexpr std::uint16_t kCheckIdBase = 1000;  // rx ids of the final check; the fuzzer's stay below
 constexpr std::size_t kRingMaps = 2;          // the test's own mappings of the two ring pages
 
-std::uint64_t env_number(const char* name, std::uint64_t fallback) {
-  if (const char* e = std::getenv(name); e != nullptr && *e != '\0') return std::strtoull(e, nullptr, 10);
-  return fallback;
-}
+using xpv::test::env_number;
 std::uint64_t iterations(std::uint64_t fallback) { return env_number("XPV_FUZZ_ITERATIONS", fallback); }
 // XPV_FUZZ_SEED=N replays that one seed of each test (the number SCOPED_TRACE printed).
 bool skip_seed(std::uint64_t seed) {

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "fakes.h"
+#include "xpv/test/fuzz_seeds.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/shared_info.h"
 
@@ -89,18 +90,7 @@ constexpr std::uint64_t kCheckGfn = 0x7'3c5a'9e1d;  // RAM the fuzzing guest nev
 constexpr std::uint8_t kCheckVector = 0xf3;
 constexpr std::size_t kMaxEndpoints = 24;  // dom0 endpoints alive at once (2 eventfds each)
 
-// Seeds 1..XPV_FUZZ_ITERATIONS (default `fallback`), or XPV_FUZZ_SEED=S alone (to reproduce a
-// failure without the seeds before it).
-std::pair<std::uint64_t, std::uint64_t> seeds(std::uint64_t fallback) {
-  if (const char* e = std::getenv("XPV_FUZZ_SEED"); e != nullptr && *e != '\0') {
-    const std::uint64_t s = std::strtoull(e, nullptr, 10);
-    return {s, s};
-  }
-  if (const char* e = std::getenv("XPV_FUZZ_ITERATIONS"); e != nullptr && *e != '\0') {
-    return {1, std::strtoull(e, nullptr, 10)};
-  }
-  return {1, fallback};
-}
+using xpv::test::fuzz_seeds;
 
 std::uint64_t u32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
 bool is_xen_errno(std::int64_t rc) {
@@ -1443,7 +1433,7 @@ void World::expect_still_works() {
 }
 
 TEST(XenHypercallFuzz, AHostileGuestGetsExactAnswersAndLeavesAWorkingPlatform) {
-  const auto [first, last] = seeds(500);
+  const auto [first, last] = fuzz_seeds(500);
   spdlog::set_level(spdlog::level::warn);  // the guest's upcall-mode changes, logged at info
   for (std::uint64_t seed = first; seed <= last; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));

@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "ring_client.h"
+#include "ring_domain.h"
+#include "xpv/test/fuzz_seeds.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
 
 namespace xpv::xenbus {
@@ -48,42 +50,12 @@ namespace {
 using wire::MsgType;
 using xpv::test::RingClient;
 
-std::uint64_t env_number(const char* name, std::uint64_t fallback) {
-  if (const char* e = std::getenv(name); e != nullptr && *e != '\0') return std::strtoull(e, nullptr, 10);
-  return fallback;
-}
+using xpv::test::env_number;
 
 std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0'); }
 const std::string kOK("OK\0", 3);
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// One domain's xenstore page and event channel (two eventfds; the daemon gets dups).
-struct Domain {
-  alignas(4096) std::array<std::uint8_t, 4096> page{};
-  Fd kick_in{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  Fd kick_out{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  std::shared_ptr<daemon::RingConnection> conn;
-  std::unique_ptr<RingClient> client;
-  DomId domid = 0;
-  ring::XenstoreDomainInterface* intf() { return reinterpret_cast<ring::XenstoreDomainInterface*>(page.data()); }
-  void kick() {
-    std::uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(kick_in.get(), &one, sizeof one);
-  }
-};
+using Domain = xpv::test::RingDomain;
 
 // The daemon's complaints about the hostile domains are the point here, not worth printing.
 const bool kQuiet = [] {

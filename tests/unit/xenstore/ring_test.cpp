@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ring_client.h"
+#include "ring_domain.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
 
 using namespace xpv::xenbus;
@@ -22,31 +23,7 @@ namespace {
 std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0'); }
 const std::string kOK("OK\0", 3);
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// One simulated domain: its page, its event channel (two eventfds; the daemon gets dups).
-struct Domain {
-  alignas(4096) std::array<std::uint8_t, 4096> page{};
-  Fd kick_in{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  Fd kick_out{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
-  std::shared_ptr<daemon::RingConnection> conn;
-  std::unique_ptr<RingClient> client;
-  xpv::ring::XenstoreDomainInterface* intf() {
-    return reinterpret_cast<xpv::ring::XenstoreDomainInterface*>(page.data());
-  }
-};
+using Domain = xpv::test::RingDomain;
 
 class RingTest : public ::testing::Test {
  protected:
