@@ -78,43 +78,13 @@ Quotas small_quotas() {
 
 class World {
  public:
-  explicit World(std::uint64_t seed)
-      : rng_(seed), store_(small_quotas()), work_(boost::asio::make_work_guard(io_)) {
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~World() {
-    on_io([this] {
-      for (auto& d : doms_) d->conn->close();
-    });
-    work_.reset();
-    io_.stop();
-    thread_.join();
-  }
+  explicit World(std::uint64_t seed) : rng_(seed), store_(small_quotas()) {}
 
-  // Runs fn on the daemon's thread and waits for it (the Store is single-threaded).
   template <class F>
   void on_io(F fn) {
-    std::promise<void> done;
-    boost::asio::post(io_, [&] {
-      fn();
-      done.set_value();
-    });
-    done.get_future().wait();
+    daemon_.on_io(fn);
   }
-
-  Domain& attach(DomId domid) {
-    auto d = std::make_unique<Domain>();
-    Domain* dp = d.get();
-    dp->domid = domid;
-    on_io([&] {
-      dp->conn = std::make_shared<daemon::RingConnection>(io_, store_, std::span<std::uint8_t>(dp->page),
-                                                          ::dup(dp->kick_in.get()), ::dup(dp->kick_out.get()), domid);
-      dp->conn->start();
-    });
-    dp->client = std::make_unique<RingClient>(dp->intf(), dp->kick_in.get(), dp->kick_out.get());
-    doms_.push_back(std::move(d));
-    return *dp;
-  }
+  Domain& attach(DomId domid) { return daemon_.attach(domid); }
 
   std::mt19937_64& rng() { return rng_; }
   Store& store() { return store_; }
@@ -252,11 +222,8 @@ class World {
 
  private:
   std::mt19937_64 rng_;
-  boost::asio::io_context io_;
   Store store_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
-  std::thread thread_;
-  std::vector<std::unique_ptr<Domain>> doms_;
+  xpv::test::RingDaemon daemon_{store_};
   std::uint64_t sent_ = 0;
 };
 

@@ -1,14 +1,21 @@
-// One simulated domain of the xenstore ring tests (ring_test.cpp, tests/fuzz/xenstore): its
-// xenstore page and its event channel as two eventfds (the daemon's RingConnection gets dups),
-// the daemon's connection and the test's RingClient on the same page.
+// The xenstore ring tests' world (ring_test.cpp, tests/fuzz/xenstore): simulated domains, each
+// its xenstore page and its event channel as two eventfds (the daemon's RingConnection gets
+// dups) with the test's RingClient on the same page, served by RingConnections of one Store on
+// one io thread, as in xpv-xenstored.
 #pragma once
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <array>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "ring_client.h"
 #include "xpv/ring/xenstore.h"
@@ -30,6 +37,57 @@ struct RingDomain {
     std::uint64_t one = 1;
     [[maybe_unused]] auto n = ::write(kick_in.get(), &one, sizeof one);
   }
+};
+
+// xenstored's side: `store` (which must outlive it) served on its own thread.
+class RingDaemon {
+ public:
+  explicit RingDaemon(xenbus::Store& store) : store_(store), work_(boost::asio::make_work_guard(io_)) {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~RingDaemon() {
+    on_io([this] {
+      for (auto& d : doms_) d->conn->close();
+    });
+    work_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  RingDaemon(const RingDaemon&) = delete;
+  RingDaemon& operator=(const RingDaemon&) = delete;
+
+  // Runs fn on the daemon's thread and waits for it (the Store is single-threaded).
+  template <class F>
+  void on_io(F fn) {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      fn();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+  // A new domain whose ring the daemon serves from now on.
+  RingDomain& attach(xenbus::DomId domid) {
+    auto d = std::make_unique<RingDomain>();
+    RingDomain* dp = d.get();
+    dp->domid = domid;
+    on_io([&] {
+      dp->conn = std::make_shared<xenbus::daemon::RingConnection>(
+          io_, store_, std::span<std::uint8_t>(dp->page), ::dup(dp->kick_in.get()), ::dup(dp->kick_out.get()), domid);
+      dp->conn->start();
+    });
+    dp->client = std::make_unique<RingClient>(dp->intf(), dp->kick_in.get(), dp->kick_out.get());
+    doms_.push_back(std::move(d));
+    return *dp;
+  }
+
+ private:
+  xenbus::Store& store_;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::thread thread_;
+  std::vector<std::unique_ptr<RingDomain>> doms_;
 };
 
 }  // namespace xpv::test

@@ -27,46 +27,14 @@ using Domain = xpv::test::RingDomain;
 
 class RingTest : public ::testing::Test {
  protected:
-  RingTest() : work_(boost::asio::make_work_guard(io_)) {
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  ~RingTest() override {
-    on_io([this] {
-      for (auto& d : doms_) d->conn->close();
-    });
-    work_.reset();
-    io_.stop();
-    thread_.join();
-  }
-  // Runs fn on the daemon thread and waits for it (the Store is single-threaded).
   template <class F>
   void on_io(F fn) {
-    std::promise<void> done;
-    boost::asio::post(io_, [&] {
-      fn();
-      done.set_value();
-    });
-    done.get_future().wait();
+    daemon_.on_io(fn);
   }
-  Domain& attach(DomId domid) {
-    auto d = std::make_unique<Domain>();
-    Domain* dp = d.get();
-    on_io([&] {
-      dp->conn = std::make_shared<daemon::RingConnection>(
-          io_, store_, std::span<std::uint8_t>(dp->page), ::dup(dp->kick_in.get()),
-          ::dup(dp->kick_out.get()), domid);
-      dp->conn->start();
-    });
-    dp->client = std::make_unique<RingClient>(dp->intf(), dp->kick_in.get(), dp->kick_out.get());
-    doms_.push_back(std::move(d));
-    return *dp;
-  }
+  Domain& attach(DomId domid) { return daemon_.attach(domid); }
 
-  boost::asio::io_context io_;
   Store store_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
-  std::thread thread_;
-  std::vector<std::unique_ptr<Domain>> doms_;
+  xpv::test::RingDaemon daemon_{store_};
 };
 
 }  // namespace
