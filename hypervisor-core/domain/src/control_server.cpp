@@ -5,6 +5,7 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "xpv/domain/control.h"
@@ -25,7 +26,7 @@ struct ControlServer::Connection {
 };
 
 ControlServer::ControlServer(asio::io_context& io, std::string path, ControlHandler& handler)
-    : io_(io), path_(std::move(path)), handler_(handler), listener_(io) {
+    : io_(io), path_(std::move(path)), handler_(handler), listener_(io), accept_retry_(io) {
   ::unlink(path_.c_str());  // a stale socket of a previous run of this domain id
   listener_.assign(listen_seqpacket(path_).release());
   accept_next();
@@ -34,6 +35,7 @@ ControlServer::ControlServer(asio::io_context& io, std::string path, ControlHand
 ControlServer::~ControlServer() {
   for (const auto& c : std::set(conns_)) close(c);
   boost::system::error_code ignored;
+  accept_retry_.cancel();
   listener_.close(ignored);
   ::unlink(path_.c_str());
 }
@@ -42,6 +44,7 @@ void ControlServer::accept_next() {
   listener_.async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
     if (ec) return;  // listener closed: the server is going away
     UniqueFd fd(::accept4(listener_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    const int err = errno;
     if (fd) {
       // Root-only: the socket file is 0600, and the peer's uid is checked too (a file mode can be
       // changed by mistake; SO_PEERCRED cannot).
@@ -53,8 +56,17 @@ void ControlServer::accept_next() {
         conns_.insert(c);
         read_next(c);
       }
-    } else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-      spdlog::error("{}: accept: {}", path_, std::strerror(errno));
+    } else if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+      // The connection stays in the backlog and the listener readable: waiting for it again at
+      // once would spin (and log) as fast as the thread runs. Try again a little later.
+      spdlog::error("{}: accept: {}; trying again in {} ms", path_, std::strerror(err), kAcceptRetryMs);
+      accept_retry_.expires_after(std::chrono::milliseconds(kAcceptRetryMs));
+      accept_retry_.async_wait([this, alive = std::weak_ptr<int>(alive_)](boost::system::error_code e) {
+        if (!e && !alive.expired()) accept_next();  // else the server is going away
+      });
+      return;
+    } else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
+      spdlog::error("{}: accept: {}", path_, std::strerror(err));
     }
     accept_next();
   });

@@ -47,7 +47,10 @@ void PvConsole::drain() noexcept {
   // next notification.
   for (int round = 0; round < 2; ++round) {
     auto n = out->read(buf);
-    if (!n) return disable("out_prod - out_cons is larger than the out ring");
+    if (!n) {
+      bytes_out_.fetch_add(total, std::memory_order_relaxed);  // what the first round gave Output
+      return disable("out_prod - out_cons is larger than the out ring");
+    }
     if (*n == 0) break;
     total += *n;
     try {

@@ -1,17 +1,23 @@
 // The domain control socket end to end: a ControlServer on a real SOCK_SEQPACKET socket in a
 // temporary directory, driven by ControlClient and by raw datagrams.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "xpv/domain/control.h"
@@ -269,6 +275,69 @@ std::size_t open_fds() {
   std::size_t n = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
+}
+
+// Out of fds, the sanitizers cannot work (UBSan's vptr check opens a pipe to look at memory, and
+// reports an error for what it cannot look at): the steps that exhaust fds do not run under them.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Found while fuzzing the control socket (tests/fuzz/control) with many connections: out of fds,
+// accept() fails with EMFILE and leaves the connection in the backlog, so the listener stays
+// readable; the server must not wait for it again at once (a spinning control thread and an
+// error line each turn), and must serve the connection once fds are back.
+TEST_F(ControlSocketTest, AFullFdTableDoesNotSpinTheAcceptLoop) {
+  if (kSanitized) GTEST_SKIP() << "exhausts the process's fds, which the sanitizers' checks need";
+  struct AcceptLines : spdlog::sinks::base_sink<std::mutex> {
+    std::atomic<long> lines{0};
+    void sink_it_(const spdlog::details::log_msg& m) override {
+      if (std::string_view(m.payload.data(), m.payload.size()).find("accept") != std::string_view::npos) ++lines;
+    }
+    void flush_() override {}
+  };
+  static const auto counter = std::make_shared<AcceptLines>();  // outlives any line the io thread logs
+  static const auto logger = std::make_shared<spdlog::logger>("accept-lines", counter);
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  counter->lines = 0;
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  std::vector<UniqueFd> filler;
+  UniqueFd client;
+  rlimit low = saved;
+  low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, open_fds() + 16);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  for (UniqueFd f(::eventfd(0, EFD_CLOEXEC)); f; f = UniqueFd(::eventfd(0, EFD_CLOEXEC))) filler.push_back(std::move(f));
+  filler.pop_back();  // room for the client's socket, none for the server's end
+  client = connect_seqpacket(path_);
+  for (int i = 0; i < 500 && counter->lines.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const long first = counter->lines.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a spinning loop fails thousands of times
+  const long more = counter->lines.load() - first;
+  filler.clear();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  spdlog::set_default_logger(previous);
+  EXPECT_GE(first, 1) << "accept() did not fail: the fd table was not full";
+  EXPECT_LE(more, 10) << "accept() failed " << more << " more times in 300 ms: the accept loop spins";
+  // Fds are back: the connection that waited in the backlog is served.
+  HelloRequest h{};
+  copy_string(h.client_name, "patient");
+  ASSERT_TRUE(send_datagram(client.get(), encode(static_cast<std::uint16_t>(MsgType::hello), 1, bytes_of(h))));
+  ASSERT_TRUE(*wait_readable(client.get(), 5000));
+  auto d = recv_datagram(client.get(), kMaxMessage, kMaxFds);
+  ASSERT_TRUE(d);
+  auto m = parse(d->bytes);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->header.type, static_cast<std::uint16_t>(MsgType::hello) | kResponseBit);
 }
 
 TEST(Seqpacket, TooManyFdsAreAnErrorAndNoneLeak) {

@@ -9,6 +9,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstdint>
 #include <map>
@@ -99,6 +100,10 @@ class ControlServer {
   std::string path_;
   ControlHandler& handler_;
   boost::asio::posix::stream_descriptor listener_;
+  // accept() out of fds or memory: the next try waits this long (the listener stays readable).
+  static constexpr int kAcceptRetryMs = 100;
+  boost::asio::steady_timer accept_retry_;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // a retry already due sees it gone
   std::set<std::shared_ptr<Connection>> conns_;
 };
 
