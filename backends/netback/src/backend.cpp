@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <string_view>
 
 namespace xpv::netback {
 
@@ -28,6 +30,14 @@ std::optional<std::uint64_t> parse_uint(const std::string& s, std::uint64_t max)
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size() || v > max) return std::nullopt;
   return v;
+}
+
+// XPV_NETBACK_RX_FILL=adaptive in the daemon's environment: every queue bounds how far ahead of
+// the guest it fills its rx ring (rx_fill_limit.h); otherwise the whole ring, as Linux netback.
+// An experiment's switch, for A/B measurements (backends/README.md "Fairness").
+bool rx_fill_adaptive() {
+  const char* env = std::getenv("XPV_NETBACK_RX_FILL");
+  return env != nullptr && std::string_view(env) == "adaptive";
 }
 
 }  // namespace
@@ -419,6 +429,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_bytes = d.nodes->rate_bytes;
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
+    s.queue.rx_fill_adaptive = rx_fill_adaptive();
     s.queue.share = &share_;
     s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;

@@ -22,6 +22,8 @@ constexpr std::size_t kPage = kXenPageSize;
 constexpr std::size_t kHdrCopy = 256;  // header bytes gathered for offload parsing
 constexpr int kTurnsPerPoll = 32;      // turns before re-checking the stop fd and event channels
 constexpr int kDrainBatch = 64;        // TAP reads per look while the guest is behind
+// The fill limit's floor: two of the largest packets (rx_fill_limit.h).
+constexpr std::size_t kRxFillMinSlots = 2 * NetbackQueue::kRxDirectSlots;
 }  // namespace
 
 template <class... Args>
@@ -50,7 +52,9 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
       cfg_(cfg),
       sched_(cfg.fair),
       limiter_(cfg.rate_bytes, cfg.rate_usec),
-      rx_queue_(cfg.rx_queue, kMaxRxBytes) {
+      rx_queue_(cfg.rx_queue, kMaxRxBytes),
+      rx_fill_(rx_.size(), kRxFillMinSlots, cfg.rx_fill_adaptive, cfg.rx_fill_period_us) {
+  counters_.rx_fill_limit.store(rx_fill_.limit(), std::memory_order_relaxed);
   if (!tx_evtchn_) throw std::invalid_argument("netback: no event channel");
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
@@ -421,6 +425,7 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
       std::memcpy(rx_held_[i].page.data(), rx_held_[i + 1].page.data(), len);
     }
   }
+  rx_fill_.saw_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
   rx_respond(*off, data_slots, /*failed=*/false);
   rx_stalled_ = false;  // the frontend takes packets again
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
@@ -431,7 +436,8 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
 
 NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   bytes = 0;
-  if (rx_queue_.empty() && tap_readable_ && rx_available() >= kRxDirectSlots && rx_hold(kRxDirectSlots)) {
+  if (rx_queue_.empty() && tap_readable_ && rx_fill_.usable(rx_available()) >= kRxDirectSlots &&
+      rx_hold(kRxDirectSlots)) {
     bool all_mapped = true;
     for (std::size_t i = 0; i < kRxDirectSlots; ++i) all_mapped = all_mapped && !rx_held_[i].page.empty();
     if (all_mapped) return rx_direct(bytes);
@@ -456,9 +462,13 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   if ((!cfg_.sg && data_slots > 1) || need > rx_.size()) return drop();
   const std::size_t avail = rx_available();
   if (disabled()) return Step::none;
-  if (avail < need) {
+  if (rx_fill_.usable(avail) < need) {
+    if (avail >= need) {  // posted, but the guest has enough ahead of it (rx_fill_limit.h)
+      rx_fill_.held_back();
+      counters_.rx_fill_holds.fetch_add(1, std::memory_order_relaxed);
+    }
     const std::uint64_t now = now_us();
-    rx_need_ = static_cast<RingIdx>(need - rx_held_.size());  // more than we hold
+    rx_need_ = static_cast<RingIdx>(rx_fill_.posted_needed(need) - rx_held_.size());  // more than we hold
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
@@ -489,6 +499,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     guest_error("rx: a posted buffer could not be mapped");
     counters_.rx_errors.fetch_add(1, std::memory_order_relaxed);
   }
+  rx_fill_.saw_flow(p->flow);
   rx_respond(*off, data_slots, failed);
   rx_queue_.pop();
   if (failed) return Step::dropped;
@@ -499,8 +510,35 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
   return Step::moved;
 }
 
+// How far behind the guest is (rx_fill_limit.h). Two upper bounds on the responses it has not
+// consumed, the smaller taken: the buffers it has not posted again (Linux netfront re-posts what
+// it consumed at the end of each poll; a frontend that posts fewer than the ring would look
+// behind for ever by this one alone) and the responses after the point where it last re-armed
+// its event (stale while it is busy). The guest writes rsp_event: a wild value only makes the
+// second bound the whole ring, and then the first decides.
+void NetbackQueue::rx_observe_guest() noexcept {
+  if (!rx_fill_.adaptive()) return;
+  auto n = rx_.unconsumed_requests();
+  if (!n) return;  // the caller's next ring access disables the queue
+  const std::size_t ring = rx_.size();
+  const std::size_t posted = rx_held_.size() + *n;
+  std::size_t backlog = ring > posted ? ring - posted : 0;
+  const std::atomic_ref<RingIdx> rsp_event(
+      *reinterpret_cast<RingIdx*>(rx_.bytes().data() + offsetof(SharedRingHeader, rsp_event)));
+  const RingIdx published = rx_.rsp_prod_pvt();  // pushed after every turn (push_and_notify)
+  const RingIdx since_armed = static_cast<RingIdx>(published - (rsp_event.load(std::memory_order_relaxed) - 1));
+  if (since_armed <= ring) backlog = std::min<std::size_t>(backlog, since_armed);
+  // Idle: it consumed every response published and asked to hear of the next one.
+  const bool idle = !rx_resp_pending_ && since_armed == 0;
+  rx_fill_.observe(backlog, idle, now_us());
+  counters_.rx_fill_limit.store(rx_fill_.limit(), std::memory_order_relaxed);
+  counters_.rx_fill_grows.store(rx_fill_.grows(), std::memory_order_relaxed);
+  counters_.rx_fill_shrinks.store(rx_fill_.shrinks(), std::memory_order_relaxed);
+}
+
 bool NetbackQueue::rx_turn() noexcept {
   counters_.rx_turns.fetch_add(1, std::memory_order_relaxed);
+  rx_observe_guest();
   while (sched_.may_send()) {
     std::size_t bytes = 0;
     const Step s = rx_one(bytes);

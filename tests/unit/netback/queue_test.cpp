@@ -73,6 +73,15 @@ class FakeFrontend {
     for (auto r = rx_->pop_response(); r; r = rx_->pop_response()) out.push_back(*r);
     return out;
   }
+  // As netfront ends a poll: takes every response there is and re-arms rsp_event (idle).
+  std::vector<NetifRxResponse> rx_responses_and_rearm() {
+    auto out = rx_responses();
+    for (auto more = rx_->final_check_for_responses(); more && *more; more = rx_->final_check_for_responses()) {
+      auto again = rx_responses();
+      out.insert(out.end(), again.begin(), again.end());
+    }
+    return out;
+  }
   std::uint64_t notifications() { return from_dom0_.consume().value_or(0); }
   std::span<std::uint8_t> tx_ring_page() { return page(1); }
 
@@ -531,6 +540,133 @@ TEST_F(NetbackQueueTest, RxASparseFlowOvertakesABulkBacklogWhileTheGuestIsBehind
   EXPECT_EQ(queue_->counters().rx_packets.load(), 31u);
   EXPECT_EQ(queue_->counters().rx_queued.load(), 31u);
   EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
+}
+
+// The adaptive fill limit (rx_fill_limit.h) against a guest that falls behind: the limit comes
+// down to its floor, netback keeps the rest in its flow queue although buffers are posted (so an
+// ACK goes ahead of the bulk backlog there), and a guest that then idles while packets are held
+// back gets the limit doubled at once. Every look ends a period here (rx_fill_period_us 0).
+TEST_F(NetbackQueueTest, RxFillLimitKeepsTheGuestsRingShortWhileItIsBehind) {
+  NetbackConfig cfg;
+  cfg.rx_queue.seed = 1;
+  cfg.rx_fill_adaptive = true;
+  cfg.rx_fill_period_us = 0;
+  start(cfg);
+  constexpr std::size_t kFloor = 2 * NetbackQueue::kRxDirectSlots;
+  auto with_port = [](std::vector<std::uint8_t> f, std::uint16_t sport) {
+    f[20] = 0x40;
+    f[21] = 0;
+    f[34] = static_cast<std::uint8_t>(sport >> 8);
+    f[35] = static_cast<std::uint8_t>(sport);
+    return f;
+  };
+  const auto bulk = with_port(tcp_frame(1400), 1000);
+  const auto ack = with_port(tcp_frame(66), 2000);
+  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
+  fe_.rx_push();
+  EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 256u) << "the whole ring to start with";
+  const auto bulk2 = with_port(tcp_frame(1400), 1001);
+  // 40 packets of two bulk flows, the guest takes none: its ring holds them.
+  for (int i = 0; i < 40; ++i) host_write({}, i % 2 ? bulk2 : bulk);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 40u);
+  // One more packet per look while it stays behind: each look takes the backlog the guest still
+  // has off the limit, down to the floor.
+  int looks = 0;
+  for (; looks < 20 && queue_->counters().rx_fill_limit.load() > kFloor; ++looks) {
+    host_write({}, looks % 2 ? bulk : bulk2);
+    ASSERT_TRUE(queue_->poll_once());
+  }
+  ASSERT_EQ(queue_->counters().rx_fill_limit.load(), kFloor);
+  EXPECT_LT(looks, 20);
+  EXPECT_EQ(queue_->counters().rx_fill_shrinks.load(), static_cast<std::uint64_t>(looks));
+  const std::uint64_t behind = queue_->counters().rx_packets.load();
+  EXPECT_GE(behind, 40u);
+  const std::uint64_t total = 40 + static_cast<std::uint64_t>(looks) + 61;
+  // Above the floor's worth behind, the next packets wait in netback although buffers are posted.
+  for (int i = 0; i < 60; ++i) host_write({}, bulk);
+  host_write({}, ack);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), behind) << "held back with buffers posted";
+  EXPECT_GT(queue_->counters().rx_fill_holds.load(), 0u);
+  // The guest works off its backlog and posts the buffers again, still busy (no re-arm): the
+  // next packets fill up to the limit, the ACK among the first of them.
+  const auto first = fe_.rx_responses();
+  ASSERT_EQ(first.size(), behind);
+  for (const auto& r : first) fe_.post_rx(r.id, fe_.grant(16 + r.id, false));
+  fe_.rx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  const auto second = fe_.rx_responses();
+  EXPECT_EQ(second.size(), kFloor) << "up to the limit and no further";
+  int ack_at = -1;
+  for (std::size_t i = 0; i < second.size(); ++i) {
+    if (second[i].status == 66) ack_at = static_cast<int>(i);
+  }
+  ASSERT_GE(ack_at, 0);
+  EXPECT_LE(ack_at, 2) << "the ACK went ahead of the bulk backlog";
+  EXPECT_EQ(std::memcmp(fe_.page(16 + second[static_cast<std::size_t>(ack_at)].id).data(), ack.data(), ack.size()), 0);
+  EXPECT_EQ(queue_->counters().rx_fill_grows.load(), 0u);
+  // Now it takes everything, posts the buffers again and goes idle while netback still holds
+  // packets back: starved by the limit, which doubles.
+  for (const auto& r : second) fe_.post_rx(r.id, fe_.grant(16 + r.id, false));
+  ASSERT_TRUE(fe_.rx_responses_and_rearm().empty());
+  fe_.rx_push();
+  const std::uint64_t before = queue_->counters().rx_packets.load();
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_fill_grows.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 2 * kFloor);
+  // Everything left goes out in order and complete; nothing was dropped on the way.
+  for (int pass = 0; pass < 10 && queue_->counters().rx_packets.load() < total; ++pass) {
+    for (const auto& r : fe_.rx_responses_and_rearm()) fe_.post_rx(r.id, fe_.grant(16 + r.id, false));
+    fe_.rx_push();
+    ASSERT_TRUE(queue_->poll_once());
+  }
+  EXPECT_GT(queue_->counters().rx_packets.load(), before);
+  EXPECT_EQ(queue_->counters().rx_packets.load(), total);
+  EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
+}
+
+// One flow alone has nothing to go ahead of it: however far behind the guest is and however low
+// the limit, nothing is held back (each held packet would only cost a second copy).
+TEST_F(NetbackQueueTest, RxFillLimitHoldsNothingBackForOneFlowAlone) {
+  NetbackConfig cfg;
+  cfg.rx_fill_adaptive = true;
+  cfg.rx_fill_period_us = 0;
+  start(cfg);
+  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
+  fe_.rx_push();
+  const auto frame = tcp_frame(1400);
+  for (int i = 0; i < 40; ++i) host_write({}, frame);
+  ASSERT_TRUE(queue_->poll_once());
+  for (int i = 0; i < 20; ++i) {  // looks while 40 and more behind: the limit comes down
+    host_write({}, frame);
+    ASSERT_TRUE(queue_->poll_once());
+  }
+  EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 2 * NetbackQueue::kRxDirectSlots);
+  for (int i = 0; i < 100; ++i) host_write({}, frame);
+  for (int pass = 0; pass < 5; ++pass) ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 160u) << "every packet straight into a posted buffer";
+  EXPECT_EQ(queue_->counters().rx_fill_holds.load(), 0u);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 0u);
+}
+
+// Without the limit (the default; XPV_NETBACK_RX_FILL=adaptive turns it on): every posted buffer
+// is used.
+TEST_F(NetbackQueueTest, RxFillLimitOffFillsEveryPostedBuffer) {
+  NetbackConfig cfg;
+  cfg.rx_fill_adaptive = false;
+  cfg.rx_fill_period_us = 0;
+  start(cfg);
+  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
+  fe_.rx_push();
+  const auto frame = tcp_frame(1400);
+  for (int i = 0; i < 40; ++i) host_write({}, frame);
+  ASSERT_TRUE(queue_->poll_once());
+  for (int i = 0; i < 100; ++i) host_write({}, frame);
+  for (int pass = 0; pass < 5; ++pass) ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 140u);
+  EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 256u);
+  EXPECT_EQ(queue_->counters().rx_fill_holds.load(), 0u);
 }
 
 TEST_F(NetbackQueueTest, RxGsoTheFrontendDidNotNegotiateIsDropped) {

@@ -22,6 +22,10 @@
 // posted and nothing queued, packets go straight from the TAP into the guest's pages. Once the
 // frontend has posted no buffers for the head packet for rx_stall_ms, everything queued and every
 // packet read while it still posts none is dropped, counting each in rx_dropped.
+// Optionally (NetbackConfig::rx_fill_adaptive), how many of the posted buffers netback fills
+// ahead of a guest that is behind is bounded too, adaptively (RxFillLimit, rx_fill_limit.h: BQL
+// for the guest's ring), so that what the guest cannot take yet waits in that flow-ordered queue
+// rather than in the ring's arrival order.
 //
 // Guest faults, in DESIGN.md §5's tiers:
 //   malformed packet (size < 14, a slot with offset+size past its page, more than
@@ -64,6 +68,7 @@
 #include "xpv/netback/fair_share.h"
 #include "xpv/netback/offload.h"
 #include "xpv/netback/rate_limiter.h"
+#include "xpv/netback/rx_fill_limit.h"
 #include "xpv/netback/rx_flow_queue.h"
 #include "xpv/ring/netif.h"
 
@@ -80,6 +85,11 @@ struct NetbackConfig {
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // the vif's `rate` node; 0 = unlimited
   std::uint32_t rx_stall_ms = 1000;  // a packet waits this long for rx buffers, then drops start
   RxFlowConfig rx_queue;             // the host→guest backlog while the guest is behind
+  // How far ahead of the guest its rx ring is filled (rx_fill_limit.h): always the whole ring
+  // (false, the default), or adaptive (the daemon's XPV_NETBACK_RX_FILL=adaptive; an experiment:
+  // measured in backends/README.md "Fairness", not yet shown to be a gain).
+  bool rx_fill_adaptive = false;
+  std::uint64_t rx_fill_period_us = RxFillLimit::kPeriodUs;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
   bool resume = false;
@@ -95,6 +105,9 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
   std::atomic<std::uint64_t> rx_overflow{0};               // dropped from the fattest flow: backlog full
   std::atomic<std::uint64_t> rx_queued{0};                 // delivered from the flow queue (not straight)
+  std::atomic<std::uint64_t> rx_fill_limit{0};             // now: rx slots netback may keep filled ahead of the guest
+  std::atomic<std::uint64_t> rx_fill_holds{0};             // packets the fill limit held back (buffers were posted)
+  std::atomic<std::uint64_t> rx_fill_grows{0}, rx_fill_shrinks{0};  // the guest idled while held back / stayed behind
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
@@ -151,6 +164,7 @@ class NetbackQueue {
   Step rx_direct(std::size_t& bytes) noexcept;  // read one packet straight into held buffers
   bool rx_hold(std::size_t n) noexcept;         // at least n requests popped and mapped
   std::size_t rx_available() noexcept;          // held + unconsumed rx requests (0 on error)
+  void rx_observe_guest() noexcept;             // feeds rx_fill_ at the start of an rx turn
   // Answers the first `need` held requests for a packet of rx_len_ bytes (its data already in
   // their pages unless `failed`), and lets go of them.
   void rx_respond(const NetifOffload& off, std::size_t data_slots, bool failed) noexcept;
@@ -189,6 +203,7 @@ class NetbackQueue {
   // RX state.
   VnetHdr rx_vnet_{};
   RxFlowQueue rx_queue_;          // read from the TAP, not delivered yet
+  RxFillLimit rx_fill_;           // how many posted buffers we may fill (rx_fill_limit.h)
   std::size_t rx_len_ = 0;        // bytes of the packet being answered
   bool tap_readable_ = true;
   bool rx_stalled_ = false;       // the head of rx_queue_ waits for rx buffers
