@@ -425,7 +425,7 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
       std::memcpy(rx_held_[i].page.data(), rx_held_[i + 1].page.data(), len);
     }
   }
-  rx_fill_.saw_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
+  if (rx_fill_.adaptive()) rx_fill_.saw_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
   rx_respond(*off, data_slots, /*failed=*/false);
   rx_stalled_ = false;  // the frontend takes packets again
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);

@@ -67,6 +67,7 @@
 #include "xpv/domain/control.h"
 #include "xpv/domain/seqpacket.h"
 #include "xpv/test/fuzz_seeds.h"
+#include "xpv/test/sanitizers.h"
 
 namespace xpv::domain {
 namespace {
@@ -76,19 +77,7 @@ using namespace control;
 using Rng = std::mt19937_64;
 using Bytes = std::vector<std::uint8_t>;
 
-// Out of fds, the sanitizers cannot work (UBSan's vptr check opens a pipe to look at memory, and
-// reports an error for what it cannot look at): the steps that exhaust fds do not run under them.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using xpv::test::kSanitized;  // steps that exhaust fds do not run under the sanitizers
 
 constexpr int kTimeoutMs = 5000;
 constexpr std::uint32_t kFirstPort = 5, kLastPort = 12;  // guest ports unbound for dom0

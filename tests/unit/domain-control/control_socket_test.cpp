@@ -22,6 +22,7 @@
 
 #include "xpv/domain/control.h"
 #include "xpv/domain/seqpacket.h"
+#include "xpv/test/sanitizers.h"
 
 namespace xpv::domain {
 namespace {
@@ -277,19 +278,7 @@ std::size_t open_fds() {
   return n;
 }
 
-// Out of fds, the sanitizers cannot work (UBSan's vptr check opens a pipe to look at memory, and
-// reports an error for what it cannot look at): the steps that exhaust fds do not run under them.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using xpv::test::kSanitized;  // exhausting fds does not work under the sanitizers
 
 // Found while fuzzing the control socket (tests/fuzz/control) with many connections: out of fds,
 // accept() fails with EMFILE and leaves the connection in the backlog, so the listener stays

@@ -176,6 +176,17 @@ class NetbackQueueTest : public ::testing::Test {
     ASSERT_EQ(::writev(host_.get(), iov, 2), static_cast<ssize_t>(sizeof h + f.size()));
   }
 
+  // Every slot of the rx ring posted, buffer i in gfn 16 + i (the rx fill limit's tests).
+  void post_whole_rx_ring() {
+    for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
+    fe_.rx_push();
+  }
+  // `n` copies of `frame` from the host, then one pass of the queue.
+  void host_burst(const std::vector<std::uint8_t>& frame, int n) {
+    for (int i = 0; i < n; ++i) host_write({}, frame);
+    ASSERT_TRUE(queue_->poll_once());
+  }
+
   FakeFrontend fe_;
   UniqueFd tap_, host_;
   std::unique_ptr<gnttab::GrantMapper> mapper_;
@@ -562,8 +573,7 @@ TEST_F(NetbackQueueTest, RxFillLimitKeepsTheGuestsRingShortWhileItIsBehind) {
   };
   const auto bulk = with_port(tcp_frame(1400), 1000);
   const auto ack = with_port(tcp_frame(66), 2000);
-  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
-  fe_.rx_push();
+  post_whole_rx_ring();
   EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 256u) << "the whole ring to start with";
   const auto bulk2 = with_port(tcp_frame(1400), 1001);
   // 40 packets of two bulk flows, the guest takes none: its ring holds them.
@@ -633,18 +643,13 @@ TEST_F(NetbackQueueTest, RxFillLimitHoldsNothingBackForOneFlowAlone) {
   cfg.rx_fill_adaptive = true;
   cfg.rx_fill_period_us = 0;
   start(cfg);
-  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
-  fe_.rx_push();
+  post_whole_rx_ring();
   const auto frame = tcp_frame(1400);
-  for (int i = 0; i < 40; ++i) host_write({}, frame);
-  ASSERT_TRUE(queue_->poll_once());
-  for (int i = 0; i < 20; ++i) {  // looks while 40 and more behind: the limit comes down
-    host_write({}, frame);
-    ASSERT_TRUE(queue_->poll_once());
-  }
+  host_burst(frame, 40);
+  for (int i = 0; i < 20; ++i) host_burst(frame, 1);  // looks while 40 and more behind: the limit comes down
   EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 2 * NetbackQueue::kRxDirectSlots);
-  for (int i = 0; i < 100; ++i) host_write({}, frame);
-  for (int pass = 0; pass < 5; ++pass) ASSERT_TRUE(queue_->poll_once());
+  host_burst(frame, 100);
+  for (int pass = 0; pass < 4; ++pass) ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().rx_packets.load(), 160u) << "every packet straight into a posted buffer";
   EXPECT_EQ(queue_->counters().rx_fill_holds.load(), 0u);
   EXPECT_EQ(queue_->counters().rx_queued.load(), 0u);
@@ -657,13 +662,11 @@ TEST_F(NetbackQueueTest, RxFillLimitOffFillsEveryPostedBuffer) {
   cfg.rx_fill_adaptive = false;
   cfg.rx_fill_period_us = 0;
   start(cfg);
-  for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
-  fe_.rx_push();
+  post_whole_rx_ring();
   const auto frame = tcp_frame(1400);
-  for (int i = 0; i < 40; ++i) host_write({}, frame);
-  ASSERT_TRUE(queue_->poll_once());
-  for (int i = 0; i < 100; ++i) host_write({}, frame);
-  for (int pass = 0; pass < 5; ++pass) ASSERT_TRUE(queue_->poll_once());
+  host_burst(frame, 40);
+  host_burst(frame, 100);
+  for (int pass = 0; pass < 4; ++pass) ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().rx_packets.load(), 140u);
   EXPECT_EQ(queue_->counters().rx_fill_limit.load(), 256u);
   EXPECT_EQ(queue_->counters().rx_fill_holds.load(), 0u);
