@@ -37,7 +37,10 @@ std::optional<std::uint64_t> parse_uint(const std::string& s, std::uint64_t max)
 // An experiment's switch, for A/B measurements (backends/README.md "Fairness").
 bool rx_fill_adaptive() {
   const char* env = std::getenv("XPV_NETBACK_RX_FILL");
-  return env != nullptr && std::string_view(env) == "adaptive";
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "ring") return false;
+  if (std::string_view(env) == "adaptive") return true;
+  spdlog::warn("netback: XPV_NETBACK_RX_FILL={:?} is neither 'adaptive' nor 'ring'; filling the whole ring", env);
+  return false;
 }
 
 }  // namespace
