@@ -18,7 +18,7 @@ ControlClient ControlClient::connect(const std::string& path, const std::string&
   copy_string(req.client_name, client_name);
   Message m = c.call(MsgType::hello, bytes_of(req));
   auto r = decode_fixed<HelloResponse>(m.payload);
-  if (!r || !nul_terminated(r->name) || r->kind > static_cast<std::uint32_t>(DomainKind::process)) {
+  if (!r || r->kind > static_cast<std::uint32_t>(DomainKind::process)) {
     throw ControlError(EPROTO, path + ": malformed hello answer");
   }
   c.info_ = {r->domid, r->nr_vcpus, static_cast<DomainKind>(r->kind), r->name};
@@ -45,7 +45,7 @@ Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
   if (m->header.seq != seq) throw ControlError(EPROTO, "control socket: answer to another request");
   if (m->header.type == kErrorType) {
     auto e = decode_fixed<ErrorPayload>(m->payload);
-    if (!e || !nul_terminated(e->message) || e->error <= 0) {
+    if (!e) {
       throw ControlError(EPROTO, "control socket: malformed error answer");
     }
     throw ControlError(e->error, e->message);

@@ -42,6 +42,31 @@ Expected<Message, ProtoError> parse(std::span<const std::uint8_t> datagram) noex
   return m;
 }
 
+Expected<Request, ProtoError> decode_request(const Message& m) noexcept {
+  const std::uint16_t t = m.header.type;
+  if ((t & kResponseBit) != 0 || !known_request(t)) return fail(ProtoError::unknown_type);
+  Request r{static_cast<MsgType>(t), m.header.seq, {}};
+  auto take = [&]<class T>(std::type_identity<T>) -> Expected<Request, ProtoError> {
+    auto v = decode_fixed<T>(m.payload);
+    if (!v) return fail(v.error());
+    r.body = *v;
+    return r;
+  };
+  switch (r.type) {
+    case MsgType::hello: return take(std::type_identity<HelloRequest>{});
+    case MsgType::bind_interdomain: return take(std::type_identity<BindRequest>{});
+    case MsgType::unbind: return take(std::type_identity<UnbindRequest>{});
+    case MsgType::get_direct_upcall: return take(std::type_identity<DirectUpcallRequest>{});
+    case MsgType::get_memory:
+    case MsgType::get_grant_table:
+    case MsgType::get_xenstore:
+    case MsgType::unpause:
+      if (!m.payload.empty()) return fail(ProtoError::bad_payload);
+      return r;
+  }
+  return fail(ProtoError::unknown_type);
+}
+
 std::size_t fds_for(std::uint16_t wire_type) noexcept {
   if (wire_type == (static_cast<std::uint16_t>(MsgType::get_memory) | kResponseBit)) return 1;
   if (wire_type == (static_cast<std::uint16_t>(MsgType::bind_interdomain) | kResponseBit)) return 2;
@@ -63,7 +88,7 @@ Expected<std::vector<RegionWire>, ProtoError> decode_memory(
   if (payload.size() < sizeof(MemoryResponse)) return fail(ProtoError::bad_payload);
   MemoryResponse head;
   std::memcpy(&head, payload.data(), sizeof head);
-  if (head.nr_regions == 0 || head.nr_regions > kMaxRegions ||
+  if (head.pad != 0 || head.nr_regions == 0 || head.nr_regions > kMaxRegions ||
       payload.size() != sizeof head + std::size_t{head.nr_regions} * sizeof(RegionWire)) {
     return fail(ProtoError::bad_payload);
   }

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <variant>
 
 #include "xpv/domain/control.h"
 #include "xpv/domain/seqpacket.h"
@@ -129,22 +130,27 @@ bool ControlServer::serve_one(Connection& c) {
     spdlog::warn("{}: {}: {}; closing the connection", path_, c.client, to_string(m.error()));
     return false;
   }
-  const std::uint32_t seq = m->header.seq;
   if ((m->header.type & kResponseBit) != 0) {
     spdlog::warn("{}: {}: a client sent a response; closing the connection", path_, c.client);
     return false;
   }
-  const auto type = static_cast<MsgType>(m->header.type);
+  auto rq = decode_request(*m);
+  if (!rq) {
+    spdlog::warn("{}: {}: {} in a request of type {}; closing the connection", path_, c.client,
+                 to_string(rq.error()), m->header.type);
+    return false;
+  }
+  const std::uint32_t seq = rq->seq;
+  const MsgType type = rq->type;
   const std::uint16_t rsp = m->header.type | kResponseBit;
 
   if (type == MsgType::hello) {
-    auto req = decode_fixed<HelloRequest>(m->payload);
-    if (!req || !nul_terminated(req->client_name)) return false;
-    if (req->client_domid != 0) {
+    const auto& req = std::get<HelloRequest>(rq->body);
+    if (req.client_domid != 0) {
       return reply_error(fd, seq, EPERM, "only dom0 services may use the control socket");
     }
     c.said_hello = true;
-    c.client = req->client_name;
+    c.client = req.client_name;
     DomainInfo info = handler_.info();
     HelloResponse r{};
     r.domid = info.domid;
@@ -159,7 +165,6 @@ bool ControlServer::serve_one(Connection& c) {
   switch (type) {
     case MsgType::hello: break;  // handled above
     case MsgType::get_memory: {
-      if (!m->payload.empty()) return false;
       const DomainMemory& mem = handler_.memory();
       std::vector<RegionWire> regions;
       for (const MemoryRegion& r : mem.layout()) regions.push_back({r.gpa, r.size, r.offset});
@@ -167,57 +172,51 @@ bool ControlServer::serve_one(Connection& c) {
       return reply(fd, rsp, seq, encode_memory(regions), std::span<const int>(&mfd, 1));
     }
     case MsgType::get_grant_table: {
-      if (!m->payload.empty()) return false;
       GrantTableInfo g = handler_.grant_table();
       return reply(fd, rsp, seq, encode_grant_table(g.max_frames, g.gfns));
     }
     case MsgType::bind_interdomain: {
-      auto req = decode_fixed<BindRequest>(m->payload);
-      if (!req) return false;
-      auto b = handler_.bind_interdomain(req->remote_port);
+      const auto& req = std::get<BindRequest>(rq->body);
+      auto b = handler_.bind_interdomain(req.remote_port);
       if (!b) {
         return reply_error(fd, seq, b.error(),
-                           "cannot bind port " + std::to_string(req->remote_port) + ": " +
+                           "cannot bind port " + std::to_string(req.remote_port) + ": " +
                                std::strerror(b.error()));
       }
       c.bound.insert(b->port);
       BindResponse r{b->port, 0};
       const int fds[2] = {b->to_dom0.get(), b->from_dom0.get()};
-      spdlog::debug("{}: {} bound guest port {} as dom0 port {}", path_, c.client, req->remote_port,
+      spdlog::debug("{}: {} bound guest port {} as dom0 port {}", path_, c.client, req.remote_port,
                     b->port);
       return reply(fd, rsp, seq, bytes_of(r), fds);
     }
     case MsgType::unbind: {
-      auto req = decode_fixed<UnbindRequest>(m->payload);
-      if (!req) return false;
-      if (c.bound.count(req->port) == 0) {
-        return reply_error(fd, seq, ENOENT, "port " + std::to_string(req->port) +
+      const auto& req = std::get<UnbindRequest>(rq->body);
+      if (c.bound.count(req.port) == 0) {
+        return reply_error(fd, seq, ENOENT, "port " + std::to_string(req.port) +
                                                 " is not bound by this connection");
       }
-      c.bound.erase(req->port);
-      if (auto r = handler_.unbind(req->port); !r) {
+      c.bound.erase(req.port);
+      if (auto r = handler_.unbind(req.port); !r) {
         return reply_error(fd, seq, r.error(), std::strerror(r.error()));
       }
       return reply(fd, rsp, seq, {});
     }
     case MsgType::get_xenstore: {
-      if (!m->payload.empty()) return false;
       auto x = handler_.xenstore();
       if (!x) return reply_error(fd, seq, x.error(), "no xenstore ring");
       XenstoreResponse r{x->gfn, x->port, 0};
       return reply(fd, rsp, seq, bytes_of(r));
     }
     case MsgType::unpause: {
-      if (!m->payload.empty()) return false;
       if (auto r = handler_.unpause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
       return reply(fd, rsp, seq, {});
     }
     case MsgType::get_direct_upcall: {
-      auto req = decode_fixed<DirectUpcallRequest>(m->payload);
-      if (!req) return false;
-      auto du = handler_.direct_upcall(req->vcpu);
+      const auto& req = std::get<DirectUpcallRequest>(rq->body);
+      auto du = handler_.direct_upcall(req.vcpu);
       if (!du) {
-        return reply_error(fd, seq, du.error(), "no direct upcalls for vCPU " + std::to_string(req->vcpu) + ": " +
+        return reply_error(fd, seq, du.error(), "no direct upcalls for vCPU " + std::to_string(req.vcpu) + ": " +
                                                    std::strerror(du.error()));
       }
       DirectUpcallResponse r{du->nr_vcpus, 0};

@@ -14,9 +14,9 @@
 //
 // Invariants (each one breaks on a real bug), per control_protocol.h:
 //  - a message that does not parse (short, bad magic/version/length, unknown type, a response or
-//    error type from a client, a payload of the wrong size or an unterminated name, any fd
-//    attached, an empty or oversize datagram) closes the connection: the client reads EOF and no
-//    answer, and the server drops it;
+//    error type from a client, a payload of the wrong size, non-zero padding or an unterminated
+//    name, any fd attached, an empty or oversize datagram) closes the connection, before hello as
+//    after it: the client reads EOF and no answer, and the server drops it;
 //  - a parsed request is answered exactly: the answer type (T | kResponseBit) and seq, the payload
 //    byte for byte, and exactly the fds fds_for() gives — or, for an op that fails, kErrorType with
 //    the errno the protocol names (EPROTO before hello, EPERM for a hello not as dom0, ENOENT for a
@@ -68,6 +68,7 @@
 #include "xpv/domain/seqpacket.h"
 #include "xpv/test/fuzz_seeds.h"
 #include "xpv/test/sanitizers.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv::domain {
 namespace {
@@ -238,15 +239,7 @@ class Server {
   }
   template <class F>
   auto on_io(F f) -> decltype(f()) {
-    auto task = std::make_shared<std::packaged_task<decltype(f())()>>(std::move(f));
-    auto fut = task->get_future();
-    asio::post(io_, [task] { (*task)(); });
-    if (fut.wait_for(std::chrono::milliseconds(kTimeoutMs)) != std::future_status::ready) {
-      // The server's io thread is stuck: a hang is a failure, not a test that never ends.
-      std::fprintf(stderr, "FAILURE: the server's io thread did not run a task within %d ms\n", kTimeoutMs);
-      std::abort();
-    }
-    return fut.get();
+    return xpv::test::run_on(io_, std::move(f), std::chrono::milliseconds(kTimeoutMs));
   }
   // Waits (bounded) for the server to hold `n` connections.
   bool connections_are(std::size_t n) {
@@ -452,8 +445,8 @@ class World {
       case MsgType::hello: {
         HelloRequest h{};
         h.client_domid = one_in(6) ? static_cast<std::uint16_t>(rng_()) : 0;
-        if (one_in(6)) h.pad0 = static_cast<std::uint16_t>(rng_());
-        if (one_in(6)) h.pad1 = static_cast<std::uint32_t>(rng_());
+        if (one_in(20)) h.pad0 = static_cast<std::uint16_t>(1 + below(0xffff));
+        if (one_in(20)) h.pad1 = static_cast<std::uint32_t>(rng_());  // mostly non-zero: padding closes
         if (one_in(8)) {
           std::memset(h.client_name, 'A' + static_cast<int>(below(26)), sizeof h.client_name);  // no NUL
         } else {
@@ -470,7 +463,7 @@ class World {
           case 1: b.remote_port = std::vector<std::uint32_t>{0, 1, 4, 13, 0xffffffffu, 105}[below(6)]; break;
           default: b.remote_port = kFirstPort + static_cast<std::uint32_t>(below(kLastPort - kFirstPort + 1)); break;
         }
-        if (one_in(6)) b.pad = static_cast<std::uint32_t>(rng_());
+        if (one_in(16)) b.pad = static_cast<std::uint32_t>(rng_());
         return encode(t, next_seq(), bytes_of(b));
       }
       case MsgType::unbind: {
@@ -484,12 +477,13 @@ class World {
         } else {
           u.port = candidates[below(candidates.size())];
         }
-        if (one_in(6)) u.pad = static_cast<std::uint32_t>(rng_());
+        if (one_in(16)) u.pad = static_cast<std::uint32_t>(rng_());
         return encode(t, next_seq(), bytes_of(u));
       }
       case MsgType::get_direct_upcall: {
         DirectUpcallRequest d{};
         d.vcpu = one_in(3) ? static_cast<std::uint32_t>(rng_()) : static_cast<std::uint32_t>(below(kVcpus + 2));
+        if (one_in(16)) d.pad = static_cast<std::uint32_t>(rng_());
         return encode(t, next_seq(), bytes_of(d));
       }
       default: return encode(t, next_seq(), {});
@@ -572,12 +566,43 @@ class World {
       return o;
     };
     const auto type = static_cast<MsgType>(h.type);
+    // First the payload, for its type, before hello as after it: the size, zero padding and a
+    // terminated name; one that does not fit closes the connection.
+    HelloRequest hello;
+    BindRequest bind;
+    UnbindRequest unbind;
+    DirectUpcallRequest upcall;
+    switch (type) {
+      case MsgType::hello:
+        if (len != sizeof hello) return o;
+        std::memcpy(&hello, p, sizeof hello);
+        if (hello.pad0 != 0 || hello.pad1 != 0) return o;
+        if (std::memchr(hello.client_name, 0, sizeof hello.client_name) == nullptr) return o;
+        break;
+      case MsgType::bind_interdomain:
+        if (len != sizeof bind) return o;
+        std::memcpy(&bind, p, sizeof bind);
+        if (bind.pad != 0) return o;
+        break;
+      case MsgType::unbind:
+        if (len != sizeof unbind) return o;
+        std::memcpy(&unbind, p, sizeof unbind);
+        if (unbind.pad != 0) return o;
+        break;
+      case MsgType::get_direct_upcall:
+        if (len != sizeof upcall) return o;
+        std::memcpy(&upcall, p, sizeof upcall);
+        if (upcall.pad != 0) return o;
+        break;
+      case MsgType::get_memory:
+      case MsgType::get_grant_table:
+      case MsgType::get_xenstore:
+      case MsgType::unpause:
+        if (len != 0) return o;
+        break;
+    }
     if (type == MsgType::hello) {
-      HelloRequest r;
-      if (len != sizeof r) return o;
-      std::memcpy(&r, p, sizeof r);
-      if (std::memchr(r.client_name, 0, sizeof r.client_name) == nullptr) return o;
-      if (r.client_domid != 0) return err(EPERM);
+      if (hello.client_domid != 0) return err(EPERM);
       c.hello = true;
       o.calls.push_back({'i', 0});
       HelloResponse a{};
@@ -589,56 +614,40 @@ class World {
     }
     if (!c.hello) return err(EPROTO);
     switch (type) {
-      case MsgType::get_memory: {
-        if (len != 0) return o;
+      case MsgType::get_memory:
         o.calls.push_back({'m', 0});
         return answer(encode_memory(server_.regions()), 1);
-      }
       case MsgType::get_grant_table:
-        if (len != 0) return o;
         o.calls.push_back({'g', 0});
         return answer(encode_grant_table(64, {0xe, 0xf}), 0);
       case MsgType::bind_interdomain: {
-        BindRequest r;
-        if (len != sizeof r) return o;
-        std::memcpy(&r, p, sizeof r);
-        o.calls.push_back({'b', r.remote_port});
-        if (r.remote_port < kFirstPort || r.remote_port > kLastPort) return err(EINVAL);
-        const std::uint32_t port = r.remote_port + kDom0Offset;
+        o.calls.push_back({'b', bind.remote_port});
+        if (bind.remote_port < kFirstPort || bind.remote_port > kLastPort) return err(EINVAL);
+        const std::uint32_t port = bind.remote_port + kDom0Offset;
         if (bound_.count(port)) return err(EBUSY);
         bound_.insert(port);
         c.bound.insert(port);
         o.new_port = port;
         return answer(bytes(BindResponse{port, 0}), 2);
       }
-      case MsgType::unbind: {
-        UnbindRequest r;
-        if (len != sizeof r) return o;
-        std::memcpy(&r, p, sizeof r);
-        if (c.bound.count(r.port) == 0) return err(ENOENT);
-        c.bound.erase(r.port);
-        bound_.erase(r.port);
-        o.calls.push_back({'u', r.port});
+      case MsgType::unbind:
+        if (c.bound.count(unbind.port) == 0) return err(ENOENT);
+        c.bound.erase(unbind.port);
+        bound_.erase(unbind.port);
+        o.calls.push_back({'u', unbind.port});
         return answer({}, 0);
-      }
       case MsgType::get_xenstore:
-        if (len != 0) return o;
         o.calls.push_back({'x', 0});
         if (!xenstore_ok_) return err(ENOENT);
         return answer(bytes(XenstoreResponse{0xfeffc, 1, 0}), 0);
       case MsgType::unpause:
-        if (len != 0) return o;
         o.calls.push_back({'p', 0});
         if (++unpauses_ % 2 == 0) return err(EALREADY);
         return answer({}, 0);
-      case MsgType::get_direct_upcall: {
-        DirectUpcallRequest r;
-        if (len != sizeof r) return o;
-        std::memcpy(&r, p, sizeof r);
-        o.calls.push_back({'d', r.vcpu});
-        if (r.vcpu >= kVcpus) return err(ENOENT);
+      case MsgType::get_direct_upcall:
+        o.calls.push_back({'d', upcall.vcpu});
+        if (upcall.vcpu >= kVcpus) return err(ENOENT);
         return answer(bytes(DirectUpcallResponse{kVcpus, 0}), 2);
-      }
       case MsgType::hello: break;
     }
     return o;

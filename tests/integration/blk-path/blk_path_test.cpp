@@ -30,6 +30,7 @@
 #include "xpv/frontends/fuse_disk.h"
 #include "xpv/frontends/guest_events.h"
 #include "xpv/test/loop_device.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv {
 namespace {
@@ -40,11 +41,8 @@ using frontends::Blkfront;
 class BlkPath : public ::testing::Test {
  protected:
   template <class F>
-  auto on_io(F f) {
-    std::packaged_task<decltype(f())()> task(std::move(f));
-    auto fut = task.get_future();
-    asio::post(io_, [&task] { task(); });
-    return fut.get();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
   void SetUp() override {
     char tmpl[] = "/tmp/xpv-blkpath-XXXXXX";

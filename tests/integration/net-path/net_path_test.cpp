@@ -33,6 +33,7 @@
 #include "xpv/frontends/netfront.h"
 #include "xpv/netback/queue.h"
 #include "xpv/netback/tap.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv {
 namespace {
@@ -132,11 +133,8 @@ TransferResult tcp_transfer(const std::string& server_ns, const std::string& ser
 class NetPath : public ::testing::TestWithParam<unsigned> {
  protected:
   template <class F>
-  auto on_io(F f) {
-    std::packaged_task<decltype(f())()> task(std::move(f));
-    auto fut = task.get_future();
-    asio::post(io_, [&task] { task(); });
-    return fut.get();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
 
   void SetUp() override {

@@ -23,6 +23,7 @@
 #include "xpv/domain/control.h"
 #include "xpv/domain/seqpacket.h"
 #include "xpv/test/sanitizers.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv::domain {
 namespace {
@@ -42,6 +43,7 @@ class FakeDomain : public ControlHandler {
   const DomainMemory& memory() override { return mem_; }
   GrantTableInfo grant_table() override { return {{0xe, 0xf}, 64}; }
   Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) override {
+    bind_calls.push_back(remote_port);
     if (remote_port != 5 && remote_port != 6) return fail(EINVAL);
     if (bound_.count(remote_port)) return fail(EBUSY);
     Dom0Binding b;
@@ -63,6 +65,7 @@ class FakeDomain : public ControlHandler {
   std::map<std::uint32_t, UniqueFd> kick_;    // the domain's view of from_dom0
   std::map<std::uint32_t, UniqueFd> notify_;  // the domain's view of to_dom0
   std::vector<std::uint32_t> unbound;
+  std::vector<std::uint32_t> bind_calls;
 
  private:
   DomainMemory mem_;
@@ -74,11 +77,8 @@ class FakeDomain : public ControlHandler {
 class ControlSocketTest : public ::testing::Test {
  protected:
   template <class F>
-  auto on_io(F f) {
-    std::packaged_task<decltype(f())()> task(std::move(f));
-    auto fut = task.get_future();
-    asio::post(io_, [&task] { task(); });
-    return fut.get();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
   void SetUp() override {
     char tmpl[] = "/tmp/xpv-ctl-XXXXXX";
@@ -226,6 +226,39 @@ TEST_F(ControlSocketTest, RequestsBeforeHelloAreRefused) {
   auto e = decode_fixed<ErrorPayload>(m->payload);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->error, EPROTO);
+}
+
+// A request that does not parse closes the connection before hello as after it: the hello rule
+// answers only well-formed requests.
+TEST_F(ControlSocketTest, AMalformedRequestBeforeHelloClosesTheConnection) {
+  UniqueFd s = connect_seqpacket(path_);
+  const std::uint8_t extra[1] = {0};
+  ASSERT_TRUE(send_datagram(s.get(), encode(static_cast<std::uint16_t>(MsgType::get_xenstore), 1, extra)));
+  ASSERT_TRUE(*wait_readable(s.get(), 5000));
+  auto d = recv_datagram(s.get(), kMaxMessage, kMaxFds);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->bytes.empty()) << "the server should have closed the connection";
+}
+
+TEST_F(ControlSocketTest, NonZeroPaddingClosesTheConnection) {
+  auto good = ControlClient::connect(path_, "good");
+  UniqueFd s = connect_seqpacket(path_);
+  HelloRequest h{};
+  copy_string(h.client_name, "padder");
+  ASSERT_TRUE(send_datagram(s.get(), encode(static_cast<std::uint16_t>(MsgType::hello), 1, bytes_of(h))));
+  ASSERT_TRUE(*wait_readable(s.get(), 5000));
+  auto hello = recv_datagram(s.get(), kMaxMessage, kMaxFds);
+  ASSERT_TRUE(hello);
+  ASSERT_TRUE(parse(hello->bytes));
+  ASSERT_EQ(parse(hello->bytes)->header.type, static_cast<std::uint16_t>(MsgType::hello) | kResponseBit);
+  BindRequest b{5, 0xdead};
+  ASSERT_TRUE(send_datagram(s.get(), encode(static_cast<std::uint16_t>(MsgType::bind_interdomain), 2, bytes_of(b))));
+  ASSERT_TRUE(*wait_readable(s.get(), 5000));
+  auto d = recv_datagram(s.get(), kMaxMessage, kMaxFds);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->bytes.empty()) << "a bind with padding set must close the connection";
+  EXPECT_TRUE(on_io([this] { return domain_.bind_calls.empty(); })) << "and bind nothing";
+  EXPECT_EQ(good.bind_interdomain(5).port, 105u);
 }
 
 TEST_F(ControlSocketTest, OnlyDom0MayConnect) {

@@ -15,6 +15,7 @@
 #include "xpv/domain/domain.h"
 #include "xpv/domain/foreign_domain.h"
 #include "xpv/domain/shared_info.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv::domain {
 namespace {
@@ -39,11 +40,8 @@ bool readable(int fd, int timeout_ms) {
 class ForeignDomainTest : public ::testing::Test {
  protected:
   template <class F>
-  auto on_io(F f) {
-    std::packaged_task<decltype(f())()> task(std::move(f));
-    auto fut = task.get_future();
-    asio::post(io_, [&task] { task(); });
-    return fut.get();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
   void SetUp() override {
     char tmpl[] = "/tmp/xpv-run-XXXXXX";

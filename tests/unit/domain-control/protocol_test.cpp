@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
+#include <variant>
+
 #include "xpv/domain/control_protocol.h"
 
 namespace xpv::domain::control {
@@ -61,6 +65,68 @@ TEST(ControlProtocol, FixedPayloadMustHaveExactSize) {
   EXPECT_EQ(decode_fixed<BindRequest>(p).error(), ProtoError::bad_payload);
   p.resize(sizeof(BindRequest) - 1);
   EXPECT_EQ(decode_fixed<BindRequest>(p).error(), ProtoError::bad_payload);
+}
+
+TEST(ControlProtocol, PaddingMustBeZeroAndStringsTerminated) {
+  BindRequest b{5, 0};
+  EXPECT_TRUE(decode_fixed<BindRequest>(bytes_of(b)));
+  b.pad = 1;
+  EXPECT_EQ(decode_fixed<BindRequest>(bytes_of(b)).error(), ProtoError::bad_payload);
+  HelloRequest h{};
+  copy_string(h.client_name, "netback");
+  h.pad0 = 0x100;
+  EXPECT_EQ(decode_fixed<HelloRequest>(bytes_of(h)).error(), ProtoError::bad_payload);
+  h.pad0 = 0;
+  h.pad1 = 0x80000000u;
+  EXPECT_EQ(decode_fixed<HelloRequest>(bytes_of(h)).error(), ProtoError::bad_payload);
+  h.pad1 = 0;
+  std::memset(h.client_name, 'x', sizeof h.client_name);
+  EXPECT_EQ(decode_fixed<HelloRequest>(bytes_of(h)).error(), ProtoError::bad_payload);
+  ErrorPayload e{};
+  e.error = EIO;
+  EXPECT_TRUE(decode_fixed<ErrorPayload>(bytes_of(e)));
+  e.error = 0;  // an error answer names an errno
+  EXPECT_FALSE(decode_fixed<ErrorPayload>(bytes_of(e)));
+  e.error = EIO;
+  e.pad = 2;
+  EXPECT_FALSE(decode_fixed<ErrorPayload>(bytes_of(e)));
+  EXPECT_FALSE(decode_fixed<XenstoreResponse>(bytes_of(XenstoreResponse{1, 2, 3})));
+  EXPECT_FALSE(decode_fixed<DirectUpcallRequest>(bytes_of(DirectUpcallRequest{0, 9})));
+  auto mem = encode_memory({{0, 4096, 0}});
+  mem[4] = 1;  // MemoryResponse::pad
+  EXPECT_FALSE(decode_memory(mem));
+}
+
+TEST(ControlProtocol, DecodeRequestChecksThePayloadOfEveryType) {
+  auto request = [](MsgType t, std::span<const std::uint8_t> payload) {
+    auto m = parse(encode(static_cast<std::uint16_t>(t), 3, payload));
+    EXPECT_TRUE(m);
+    return decode_request(*m);
+  };
+  auto r = request(MsgType::unbind, bytes_of(UnbindRequest{7, 0}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->type, MsgType::unbind);
+  EXPECT_EQ(r->seq, 3u);
+  EXPECT_EQ(std::get<UnbindRequest>(r->body).port, 7u);
+  EXPECT_EQ(request(MsgType::unbind, bytes_of(UnbindRequest{7, 1})).error(), ProtoError::bad_payload);
+  EXPECT_EQ(request(MsgType::get_direct_upcall, bytes_of(BindRequest{0, 0}))->type, MsgType::get_direct_upcall);
+  const std::uint8_t one[1] = {0};
+  for (MsgType t : {MsgType::get_memory, MsgType::get_grant_table, MsgType::get_xenstore, MsgType::unpause}) {
+    EXPECT_TRUE(request(t, {})) << static_cast<int>(t);
+    EXPECT_EQ(request(t, one).error(), ProtoError::bad_payload) << static_cast<int>(t);
+  }
+  for (MsgType t : {MsgType::hello, MsgType::bind_interdomain, MsgType::unbind, MsgType::get_direct_upcall}) {
+    EXPECT_EQ(request(t, {}).error(), ProtoError::bad_payload) << static_cast<int>(t);
+  }
+  // A response or an error is no request.
+  auto rsp = parse(encode(static_cast<std::uint16_t>(MsgType::unpause) | kResponseBit, 1, {}));
+  ASSERT_TRUE(rsp);
+  EXPECT_EQ(decode_request(*rsp).error(), ProtoError::unknown_type);
+  ErrorPayload e{};
+  e.error = EIO;
+  auto err = parse(encode(kErrorType, 1, bytes_of(e)));
+  ASSERT_TRUE(err);
+  EXPECT_EQ(decode_request(*err).error(), ProtoError::unknown_type);
 }
 
 TEST(ControlProtocol, MemoryMapRoundTripsAndCountsAreChecked) {

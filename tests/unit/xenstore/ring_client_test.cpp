@@ -17,6 +17,7 @@
 
 #include "xpv/xenbus/client/ring_client.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
+#include "xpv/test/run_on.h"
 
 using namespace xpv::xenbus;
 using client::RingClient;
@@ -43,13 +44,8 @@ class RingClientTest : public ::testing::Test {
     ::close(kick_out_);
   }
   template <class F>
-  void on_io(F fn) {
-    std::promise<void> done;
-    boost::asio::post(io_, [&] {
-      fn();
-      done.set_value();
-    });
-    done.get_future().wait();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
   // The client first, as a domain starts before xenstored serves it.
   void make_client(std::chrono::milliseconds timeout = 5000ms) {

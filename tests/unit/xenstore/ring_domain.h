@@ -21,6 +21,7 @@
 #include "xpv/ring/xenstore.h"
 #include "xpv/unique_fd.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
+#include "xpv/test/run_on.h"
 
 namespace xpv::test {
 
@@ -58,13 +59,8 @@ class RingDaemon {
 
   // Runs fn on the daemon's thread and waits for it (the Store is single-threaded).
   template <class F>
-  void on_io(F fn) {
-    std::promise<void> done;
-    boost::asio::post(io_, [&] {
-      fn();
-      done.set_value();
-    });
-    done.get_future().wait();
+  auto on_io(F f) -> decltype(f()) {
+    return xpv::test::run_on(io_, std::move(f));
   }
 
   // A new domain whose ring the daemon serves from now on.

@@ -33,6 +33,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "xpv/expected.h"
@@ -182,15 +183,49 @@ std::span<const std::uint8_t> bytes_of(const T& v) {
   return {reinterpret_cast<const std::uint8_t*>(&v), sizeof(T)};
 }
 
-// A fixed-size payload: exactly sizeof(T) bytes, copied out.
+// A fixed char array holds a NUL within its size.
+template <std::size_t N>
+bool nul_terminated(const char (&s)[N]) noexcept {
+  return std::memchr(s, 0, N) != nullptr;
+}
+
+// The field checks every fixed payload passes on receipt, in either direction: padding is zero
+// (so that a later version may give it a meaning) and strings end within their arrays.
+inline bool well_formed(const HelloRequest& v) noexcept {
+  return v.pad0 == 0 && v.pad1 == 0 && nul_terminated(v.client_name);
+}
+inline bool well_formed(const HelloResponse& v) noexcept { return nul_terminated(v.name); }
+inline bool well_formed(const BindRequest& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const BindResponse& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const UnbindRequest& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const XenstoreResponse& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const DirectUpcallRequest& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const DirectUpcallResponse& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const ErrorPayload& v) noexcept {
+  return v.error > 0 && v.pad == 0 && nul_terminated(v.message);
+}
+
+// A fixed-size payload: exactly sizeof(T) bytes, copied out, and well_formed.
 template <class T>
 Expected<T, ProtoError> decode_fixed(std::span<const std::uint8_t> payload) noexcept {
   static_assert(std::is_trivially_copyable_v<T>);
   if (payload.size() != sizeof(T)) return fail(ProtoError::bad_payload);
   T v;
   std::memcpy(&v, payload.data(), sizeof(T));
+  if (!well_formed(v)) return fail(ProtoError::bad_payload);
   return v;
 }
+
+// A request as the server acts on it: its payload decoded and checked for its type (none for
+// get_memory, get_grant_table, get_xenstore and unpause). A response or error type, or a payload
+// that does not fit the type, is a message that does not parse: it closes the connection whether
+// or not the client said hello.
+struct Request {
+  MsgType type{};
+  std::uint32_t seq = 0;
+  std::variant<std::monostate, HelloRequest, BindRequest, UnbindRequest, DirectUpcallRequest> body;
+};
+Expected<Request, ProtoError> decode_request(const Message& m) noexcept;
 
 // Variable payloads: a fixed head then `count` items, nothing after them.
 Expected<std::vector<RegionWire>, ProtoError> decode_memory(
@@ -201,11 +236,6 @@ Expected<GrantTableResponse, ProtoError> decode_grant_table(std::span<const std:
 std::vector<std::uint8_t> encode_grant_table(std::uint32_t max_frames,
                                              const std::vector<std::uint64_t>& gfns);
 
-// A fixed char array holds a NUL within its size.
-template <std::size_t N>
-bool nul_terminated(const char (&s)[N]) noexcept {
-  return std::memchr(s, 0, N) != nullptr;
-}
 template <std::size_t N>
 void copy_string(char (&dst)[N], const std::string& src) noexcept {
   std::memset(dst, 0, N);
