@@ -1,7 +1,8 @@
 // `xpv bench xenstore`: xpv-xenstored driven by Debian's libxenstore — write, read and
 // directory throughput with 1 and 8 concurrent clients, and watch-fire latency (write on one
 // client → xs_read_watch returns on the watchers) with 1 and 8 watching clients; plus pipelined
-// writes through xpv's own async client. The suite starts its own daemon (the xpv-xenstored next
+// writes through xpv's own async client, and the pause a live update of the daemon's binary
+// causes (10 000 nodes, 8 watching clients). The suite starts its own daemon (the xpv-xenstored next
 // to this xpv binary) on a temporary socket and stops it afterwards.
 //
 // Reference: none. Debian's C xenstored (xen-utils-4.17, started with --no-domain-init) crashes
@@ -220,6 +221,49 @@ double async_client_writes(const std::string& socket, int total, int depth) {
   return total / secs;
 }
 
+// The pause of a live update (xenbus/README.md, "Live update"): `nodes` nodes in the tree and
+// `watchers` socket clients each holding a watch; per round, the time from sending
+// `live-update -s` to the new binary's OK (the state saved, the exec, the state read back), then a
+// write that every watcher must see through the new binary. Median of `rounds`, in ms.
+double live_update_pause_ms(int nodes, int watchers, int rounds) {
+  XsHandle ctl;
+  for (int i = 0; i < nodes; ++i) {
+    const std::string p = "/bench/lu/d" + std::to_string(i / 100) + "/k" + std::to_string(i % 100);
+    if (!xs_write(ctl.h, XBT_NULL, p.c_str(), "value-of-a-node", 15)) throw std::runtime_error("xenstore bench: setup write failed");
+  }
+  std::vector<std::unique_ptr<XsHandle>> ws;
+  for (int w = 0; w < watchers; ++w) {
+    ws.push_back(std::make_unique<XsHandle>());
+    if (!xs_watch(ws.back()->h, "/bench/lu/fire", "t")) throw std::runtime_error("xenstore bench: watch failed");
+  }
+  auto next_event = [](xs_handle* h) {
+    pollfd p{xs_fileno(h), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) throw std::runtime_error("xenstore bench: a watcher saw no event within 5 s");
+    unsigned n = 0;
+    free(xs_read_watch(h, &n));
+  };
+  for (auto& w : ws) next_event(w->h);  // the registration's event
+  const std::string bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "xpv-xenstored").string();
+  std::vector<double> ms;
+  for (int r = 0; r < rounds; ++r) {
+    std::string f = std::string("-f") + '\0' + bin + '\0';
+    char* ok = xs_control_command(ctl.h, "live-update", f.data(), static_cast<unsigned>(f.size()));
+    const bool f_ok = ok && std::strcmp(ok, "OK") == 0;
+    std::free(ok);
+    if (!f_ok) throw std::runtime_error("xenstore bench: live-update -f refused");
+    const auto t0 = Clock::now();
+    ok = xs_control_command(ctl.h, "live-update", const_cast<char*>("-s"), 3);
+    ms.push_back(xpv::bench::seconds_since(t0) * 1e3);
+    const bool s_ok = ok && std::strcmp(ok, "OK") == 0;
+    std::free(ok);
+    if (!s_ok) throw std::runtime_error("xenstore bench: live-update -s did not answer OK");
+    if (!xs_write(ctl.h, XBT_NULL, "/bench/lu/fire", "1", 1)) throw std::runtime_error("xenstore bench: write after the update failed");
+    for (auto& w : ws) next_event(w->h);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
   BenchDaemon daemon;
   ::setenv("XENSTORED_PATH", daemon.socket().c_str(), 1);
@@ -245,6 +289,9 @@ std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
   add("watch fire latency, median (8 watchers)", "us", watch_latency_us(8, n(1000)), true);
   add("write, xpv async client, 64 in flight", "ops/s",
       async_client_writes(daemon.socket(), n(50000), 64));
+  const int lu_nodes = n(10000);
+  add("live update pause (" + std::to_string(lu_nodes) + " nodes, 8 watching clients), median of 5", "ms",
+      live_update_pause_ms(lu_nodes, 8, 5), true);
   ::unsetenv("XENSTORED_PATH");
   return rs;
 }
@@ -253,5 +300,5 @@ std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
 
 XPV_BENCH_SUITE("xenstore",
                 "xpv-xenstored via libxenstore: write/read/directory ops/s (1 and 8 clients), "
-                "watch-fire latency",
+                "watch-fire latency, the pause of a live update",
                 run_xenstore);

@@ -93,6 +93,17 @@ int main(int argc, char** argv) {
   auto* supervise = app.add_subcommand("supervise", "(internal) restart backends that die; started by `xpv up`");
   supervise->group("");
 
+  auto* live_update = app.add_subcommand(
+      "live-update", "replace xpv-xenstored's binary in place, domains and clients connected on (xenstore-control live-update)");
+  std::string lu_binary;
+  int lu_timeout_s = 60;
+  bool lu_force = false;
+  live_update->add_option("binary", lu_binary, "the new xpv-xenstored (default: the one next to xpv)");
+  live_update->add_option("-t,--timeout", lu_timeout_s, "seconds to wait for open transactions to end")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
+  live_update->add_flag("-F,--force", lu_force, "end open transactions (their clients see EAGAIN and retry)");
+
   bool no_wait = false;
   auto* create = app.add_subcommand("create", "create a domain from an xl-style configuration file");
   std::string cfg;
@@ -201,6 +212,7 @@ int main(int argc, char** argv) {
     ts::Context ctx{ts::Paths::resolve(cli_paths, ts::self_executable()), std::cout, std::cerr};
     if (*up) ts::cmd_up(ctx);
     else if (*down) ts::cmd_down(ctx, force);
+    else if (*live_update) ts::cmd_live_update(ctx, lu_binary, std::chrono::seconds(lu_timeout_s), lu_force);
     else if (*supervise) return ts::cmd_supervise(ctx);
     else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
     else if (*list) ts::cmd_list(ctx, json);

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -185,6 +188,87 @@ TEST_F(XenstoreCompat, ControlCommands) {
             "control quota: nodes 1000\n"
             "control bogus: EINVAL\n"
             "control log-level: OK\n");
+}
+
+// Live update (xenbus/include/xpv/xenbus/daemon/live_update.h), driven over libxenstore as
+// Debian's xenstore-control drives it: the same process goes on with a new binary, the client's
+// connection, watch and data intact, its open transaction ended (-F) with EAGAIN. A raw client
+// that sent half a request before the update gets its answer after it.
+TEST_F(XenstoreCompat, LiveUpdateKeepsConnectionsWatchesAndData) {
+  const pid_t pid = d_.pid();
+  ASSERT_EQ(xs("write", {"/lu/raw", "raw-value"}).rc, 0);
+  // Half of a READ of /lu/raw: the header and the first 3 bytes of the path.
+  const std::string path = std::string("/lu/raw") + '\0';
+  std::string msg(16, '\0');
+  const std::uint32_t hdr[4] = {2 /* XS_READ */, 77, 0, static_cast<std::uint32_t>(path.size())};
+  std::memcpy(msg.data(), hdr, sizeof hdr);
+  msg += path;
+  xpv::test::UnixClient raw(d_.socket());
+  ASSERT_TRUE(raw.valid());
+  ASSERT_EQ(::write(raw.fd(), msg.data(), 19), 19);
+
+  xpv::test::TempDir tmp;
+  const std::string renamed = tmp.path() + "/next-xenstored";
+  std::filesystem::copy_file(XPV_XENSTORED_BIN, renamed);
+  std::filesystem::permissions(renamed, std::filesystem::perms::owner_all);
+  auto r = run({XPV_XS_CLIENT_BIN, "live-update", XPV_XENSTORED_BIN, renamed}, d_.env());
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "event /lu tok\n"
+            "live-update -s: live-update: no binary given (live-update -f BINARY first)\n"
+            "live-update -f FILE: live-update: /nonexistent/xpv-xenstored is not an executable file\n"
+            "live-update -f FILE: live-update: /bin/true is not an xpv-xenstored that reads this state "
+            "(--live-update-check printed '', expected 'xpv-xenstored live-update state 1')\n"
+            "live-update -x: EINVAL\n"
+            "live-update -f FILE: OK\n"
+            "live-update -s -t: BUSY\n"
+            "live-update -s -t: live-update: 1 transaction(s) still open after 0 s; -F ends them\n"
+            "live-update -s -F: OK\n"
+            "commit after -F: EAGAIN\n"
+            "/lu/a kept: yes\n"
+            "read /lu/t: errno ENOENT\n"
+            "event /lu/b tok\n"
+            "live-update -f FILE: OK\n"
+            "live-update -s: OK\n"
+            "read /lu/b: \"after\" (5 bytes)\n");
+  EXPECT_EQ(d_.pid(), pid);
+  EXPECT_EQ(::kill(pid, 0), 0) << "the same process serves on";
+  // ... from the second binary, still naming itself xpv-xenstored (argv[0] is kept: the
+  // toolstack's supervisor knows the daemon by that name).
+  EXPECT_EQ(std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe").string(), renamed);
+  std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string argv0;
+  std::getline(cmdline, argv0, '\0');
+  EXPECT_EQ(std::filesystem::path(argv0).filename(), "xpv-xenstored");
+  // The rest of the raw request, after two updates: the answer comes.
+  ASSERT_EQ(::write(raw.fd(), msg.data() + 19, msg.size() - 19), static_cast<ssize_t>(msg.size() - 19));
+  std::string reply = raw.read_exactly(16 + 9, 5s);
+  ASSERT_EQ(reply.size(), 25u);
+  std::uint32_t rh[4];
+  std::memcpy(rh, reply.data(), sizeof rh);
+  EXPECT_EQ(rh[0], 2u);
+  EXPECT_EQ(rh[1], 77u);
+  EXPECT_EQ(reply.substr(16), "raw-value");
+  // The state file went with the update.
+  EXPECT_FALSE(std::filesystem::exists(d_.socket() + ".live-update.json"));
+  EXPECT_EQ(d_.stop(), 0);
+}
+
+// An exec that fails (the binary went between -f and -s) is answered with the reason by the
+// daemon that tried, which serves on as before.
+TEST_F(XenstoreCompat, AFailedLiveUpdateLeavesTheDaemonServing) {
+  xpv::test::TempDir tmp;
+  const std::string copy = tmp.path() + "/xpv-xenstored";
+  std::filesystem::copy_file(XPV_XENSTORED_BIN, copy);
+  std::filesystem::permissions(copy, std::filesystem::perms::owner_all);
+  auto r = run({XPV_XS_CLIENT_BIN, "live-update-gone", copy}, d_.env());
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out,
+            "live-update -f FILE: OK\n"
+            "live-update -s: cannot execute, no such file\n"
+            "read /gone/a: \"kept\" (4 bytes)\n");
+  EXPECT_FALSE(std::filesystem::exists(d_.socket() + ".live-update.json"));
+  EXPECT_EQ(d_.stop(), 0);
 }
 
 TEST_F(XenstoreCompat, ManyConcurrentClients) {

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -176,6 +177,46 @@ inline bool can_connect(const std::string& path) {
   ::close(fd);
   return ok;
 }
+
+// A connected unix stream socket (closed on destruction); invalid() if the connect failed.
+class UnixClient {
+ public:
+  explicit UnixClient(const std::string& path) : fd_(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~UnixClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UnixClient(const UnixClient&) = delete;
+  UnixClient& operator=(const UnixClient&) = delete;
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  // Reads until `n` bytes came, the peer closed, or `timeout` passed; returns what came.
+  std::string read_exactly(std::size_t n, std::chrono::milliseconds timeout) const {
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < n) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t got = ::read(fd_, buf, std::min(sizeof buf, n - out.size()));
+      if (got <= 0) break;
+      out.append(buf, static_cast<std::size_t>(got));
+    }
+    return out;
+  }
+
+ private:
+  int fd_;
+};
 
 // xpv-xenstored --foreground on <tmpdir>/socket; SIGTERM (then SIGKILL) on destruction.
 class Daemon {

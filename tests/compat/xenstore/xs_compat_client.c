@@ -1,12 +1,14 @@
 /* A small libxenstore program for the compat suite: each scenario prints one line per step and
  * exits non-zero on an unexpected result. Run with XENSTORED_PATH=<socket>.
- *   xs_compat_client txn-conflict | watch | perms | introduce | directory | errors */
+ *   xs_compat_client txn-conflict | watch | perms | introduce | directory | errors | quota |
+ *                    control | live-update BINARY SECOND_BINARY | live-update-gone COPY */
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xenstore.h>
 
 static void die(const char *what) {
@@ -214,8 +216,76 @@ static int control(void) {
   return 0;
 }
 
+/* CONTROL live-update with its arguments NUL-separated, as xenstore-control sends them. */
+static void live_update(struct xs_handle *h, const char *a0, const char *a1, const char *a2, const char *a3) {
+  char buf[4096];
+  unsigned int len = 0;
+  const char *args[] = {a0, a1, a2, a3};
+  for (int i = 0; i < 4 && args[i]; ++i) {
+    size_t n = strlen(args[i]) + 1;
+    memcpy(buf + len, args[i], n);
+    len += (unsigned int)n;
+  }
+  char *r = xs_control_command(h, "live-update", buf, len);
+  printf("live-update %s%s%s: %s\n", a0, a1 ? " " : "", a1 && a1[0] == '/' ? "FILE" : (a1 ? a1 : ""),
+         r ? r : (errno == EINVAL ? "EINVAL" : "other error"));
+  free(r);
+}
+
+/* The daemon replaces its binary under an open connection with a watch and a transaction. */
+static int live_update_scenario(const char *binary, const char *second) {
+  struct xs_handle *h = open_or_die(), *other = open_or_die();
+  static const char value[] = {'b', 'i', 'n', '\xff', '\0', 'x'};
+  if (!xs_write(h, XBT_NULL, "/lu/a", value, sizeof value)) die("write /lu/a");
+  if (!xs_watch(h, "/lu", "tok")) die("watch");
+  next_event(h);
+  live_update(h, "-s", NULL, NULL, NULL);
+  live_update(h, "-f", "/nonexistent/xpv-xenstored", NULL, NULL);
+  live_update(h, "-f", "/bin/true", NULL, NULL);
+  live_update(h, "-x", NULL, NULL, NULL);
+  xs_transaction_t t = xs_transaction_start(h);
+  if (t == XBT_NULL) die("transaction_start");
+  if (!xs_write(h, t, "/lu/t", "tx", 2)) die("write in tx");
+  live_update(h, "-f", binary, NULL, NULL);
+  live_update(h, "-s", "-t", "60", NULL);
+  live_update(h, "-s", "-t", "0", NULL);
+  live_update(h, "-s", "-F", NULL, NULL);
+  bool ok = xs_transaction_end(h, t, false);
+  printf("commit after -F: %s\n", ok ? "ok" : (errno == EAGAIN ? "EAGAIN" : "other error"));
+  unsigned int len = 0;
+  char *v = xs_read(h, XBT_NULL, "/lu/a", &len);
+  printf("/lu/a kept: %s\n", v && len == sizeof value && !memcmp(v, value, len) ? "yes" : "no");
+  free(v);
+  print_read(h, XBT_NULL, "/lu/t");
+  if (!xs_write(other, XBT_NULL, "/lu/b", "after", 5)) die("write /lu/b");
+  next_event(h);
+  /* The new binary can be replaced in turn (by a file of another name). */
+  live_update(h, "-f", second, NULL, NULL);
+  live_update(h, "-s", NULL, NULL, NULL);
+  print_read(other, XBT_NULL, "/lu/b");
+  xs_close(other);
+  xs_close(h);
+  return 0;
+}
+
+/* The binary goes between -f and -s: the exec fails, this daemon answers and serves on. */
+static int live_update_gone(const char *copy) {
+  struct xs_handle *h = open_or_die();
+  if (!xs_write(h, XBT_NULL, "/gone/a", "kept", 4)) die("write");
+  live_update(h, "-f", copy, NULL, NULL);
+  if (unlink(copy) != 0) die("unlink");
+  char *r = xs_control_command(h, "live-update", "-s", 3);
+  printf("live-update -s: %s\n", r && strstr(r, "cannot execute") && strstr(r, "No such file") ? "cannot execute, no such file" : (r ? r : "other error"));
+  free(r);
+  print_read(h, XBT_NULL, "/gone/a");
+  xs_close(h);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc == 4 && !strcmp(argv[1], "live-update")) return live_update_scenario(argv[2], argv[3]);
+  if (argc == 3 && !strcmp(argv[1], "live-update-gone")) return live_update_gone(argv[2]);
   if (argc != 2) {
     fprintf(stderr, "usage: xs_compat_client SCENARIO\n");
     return 2;

@@ -742,6 +742,50 @@ TEST_F(RealFront, TopShowsTheDisksRequestsAndSectors) {
   EXPECT_TRUE(eventually([&] { return !fs::exists(h.run_dir + "/stats/vbd1.51712"); }, 3s));
 }
 
+// `xpv live-update`: xpv-xenstored replaced in place under a running process domain with a PV
+// disk. The same process serves on; what was written through the disk reads back; blkback's
+// watches (a socket client) and the domain's xenbus (its ring) go on through the next binary, so
+// a second disk attaches and detaches; destroy leaves the tree as it was before the domain.
+TEST_F(RealFront, LiveUpdateOfXenstoredUnderARunningDomain) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+  auto r = create_web1_with_disk(h);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
+  const std::string data = h.dir + "/data";
+  ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + data + " bs=64k count=16 status=none").c_str()), 0);
+  ASSERT_EQ(std::system(("dd if=" + data + " of=" + disk + " bs=64k oflag=direct conv=notrunc,fsync status=none").c_str()), 0);
+
+  r = h.run({"live-update"});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
+  EXPECT_EQ(r.out, fmt::format("xpv-xenstored: live update done (pid {}, now {}/xpv-xenstored)\n", xs, kBin));
+  EXPECT_EQ(pid_in(h.run_dir + "/xpv-xenstored.pid"), xs);
+  EXPECT_TRUE(toolstack::process_alive(xs));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("live update done"));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("dom1 ring served again after the live update"));
+  ASSERT_EQ(std::system(("cmp -s -n 1048576 " + data + " " + disk).c_str()), 0) << "the disk's data reads back";
+
+  const auto img_b = image(h, "b.img", 8);
+  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
+  r = h.run({"block-list", "web1"});
+  EXPECT_THAT(r.out, HasSubstr("xvdb   51728  4 (Connected)     4 (Connected)     r"));
+  r = h.run({"block-detach", "web1", "xvdb"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = h.run({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(tree(h.xs_socket), before);
+  // A binary that is not an xpv-xenstored is refused before anything happens.
+  r = h.run({"live-update", "/bin/true"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_THAT(r.err, HasSubstr("/bin/true is not an xpv-xenstored that reads this state"));
+  EXPECT_EQ(h.run({"down"}).rc, 0);
+}
+
 // `xpv shutdown` as `xl shutdown`: xpv-front advertises control/feature-poweroff, so it is asked
 // through control/shutdown (not signalled); it acknowledges, closes its disk with the backend and
 // exits; nothing is left.

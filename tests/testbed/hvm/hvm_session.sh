@@ -133,6 +133,12 @@ CFG
           echo "XPV-TEST: mem-set rc=$? $OUT"
         fi
         restart_backends
+        # xpv-xenstored replaced in place under the running guest (`xpv live-update`): what
+        # follows — the balloon's memory/target, control/shutdown, the reboot — reaches the
+        # guest's xenbus through the next binary, over watches it registered with the previous one.
+        OUT=$($B/xpv live-update 2>&1)
+        echo "XPV-TEST: live-update rc=$? $OUT"
+        grep -h "ring served again after the live update" $W/log/xpv-xenstored.log | sed 's/^.*xenstored: /XPV-TEST: xenstored /'
         # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
         # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl
         # list. Bounded: 180 s.

@@ -219,6 +219,11 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("XPV-TEST: file-after-restart xpv-after-wait-ok"), std::string::npos) << s;
     EXPECT_NE(s.find("queue(s) of a previous xpv-blkback; state left Connected"), std::string::npos) << s;
     EXPECT_NE(s.find("of a previous xpv-netback; state left Connected"), std::string::npos) << s;
+    // xpv-xenstored's live update under the running guest (hvm_session.sh): the same process
+    // serves the guest's ring again, and the shutdown below reached the guest through a watch it
+    // had registered with the previous binary.
+    EXPECT_NE(s.find("XPV-TEST: live-update rc=0 xpv-xenstored: live update done"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: xenstored dom"), std::string::npos) << s;
     // `xpv shutdown` as `xl shutdown`: the guest's kernel advertised control/feature-poweroff, the
     // toolstack wrote poweroff into control/shutdown, the kernel ran /sbin/poweroff (its init saw
     // the request) and the guest powered off by itself within the timeout.

@@ -9,6 +9,7 @@
 #include <boost/asio/post.hpp>
 #include <filesystem>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <mutex>
 #include <thread>
 
@@ -59,12 +60,7 @@ class Domains : public ::testing::Test {
     char tmpl[] = "/tmp/xpv-xsdom-XXXXXX";
     if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
     dir_ = tmpl;
-    xenbus::Hooks hooks;
-    hooks.attach = [this](xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
-      return domains_->attach(d, mfn, port);
-    };
-    hooks.released = [this](xenbus::DomId d) { domains_->released(d); };
-    store_ = std::make_unique<xenbus::Store>(xenbus::Quotas{}, hooks);
+    store_ = std::make_unique<xenbus::Store>(xenbus::Quotas{}, hooks());
     domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
     xs_thread_ = std::thread([this] { xs_io_.run(); });
     dom_thread_ = std::thread([this] { dom_io_.run(); });
@@ -91,6 +87,31 @@ class Domains : public ::testing::Test {
     xs_thread_.join();
     dom_thread_.join();
     std::filesystem::remove_all(dir_);
+  }
+  xenbus::Hooks hooks() {
+    xenbus::Hooks h;
+    h.attach = [this](xenbus::DomId d, std::uint64_t mfn, std::uint32_t port) {
+      return domains_->attach(d, mfn, port);
+    };
+    h.released = [this](xenbus::DomId d) { domains_->released(d); };
+    return h;
+  }
+  // A live update in this process: what the daemon saves, the daemon side torn down (the old
+  // binding of the domain's port goes, as when the exec closes the control connection), and what
+  // the next binary makes of the state.
+  nlohmann::json save_and_stop_daemon() {
+    auto state = on_xs([&] { return nlohmann::json{{"store", store_->save()}, {"rings", domains_->save()}}; });
+    on_xs([&] { domains_.reset(); });
+    return state;
+  }
+  void restart_daemon(const nlohmann::json& state) {
+    on_xs([&] {
+      store_ = std::make_unique<xenbus::Store>(xenbus::Quotas{}, hooks());
+      store_->restore(state.at("store"));
+      store_->attach_sink(watcher_, recorder_);
+      domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
+      domains_->restore(state.at("rings"));
+    });
   }
   void dom0(MsgType t, const std::string& payload) {
     xenbus::wire::Header h{static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(payload.size())};
@@ -220,6 +241,64 @@ TEST_F(Domains, BadIntroducesCreateNothing) {
   // Nothing half-created: the port is still free for the real introduce.
   ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, port));
   ASSERT_TRUE(client_->wait_connected(3000ms));
+}
+
+// A live update in one process (save_and_stop_daemon, restart_daemon), while the domain's
+// RingClient — the guest — goes on as it was.
+TEST_F(Domains, ALiveUpdateHandsTheRingToTheNextDaemon) {
+  start_domain();
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  ASSERT_TRUE(client_->write("data/x", "1"));
+  std::mutex m;
+  std::vector<std::string> seen;
+  ASSERT_TRUE(client_->watch("data", "tok", [&](const std::string& path, const std::string&) {
+    std::lock_guard l(m);
+    seen.push_back(path);
+  }));
+  auto saw = [&](const std::string& path) {
+    std::lock_guard l(m);
+    return std::count(seen.begin(), seen.end(), path);
+  };
+  ASSERT_TRUE(eventually([&] { return saw("data") == 1; })) << "the registration's event";
+
+  const nlohmann::json state = save_and_stop_daemon();  // no daemon serves the ring from here on
+  ASSERT_EQ(state["rings"].size(), 1u);
+  // The guest asks meanwhile: the request waits on the ring for the next daemon.
+  auto pending = std::async(std::launch::async, [&] { return client_->read("name"); });
+  EXPECT_EQ(pending.wait_for(100ms), std::future_status::timeout);
+
+  restart_daemon(state);
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(pending.get().value_or("(failed)"), "seven");
+  EXPECT_TRUE(on_xs([&] { return store_->is_introduced(7) && domains_->attached() == 1; }));
+  // The domain's watch, registered with the previous daemon, fires for its own write and dom0's.
+  ASSERT_TRUE(client_->write("data/y", "2"));
+  EXPECT_TRUE(eventually([&] { return saw("data/y") == 1; }));
+  on_xs([&] { dom0(MsgType::write, z("/local/domain/7/data/z") + "3"); });
+  EXPECT_TRUE(eventually([&] { return saw("data/z") == 1; }));
+  EXPECT_EQ(client_->read("data/x").value_or(""), "1");
+  // No special watch fired again: the domain was never released or introduced anew.
+  EXPECT_EQ(recorder_.count("@introduceDomain"), 2u);
+  EXPECT_EQ(recorder_.count("@releaseDomain"), 1u);
+  // Its death is still noticed by the next daemon.
+  stop_domain();
+  EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == 2; }));
+}
+
+// A domain that died while no daemon served it is released by the next one, as its death would
+// have been.
+TEST_F(Domains, ALiveUpdateReleasesADomainThatDiedMeanwhile) {
+  start_domain();
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  const nlohmann::json state = save_and_stop_daemon();
+  stop_domain();
+  restart_daemon(state);
+  EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == 2; }));
+  EXPECT_FALSE(on_xs([&] { return store_->is_introduced(7); }));
+  EXPECT_EQ(on_xs([&] { return domains_->attached(); }), 0u);
+  EXPECT_EQ(on_xs([&] { return store_->connection_count(); }), 1u) << "only dom0's";
 }
 
 }  // namespace

@@ -4,38 +4,18 @@
 #include <string>
 #include <vector>
 
+#include "fake_conn.h"
 #include "xpv/xenbus/store.h"
 
 using namespace xpv::xenbus;
 using wire::MsgType;
+using xpv::xenbus::test::FakeConn;
+using xpv::xenbus::test::kOK;
+using xpv::xenbus::test::z;
 
 namespace {
 
-struct FakeConn : Sink {
-  std::vector<std::string> replies;  // payload, or "!ENAME" for an error
-  std::vector<std::string> events;   // "path|token"
-  std::vector<wire::Header> headers;
-  void deliver(const wire::Header& h, std::string_view payload) override {
-    headers.push_back(h);
-    if (h.type == static_cast<std::uint32_t>(MsgType::watch_event)) {
-      auto nul = payload.find('\0');
-      std::string path(payload.substr(0, nul));
-      std::string token(payload.substr(nul + 1));
-      if (!token.empty() && token.back() == '\0') token.pop_back();
-      events.push_back(path + "|" + token);
-    } else if (h.type == static_cast<std::uint32_t>(MsgType::error)) {
-      std::string e(payload);
-      if (!e.empty() && e.back() == '\0') e.pop_back();
-      replies.push_back("!" + e);
-    } else {
-      replies.emplace_back(payload);
-    }
-  }
-};
-
 std::string s(std::string_view v) { return std::string(v); }
-std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0'); }
-const std::string kOK("OK\0", 3);
 
 class StoreTest : public ::testing::Test {
  protected:

@@ -184,6 +184,34 @@ void cmd_up(Context& ctx) {
   }
 }
 
+void cmd_live_update(Context& ctx, const std::string& binary, std::chrono::seconds timeout, bool force) {
+  const Paths& p = ctx.paths;
+  const auto pid = running_pid(p.pid_file(kXenstored), kXenstored);
+  if (!pid) throw ToolstackError(fmt::format("{} is not running (no live pid in {}); run `xpv up`", kXenstored, p.pid_file(kXenstored)));
+  const std::string bin = binary.empty() ? p.binary(kXenstored) : fs::absolute(binary).string();
+  RunLock lock(p.lock_file());
+  Xenstore xs(p.xenstore_socket);
+  std::string r = xs.control({"live-update", "-f", bin}, "live-update");
+  if (r != "OK") throw ToolstackError(r);
+  std::vector<std::string> start{"live-update", "-s", "-t", std::to_string(timeout.count())};
+  if (force) start.push_back("-F");
+  // Xen's tool asks until its own timeout, plus a second for the daemon to report its own.
+  const auto deadline = std::chrono::steady_clock::now() + timeout + 2s;
+  while (true) {
+    r = xs.control(start, "live-update");
+    if (r != "BUSY" || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(1s);
+  }
+  if (r != "OK") {
+    try {
+      (void)xs.control({"live-update", "-a"}, "live-update");
+    } catch (const ToolstackError&) {
+    }
+    throw ToolstackError(r == "BUSY" ? fmt::format("transactions stayed open for {} s; --force ends them", timeout.count()) : r);
+  }
+  ctx.out << fmt::format("{}: live update done (pid {}, now {})\n", kXenstored, *pid, bin);
+}
+
 void cmd_down(Context& ctx, bool force) {
   const Paths& p = ctx.paths;
   if (!fs::exists(p.run_dir)) {

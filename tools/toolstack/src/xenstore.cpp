@@ -119,6 +119,12 @@ void Xenstore::raw_request(std::uint32_t type, const std::string& payload, const
   if (!ok) throw ToolstackError(fmt::format("xenstore {}: {}", what, err_name(error)));
 }
 
+std::string Xenstore::control(const std::vector<std::string>& args, const std::string& what) {
+  auto r = client_->control(args);
+  if (!r) throw ToolstackError(fmt::format("{}: {}", what, err_name(r.error())));
+  return *r;
+}
+
 void Xenstore::introduce(DomId domid, std::uint64_t gfn, std::uint32_t port) {
   // xs_wire.h INTRODUCE: "<domid>\0<mfn>\0<event-channel port>\0", decimal as Xen's tools send it.
   std::string payload = fmt::format("{}", domid);

@@ -53,6 +53,16 @@ Result<T> SyncClient::call(Start start) {
   return future.get();
 }
 
+Result<std::string> SyncClient::control(const std::vector<std::string>& args) {
+  std::string payload;
+  for (const auto& a : args) payload += a + std::string(1, '\0');
+  auto r = call<std::string>([this, payload](ValueHandler h) {
+    client_->request(wire::MsgType::control, payload, kNoTx, std::move(h));
+  });
+  if (r && !r->empty() && r->back() == '\0') r->pop_back();
+  return r;
+}
+
 Result<std::string> SyncClient::read(const std::string& path, TxId tx) {
   return call<std::string>([this, tx, path](ValueHandler h) { client_->read(path, std::move(h), tx); });
 }

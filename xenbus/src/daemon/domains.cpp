@@ -2,13 +2,19 @@
 #include "xpv/xenbus/daemon/domains.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <exception>
+#include <nlohmann/json.hpp>
+#include <thread>
 
+#include "xpv/domain/control_protocol.h"
 #include "xpv/domain/foreign_domain.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
 
@@ -21,6 +27,8 @@ struct Domains::Attached {
   std::unique_ptr<domain::ForeignDomain> foreign;  // memory mapping + control socket
   std::shared_ptr<domain::Dom0Port> port;          // the xenstore event channel, dom0's end
   std::uint32_t dom0_port = 0;
+  std::uint64_t mfn = 0;            // as introduced
+  std::uint32_t port_number = 0;    // the domain's end of the channel, as introduced
   std::shared_ptr<RingConnection> ring;
   std::unique_ptr<asio::posix::stream_descriptor> death;  // a dup of the control socket
   bool dropped = false;
@@ -50,8 +58,24 @@ Expected<void, wire::Error> Domains::attach(DomId domid, std::uint64_t mfn, std:
     }
     asio::post(io_, [this, old] { drop(old); });
   }
+  auto a = connect(domid, mfn, port);
+  if (!a) return fail(a.error());
+  // start() registers the connection with the Store and serves requests already on the ring:
+  // not from inside this Store call.
+  asio::post(io_, [a = *a, mfn] {
+    if (a->dropped) return;
+    a->ring->start();
+    spdlog::info("xenstored: dom{} attached (ring gfn {:#x}, port {})", a->domid, mfn, a->dom0_port);
+  });
+  return {};
+}
+
+Expected<std::shared_ptr<Domains::Attached>, wire::Error> Domains::connect(DomId domid, std::uint64_t mfn,
+                                                                           std::uint32_t port) {
   auto a = std::make_shared<Attached>();
   a->domid = domid;
+  a->mfn = mfn;
+  a->port_number = port;
   try {
     a->foreign = std::make_unique<domain::ForeignDomain>(
         domain::ForeignDomain::connect(domid, "xenstored", run_dir_));
@@ -93,14 +117,53 @@ Expected<void, wire::Error> Domains::attach(DomId domid, std::uint64_t mfn, std:
   }
   doms_[domid] = a;
   watch_death(a);
-  // start() registers the connection with the Store and serves requests already on the ring:
-  // not from inside this Store call.
-  asio::post(io_, [a, mfn] {
-    if (a->dropped) return;
-    a->ring->start();
-    spdlog::info("xenstored: dom{} attached (ring gfn {:#x}, port {})", a->domid, mfn, a->dom0_port);
-  });
-  return {};
+  return a;
+}
+
+nlohmann::json Domains::save() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [id, a] : doms_) {
+    if (a->dropped || !a->ring) continue;
+    out.push_back({{"domid", id}, {"mfn", a->mfn}, {"port", a->port_number}, {"ring", a->ring->save()}});
+  }
+  return out;
+}
+
+void Domains::restore(const nlohmann::json& saved) {
+  for (const auto& e : saved) {
+    const auto domid = e.at("domid").get<DomId>();
+    const auto mfn = e.at("mfn").get<std::uint64_t>();
+    const auto port = e.at("port").get<std::uint32_t>();
+    const auto conn = e.at("ring").at("id").get<ConnId>();
+    const auto ids = store_.connection_ids();
+    if (std::find(ids.begin(), ids.end(), conn) == ids.end()) {
+      spdlog::warn("xenstored: live update: dom{}'s ring connection {} is not in the state; not attached", domid, conn);
+      continue;
+    }
+    // The previous binary's binding of the port ends when the domain sees its control
+    // connection close at the exec; until it has, the bind is refused: a bounded retry.
+    auto a = connect(domid, mfn, port);
+    for (int i = 0; !a && i < 50 && ::access(domain::control::socket_path(domid, run_dir_).c_str(), F_OK) == 0;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      a = connect(domid, mfn, port);
+    }
+    if (!a) {
+      // The domain went away while no daemon watched it (or no longer answers): what its death
+      // would have done.
+      spdlog::warn("xenstored: live update: dom{} cannot be attached again; releasing it", domid);
+      store_.disconnect(conn);
+      if (store_.is_introduced(domid)) (void)store_.release(domid);
+      continue;
+    }
+    // Served once every transport of the state has its Sink again (posted after the rest).
+    asio::post(io_, [a = *a, ring = e.at("ring")] {
+      if (a->dropped) return;
+      a->ring->resume(ring);
+      spdlog::info("xenstored: dom{} ring served again after the live update (port {})", a->domid,
+                   a->dom0_port);
+    });
+  }
 }
 
 void Domains::watch_death(const std::shared_ptr<Attached>& a) {

@@ -7,6 +7,8 @@
 // listening, so a caller may connect as soon as the parent exits. SIGTERM/SIGINT: clean
 // shutdown removing the socket and the pid file. INTRODUCE attaches the domain's ring through its
 // control socket <run-dir>/dom<N>.sock (daemon/domains.h; default /run/xpv or $XPV_RUN_DIR).
+// CONTROL live-update (xenstore-control, `xpv live-update`) replaces the binary in place: the next
+// one starts with --live-update-state FILE (daemon/live_update.h).
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
@@ -23,6 +25,7 @@
 
 #include "xpv/xenbus/daemon/process.h"
 #include "xpv/xenbus/daemon/domains.h"
+#include "xpv/xenbus/daemon/live_update.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 #include "xpv/xenbus/store.h"
 
@@ -45,10 +48,23 @@ int main(int argc, char** argv) {
                  "pending-events");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
+  bool lu_check = false;
+  app.add_flag("--live-update-check", lu_check,
+               "print the live-update state version this binary reads, and exit")
+      ->group("");
+  std::string lu_state;
+  app.add_option("--live-update-state", lu_state,
+                 "(set by a live update) continue the daemon whose state FILE holds")
+      ->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+
+  if (lu_check) {
+    std::printf("%s\n", xpv::xenbus::daemon::live_update_banner().c_str());
+    return 0;
   }
 
   xpv::xenbus::Quotas quotas;
@@ -78,8 +94,29 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(*level);
 
+  // What the next binary of a live update gets unless the update says otherwise: these very
+  // arguments, without a previous update's state file.
+  std::vector<std::string> own_args;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--live-update-state") {
+      ++i;
+      continue;
+    }
+    if (a.starts_with("--live-update-state=")) continue;
+    own_args.emplace_back(a);
+  }
+
   xpv::daemon::Launcher launcher;
   try {
+    std::optional<nlohmann::json> restored;
+    if (!lu_state.empty()) restored = xpv::xenbus::daemon::read_live_update_state(lu_state);
+    if (restored && xpv::xenbus::daemon::live_update_syslog(*restored)) {
+      // The same process as before the exec, already a daemon: it logs where it did.
+      auto sink = std::make_shared<spdlog::sinks::syslog_sink_mt>("xpv-xenstored", LOG_PID, LOG_DAEMON, false);
+      spdlog::set_default_logger(std::make_shared<spdlog::logger>("xenstored", sink));
+      spdlog::set_level(*level);
+    }
     boost::asio::io_context io(1);
     xpv::xenbus::Hooks hooks;
     hooks.print = [](std::string_view s) { spdlog::info("xenstored: control print: {}", s); };
@@ -91,6 +128,13 @@ int main(int argc, char** argv) {
     // The hooks reach the domain glue, which needs the Store: created right after it (and so
     // destroyed before it).
     xpv::xenbus::daemon::Domains* domains_ptr = nullptr;
+    xpv::xenbus::daemon::LiveUpdate* live_update_ptr = nullptr;
+    hooks.live_update = [&live_update_ptr](xpv::xenbus::ConnId c, const xpv::xenbus::wire::Header& h,
+                                           const std::vector<std::string>& a)
+        -> std::optional<xpv::Expected<std::string, xpv::xenbus::wire::Error>> {
+      if (!live_update_ptr) return xpv::fail(xpv::xenbus::wire::Error::einval);
+      return live_update_ptr->command(c, h, a);
+    };
     hooks.attach = [&domains_ptr](xpv::xenbus::DomId d, std::uint64_t mfn, std::uint32_t port)
         -> xpv::Expected<void, xpv::xenbus::wire::Error> {
       if (!domains_ptr) return xpv::fail(xpv::xenbus::wire::Error::eio);
@@ -104,8 +148,13 @@ int main(int argc, char** argv) {
       if (domains_ptr) domains_ptr->released(d);
     };
     xpv::xenbus::Store store(quotas, hooks);
+    if (restored) store.restore(restored->at("store"));
     xpv::xenbus::daemon::Domains domains(io, store, run_dir);
     domains_ptr = &domains;
+    const bool to_syslog = restored ? xpv::xenbus::daemon::live_update_syslog(*restored) : !foreground;
+    xpv::xenbus::daemon::LiveUpdate live_update(io, store, socket_path + ".live-update.json", argv[0],
+                                                own_args, to_syslog);
+    live_update_ptr = &live_update;
     // From the moment the socket listens a client may connect and then send SIGTERM (`xpv down`,
     // a test's quick stop); until the handler below exists that signal would kill us the
     // default way, socket left behind. Hold SIGTERM/SIGINT until then (the mask survives fork).
@@ -114,9 +163,18 @@ int main(int argc, char** argv) {
     sigaddset(&term, SIGTERM);
     sigaddset(&term, SIGINT);
     ::pthread_sigmask(SIG_BLOCK, &term, nullptr);
-    xpv::xenbus::daemon::SocketServer server(io, store, socket_path);
+    std::optional<xpv::xenbus::daemon::SocketServer> server_slot;
+    if (restored) {
+      server_slot.emplace(io, store, socket_path, restored->at("sockets"));
+      domains.restore(restored->at("rings"));
+      xpv::xenbus::daemon::finish_live_update(io, store, *restored);
+    } else {
+      server_slot.emplace(io, store, socket_path);
+    }
+    xpv::xenbus::daemon::SocketServer& server = *server_slot;
+    live_update.attach(server, domains);
 
-    if (!foreground) {
+    if (!restored && !foreground) {  // restored: already a daemon (or in the foreground)
       // The socket is already registered with io: the daemon's io_context must learn of the fork.
       xpv::daemon::daemonize(
           "xpv-xenstored", launcher,

@@ -2,6 +2,7 @@
 // thread; the domain runs concurrently on the other side of the page, so every index it owns is
 // read with an acquire atomic_ref and every byte is copied out before it is looked at.
 #include "xpv/xenbus/daemon/ring_connection.h"
+#include "xpv/xenbus/hex.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace xpv::xenbus::daemon {
@@ -75,6 +77,45 @@ void RingConnection::start() {
   store_release(intf_->connection, ring::kXenstoreConnected);
   wait_kick();
   service();  // requests may already be on the ring
+}
+
+nlohmann::json RingConnection::save() const {
+  const auto in = framer_.partial();
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : out_) out.push_back(hex(m));
+  return {{"id", id_},
+          {"in", hex(std::string_view(reinterpret_cast<const char*>(in.data()), in.size()))},
+          {"out", std::move(out)},
+          {"out_off", out_off_},
+          {"failed", failed_}};
+}
+
+void RingConnection::resume(const nlohmann::json& saved) {
+  id_ = saved.at("id").get<ConnId>();
+  store_.attach_sink(id_, *this);
+  started_ = true;
+  const std::string in = unhex(saved.at("in").get<std::string>());
+  const std::size_t used = framer_.feed(std::span<const std::uint8_t>(
+      reinterpret_cast<const std::uint8_t*>(in.data()), in.size()));
+  if (used != in.size() || framer_.ready() || framer_.violated()) {
+    throw std::runtime_error("saved ring input is not the start of one message");
+  }
+  for (const auto& m : saved.at("out")) {
+    out_.push_back(unhex(m.get<std::string>()));
+    if (out_.back().size() < wire::kHeaderSize) throw std::runtime_error("saved ring output is not a message");
+    auto type = wire::decode_header(std::span<const std::uint8_t, wire::kHeaderSize>(
+                                        reinterpret_cast<const std::uint8_t*>(out_.back().data()),
+                                        wire::kHeaderSize))
+                    .type;
+    if (type != static_cast<std::uint32_t>(wire::MsgType::watch_event)) ++replies_queued_;
+  }
+  out_off_ = saved.at("out_off").get<std::size_t>();
+  if (!out_.empty() && out_off_ >= out_.front().size()) throw std::runtime_error("bad saved ring output offset");
+  failed_ = saved.at("failed").get<bool>();
+  if (failed_) return;  // the domain saw the error field; nothing more is served
+  wait_kick();
+  service();  // what the domain produced (and consumed) while no daemon watched the ring
+  kick();     // and a kick, in case it waits on a reply that was already there
 }
 
 void RingConnection::close() noexcept {

@@ -2,20 +2,24 @@
 // only; the Store is touched from completion handlers on that thread.
 #include "xpv/xenbus/daemon/socket_server.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
+#include <boost/asio/post.hpp>
 #include <deque>
 #include <filesystem>
 #include <stdexcept>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "xpv/log_rate_limit.h"
 #include "xpv/xenbus/daemon/connection.h"
+#include "xpv/xenbus/hex.h"
 
 namespace xpv::xenbus::daemon {
 
@@ -30,6 +34,10 @@ struct SocketServer::State {
   xpv::LogRateLimit log_limit{10};
 };
 
+// One client. Readiness-driven: the socket is waited on (async_wait) and read and written with
+// non-blocking calls, so that every byte taken from the socket and not yet handled is in this
+// object (framer_, pending_) and every byte not yet written is in out_ — what a live update
+// saves (save()) and the next binary picks up (the adopting constructor).
 class SocketServer::Conn : public Connection, public std::enable_shared_from_this<Conn> {
  public:
   Conn(stream::socket s, Store& store, std::shared_ptr<State> st)
@@ -37,13 +45,42 @@ class SocketServer::Conn : public Connection, public std::enable_shared_from_thi
 
   void start() {
     id_ = store_.connect(0, *this);
-    read_header();
+    wait_readable();
   }
+
+  // A connection from a saved state: the Store already has it (restore()).
+  void adopt(const nlohmann::json& saved) {
+    id_ = saved.at("id").get<ConnId>();
+    store_.attach_sink(id_, *this);
+    pending_ = unhex(saved.at("in").get<std::string>());
+    for (const auto& o : saved.at("out")) {
+      out_.push_back(Out{unhex(o.at("bytes").get<std::string>()), o.at("reply").get<bool>()});
+      if (out_.back().reply) ++replies_queued_;
+    }
+    out_off_ = saved.at("out_off").get<std::size_t>();
+    if (!out_.empty() && out_off_ >= out_.front().bytes.size()) throw std::runtime_error("bad out_off");
+    auto self = shared_from_this();
+    // Not from inside whatever called adopt(): the first drain may hand requests to the Store.
+    asio::post(sock_.get_executor(), [this, self] {
+      flush();
+      drain();
+    });
+  }
+
+  nlohmann::json save() const {
+    std::string in(reinterpret_cast<const char*>(framer_.partial().data()), framer_.partial().size());
+    in += pending_;
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& o : out_) out.push_back({{"bytes", hex(o.bytes)}, {"reply", o.reply}});
+    return {{"fd", const_cast<stream::socket&>(sock_).native_handle()}, {"id", id_}, {"in", hex(in)}, {"out", std::move(out)},
+            {"out_off", out_off_}};
+  }
+  int fd() noexcept { return sock_.native_handle(); }
 
   DomId domid() const noexcept override { return 0; }
 
   void deliver(const wire::Header& h, std::string_view payload) override {
-    if (closed_) return;
+    if (closed_ || broken_) return;
     bool reply = h.type != static_cast<std::uint32_t>(wire::MsgType::watch_event);
     if (!reply && out_.size() >= store_.quotas().pending_events) {
       ++st_->dropped_events;
@@ -53,7 +90,7 @@ class SocketServer::Conn : public Connection, public std::enable_shared_from_thi
     }
     out_.push_back(Out{wire::encode(h, payload), reply});
     if (reply) ++replies_queued_;
-    if (!writing_) write_next();
+    flush();  // never calls the Store: this may run inside a request
   }
 
   void close() noexcept override {
@@ -72,76 +109,99 @@ class SocketServer::Conn : public Connection, public std::enable_shared_from_thi
     bool reply;
   };
 
-  void read_header() {
+  void wait_readable() {
+    if (reading_ || closed_ || broken_) return;
+    reading_ = true;
     auto self = shared_from_this();
-    asio::async_read(sock_, asio::buffer(hdr_buf_),
-                     [this, self](boost::system::error_code ec, std::size_t) {
-                       if (ec || closed_) return close();
-                       hdr_ = wire::decode_header(hdr_buf_);
-                       if (!wire::check_header(hdr_)) {
-                         ++st_->protocol_errors;
-                         if (st_->log_limit.allow())
-                           spdlog::warn("xenstored: socket client {}: payload length {} > {}, "
-                                        "closing", id_, hdr_.len, wire::kPayloadMax);
-                         return close();
-                       }
-                       payload_.resize(hdr_.len);
-                       if (hdr_.len == 0) return process();
-                       read_payload();
-                     });
+    sock_.async_wait(stream::socket::wait_read, [this, self](boost::system::error_code ec) {
+      reading_ = false;
+      if (ec || closed_) return close();
+      std::array<char, 4096> buf;
+      const ssize_t n = ::recv(sock_.native_handle(), buf.data(), buf.size(), MSG_DONTWAIT);
+      if (n == 0) return close();  // the client went away
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return wait_readable();
+        return close();
+      }
+      pending_.append(buf.data(), static_cast<std::size_t>(n));
+      drain();
+    });
   }
 
-  void read_payload() {
-    auto self = shared_from_this();
-    asio::async_read(sock_, asio::buffer(payload_),
-                     [this, self](boost::system::error_code ec, std::size_t) {
-                       if (ec || closed_) return close();
-                       process();
-                     });
-  }
-
-  void process() {
-    ++st_->messages;
-    store_.handle(id_, hdr_, std::string_view(payload_.data(), payload_.size()));
-    if (closed_) return;
-    if (replies_queued_ >= store_.quotas().outstanding) {
-      paused_ = true;  // resumed by write_next once the peer reads its replies
-      return;
+  // Hands every complete message in pending_ to the Store, until backpressure says stop; then
+  // waits for more bytes unless paused.
+  void drain() {
+    while (!closed_ && !broken_ && replies_queued_ < store_.quotas().outstanding && !pending_.empty()) {
+      const std::size_t used = framer_.feed(std::span<const std::uint8_t>(
+          reinterpret_cast<const std::uint8_t*>(pending_.data()), pending_.size()));
+      pending_.erase(0, used);
+      if (framer_.violated()) {
+        ++st_->protocol_errors;
+        if (st_->log_limit.allow()) {
+          spdlog::warn("xenstored: socket client {}: payload length {} > {}, closing", id_,
+                       framer_.header().len, wire::kPayloadMax);
+        }
+        return close();
+      }
+      if (!framer_.ready()) break;
+      ++st_->messages;
+      store_.handle(id_, framer_.header(), framer_.payload());
+      framer_.consume();
     }
-    read_header();
+    if (closed_ || broken_) return;
+    // Over the quota of unanswered replies: stop reading (backpressure) until the client has
+    // read enough of them (flush() resumes).
+    if (replies_queued_ < store_.quotas().outstanding) wait_readable();
   }
 
-  void write_next() {
-    if (out_.empty() || closed_) {
-      writing_ = false;
-      return;
+  // Writes what the socket takes now; waits for writability for the rest. Never calls the Store
+  // and never closes synchronously (a failed write is handled from a posted close).
+  void flush() {
+    while (!out_.empty() && !broken_ && !closed_) {
+      const std::string& b = out_.front().bytes;
+      const ssize_t n = ::send(sock_.native_handle(), b.data() + out_off_, b.size() - out_off_,
+                               MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return wait_writable();
+        broken_ = true;
+        auto self = shared_from_this();
+        asio::post(sock_.get_executor(), [self] { self->close(); });
+        return;
+      }
+      out_off_ += static_cast<std::size_t>(n);
+      if (out_off_ < b.size()) continue;
+      if (out_.front().reply) --replies_queued_;
+      out_.pop_front();
+      out_off_ = 0;
     }
+  }
+
+  void wait_writable() {
+    if (writing_) return;
     writing_ = true;
     auto self = shared_from_this();
-    asio::async_write(sock_, asio::buffer(out_.front().bytes),
-                      [this, self](boost::system::error_code ec, std::size_t) {
-                        if (ec || closed_) return close();
-                        if (out_.front().reply) --replies_queued_;
-                        out_.pop_front();
-                        if (paused_ && replies_queued_ < store_.quotas().outstanding) {
-                          paused_ = false;
-                          read_header();
-                        }
-                        write_next();
-                      });
+    sock_.async_wait(stream::socket::wait_write, [this, self](boost::system::error_code ec) {
+      writing_ = false;
+      if (ec || closed_) return close();
+      const bool was_paused = replies_queued_ >= store_.quotas().outstanding;
+      flush();
+      if (was_paused && replies_queued_ < store_.quotas().outstanding) drain();  // resume reading
+    });
   }
 
   stream::socket sock_;
   Store& store_;
   std::shared_ptr<State> st_;
   ConnId id_ = 0;
-  std::array<std::uint8_t, wire::kHeaderSize> hdr_buf_{};
-  wire::Header hdr_{};
-  std::vector<char> payload_;
+  wire::Framer framer_;
+  std::string pending_;       // read from the socket, not yet given to the framer
   std::deque<Out> out_;
+  std::size_t out_off_ = 0;   // bytes of out_.front() already written
   std::size_t replies_queued_ = 0;
+  bool reading_ = false;
   bool writing_ = false;
-  bool paused_ = false;
+  bool broken_ = false;  // a write failed: closing
   bool closed_ = false;
 };
 
@@ -184,6 +244,46 @@ SocketServer::SocketServer(asio::io_context& io, Store& store, std::string path)
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + path_ + ": " + ec.message());
   accept();
+}
+
+SocketServer::SocketServer(asio::io_context& io, Store& store, std::string path, const nlohmann::json& saved)
+    : io_(io), store_(store), path_(std::move(path)), acceptor_(io),
+      state_(std::make_shared<State>()) {
+  const int lfd = saved.at("listen_fd").get<int>();
+  struct stat st {};
+  if (::fstat(lfd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    throw std::runtime_error(fmt::format("saved listening socket fd {} is not a socket", lfd));
+  }
+  boost::system::error_code ec;
+  acceptor_.assign(stream(), lfd, ec);
+  if (ec) throw std::runtime_error(fmt::format("cannot adopt listening socket fd {}: {}", lfd, ec.message()));
+  ::fcntl(lfd, F_SETFD, FD_CLOEXEC);
+  for (const auto& c : saved.at("conns")) {
+    const int fd = c.at("fd").get<int>();
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+      throw std::runtime_error(fmt::format("saved client socket fd {} is not a socket", fd));
+    }
+    stream::socket sock(io_);
+    sock.assign(stream(), fd, ec);
+    if (ec) throw std::runtime_error(fmt::format("cannot adopt client socket fd {}: {}", fd, ec.message()));
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    auto conn = std::make_shared<Conn>(std::move(sock), store_, state_);
+    state_->conns.emplace(conn.get(), conn);
+    conn->adopt(c);
+  }
+  accept();
+}
+
+nlohmann::json SocketServer::save() const {
+  nlohmann::json conns = nlohmann::json::array();
+  for (const auto& [p, c] : state_->conns) conns.push_back(c->save());
+  return {{"listen_fd", const_cast<stream::acceptor&>(acceptor_).native_handle()}, {"conns", std::move(conns)}};
+}
+
+std::vector<int> SocketServer::fds() {
+  std::vector<int> out{acceptor_.native_handle()};
+  for (const auto& [p, c] : state_->conns) out.push_back(c->fd());
+  return out;
 }
 
 SocketServer::~SocketServer() {

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <new>
+#include <utility>
 
 #include "store_impl.h"
 
@@ -100,6 +101,10 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
     outbox_.clear();
   }
   handling_ = false;
+  if (std::exchange(deferred_, false)) {  // answered later through answer()
+    flush_events();
+    return;
+  }
   wire::Header out{h.type, h.req_id, h.tx_id, 0};
   try {
     if (r) {
@@ -123,7 +128,7 @@ void Store::flush_events() noexcept {
   outbox_.clear();
   for (auto& [id, payload] : pending) {
     auto it = conns_.find(id);
-    if (it == conns_.end()) continue;
+    if (it == conns_.end() || !it->second->sink) continue;  // a restored one not yet attached
     wire::Header h{static_cast<std::uint32_t>(MsgType::watch_event), 0, 0,
                    static_cast<std::uint32_t>(payload.size())};
     try {
@@ -140,6 +145,10 @@ Store::Reply Store::dispatch(Conn& c, ConnId id, const wire::Header& h,
   const wire::Args& a = *args;
   Txn* t = nullptr;
   if (h.tx_id != 0) {
+    if (c.aborted_txns.count(h.tx_id)) {
+      if (static_cast<MsgType>(h.type) == MsgType::transaction_end) c.aborted_txns.erase(h.tx_id);
+      return fail(Error::eagain);
+    }
     auto tt = c.txns.find(h.tx_id);
     if (tt == c.txns.end()) return fail(Error::enoent);
     t = &tt->second;
@@ -166,18 +175,30 @@ Store::Reply Store::dispatch(Conn& c, ConnId id, const wire::Header& h,
     case MsgType::reset_watches:
       c.watches.clear();
       c.txns.clear();
+      c.aborted_txns.clear();
       return std::string("OK", 3);
-    case MsgType::control: return do_control(c, a);
+    case MsgType::control: return do_control(c, id, h, a);
     default: return fail(Error::enosys);
   }
 }
 
 // CONTROL (xenstore-control): privileged only. Commands: print TEXT..., log-level LEVEL,
-// quota, help. Anything else is EINVAL.
-Store::Reply Store::do_control(Conn& c, const wire::Args& a) {
+// quota, help, and live-update when the daemon offers it (Hooks::live_update). Anything else is
+// EINVAL.
+Store::Reply Store::do_control(Conn& c, ConnId id, const wire::Header& h, const wire::Args& a) {
   if (!c.privileged) return fail(Error::eacces);
   std::string_view cmd = a[0];
   std::string out;
+  if (cmd == "live-update" && hooks_.live_update) {
+    std::vector<std::string> args;
+    for (std::size_t i = 1; i < a.size(); ++i) args.emplace_back(a[i]);
+    auto r = hooks_.live_update(id, h, args);
+    if (!r) {
+      deferred_ = true;
+      return std::string();
+    }
+    return std::move(*r);
+  }
   if (cmd == "print") {
     std::string text;
     for (std::size_t i = 1; i < a.size(); ++i) text += (i > 1 ? " " : "") + std::string(a[i]);
@@ -193,6 +214,9 @@ Store::Reply Store::do_control(Conn& c, const wire::Args& a) {
     out = format_quotas(quotas_);
   } else if (cmd == "help" && a.size() == 1) {
     out = "print TEXT...\nlog-level trace|debug|info|warn|error|off\nquota\nhelp\n";
+    if (hooks_.live_update) {
+      out += "live-update -f BINARY | -c CMDLINE | -s [-t SECONDS] [-F] | -a\n";
+    }
   } else {
     return fail(Error::einval);
   }

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -34,6 +35,7 @@ struct Store::Conn {
   Sink* sink = nullptr;
   std::uint32_t next_tx = 1;
   std::map<std::uint32_t, Txn> txns;
+  std::set<std::uint32_t> aborted_txns;  // ended by a forced live update: answer EAGAIN
   std::vector<Watch> watches;
 };
 

@@ -29,6 +29,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "xpv/expected.h"
 #include "xpv/xenbus/path.h"
 #include "xpv/xenbus/perms.h"
@@ -75,6 +77,12 @@ struct Hooks {
   std::function<void(DomId)> released;
   std::function<void(std::string_view)> print;             // CONTROL print
   std::function<bool(std::string_view)> set_log_level;     // CONTROL log-level
+  // CONTROL live-update ARGS... (privileged; xenstore-control's protocol): the daemon's answer,
+  // or nullopt when the daemon answers later through Store::answer() — after the exec, from the
+  // new binary. Unset: live-update is EINVAL like any unknown command.
+  std::function<std::optional<Expected<std::string, wire::Error>>(
+      ConnId, const wire::Header&, const std::vector<std::string>& args)>
+      live_update;
 };
 
 struct Node {
@@ -105,6 +113,24 @@ class Store {
   Expected<void, wire::Error> release(DomId domid);
   bool is_introduced(DomId domid) const noexcept;
 
+  // Live update (daemon/live_update.h). save(): the tree, the domain table and every
+  // connection's identity, watches and transaction counter, as JSON (byte strings hex-encoded).
+  // Only between requests. restore(): on a Store that has served nothing yet, replaces all of it
+  // with a saved state; each restored connection has no Sink until its transport calls
+  // attach_sink() (until then nothing is delivered to it). Throws std::runtime_error naming
+  // what is wrong with the state.
+  nlohmann::json save() const;
+  void restore(const nlohmann::json& state);
+  void attach_sink(ConnId id, Sink& sink);
+  std::vector<ConnId> connection_ids() const;
+  // Open transactions over all connections; abort_transactions() ends them all (live-update -F):
+  // the next request in one of them, its TRANSACTION_END included, answers EAGAIN, as for a
+  // conflict, so that a client retries.
+  std::size_t open_transactions() const noexcept;
+  void abort_transactions() noexcept;
+  // Sends a reply to `request` (a deferred CONTROL answer) on connection `id`, if it still exists.
+  void answer(ConnId id, const wire::Header& request, std::string_view payload);
+
   // Introspection (tests, CONTROL, xpv top).
   const Quotas& quotas() const noexcept { return quotas_; }
   std::size_t node_count() const noexcept { return nodes_.size(); }
@@ -133,7 +159,7 @@ class Store {
 
   // store.cpp: dispatch
   Reply dispatch(Conn& c, ConnId id, const wire::Header& h, std::string_view payload);
-  Reply do_control(Conn& c, const wire::Args& a);
+  Reply do_control(Conn& c, ConnId id, const wire::Header& h, const wire::Args& a);
   Requester requester(const Conn& c) const noexcept;
   void flush_events() noexcept;
 
@@ -182,6 +208,7 @@ class Store {
   std::map<DomId, Domain> domains_;
   std::vector<std::pair<ConnId, std::string>> outbox_;  // watch events after the reply
   bool handling_ = false;  // inside handle(): events go out after the reply; else at once
+  bool deferred_ = false;  // the request being handled is answered later (Hooks::live_update)
 };
 
 }  // namespace xpv::xenbus

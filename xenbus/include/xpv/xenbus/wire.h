@@ -142,6 +142,12 @@ class Framer {
   }
   // Drops the ready message; the next feed() starts a new one.
   void consume() noexcept;
+  // The bytes of a message begun but not complete (none once it is ready): a new Framer fed
+  // with them is in this one's state (a live update carries them to the next binary).
+  std::span<const std::uint8_t> partial() const noexcept {
+    if (ready_) return {};
+    return {buf_.data(), have_};
+  }
 
  private:
   std::array<std::uint8_t, kHeaderSize + kPayloadMax> buf_{};

@@ -23,6 +23,11 @@ struct Context {
 // Daemons (daemons.cpp).
 void cmd_up(Context& ctx);
 void cmd_down(Context& ctx, bool force);
+// `xpv live-update [BINARY]` (daemons.cpp): xpv-xenstored replaces its binary (default: the one
+// next to xpv) in place — same process, every domain and client connected on — as
+// `xenstore-control live-update` does (xenbus/include/xpv/xenbus/daemon/live_update.h). While
+// transactions are open it asks again each second, up to `timeout`; `force` ends them.
+void cmd_live_update(Context& ctx, const std::string& binary, std::chrono::seconds timeout, bool force);
 // The supervisor loop (`xpv supervise`, started by `xpv up`); returns the exit status.
 int cmd_supervise(Context& ctx);
 

@@ -41,6 +41,10 @@ class Xenstore {
   // propagates.
   void transaction(const std::function<void(TxId)>& body);
 
+  // CONTROL with its arguments: the daemon's reply text; an error reply throws ToolstackError
+  // naming `what`.
+  std::string control(const std::vector<std::string>& args, const std::string& what);
+
   void introduce(DomId domid, std::uint64_t gfn, std::uint32_t port);
   void release(DomId domid);
 

@@ -38,6 +38,9 @@ class SyncClient {
   // runs on the calling thread and uses the calls above with `tx`; an error from it aborts.
   Result<void> transaction(const std::function<Result<void>(TxId)>& body, int max_retries = 8);
 
+  // CONTROL with its arguments (NUL-separated on the wire, as xenstore-control sends them): the
+  // reply text without its NUL.
+  Result<std::string> control(const std::vector<std::string>& args);
   std::uint64_t retries() const noexcept { return retries_; }
 
  private:

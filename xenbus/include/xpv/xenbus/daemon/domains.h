@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "xpv/expected.h"
@@ -49,12 +50,22 @@ class Domains {
   // this runs inside a Store call).
   void released(DomId domid);
 
+  // Live update. save(): every attached domain (domid, mfn, port) with its ring's state.
+  // restore(): in the next binary, after Store::restore and the socket transport: attach each
+  // domain again through its control socket and resume its ring (posted); a domain that cannot be
+  // attached any more (it died meanwhile) is released as its death would have released it.
+  nlohmann::json save() const;
+  void restore(const nlohmann::json& saved);
+
   std::size_t attached() const noexcept { return doms_.size(); }
   bool is_attached(DomId domid) const noexcept { return doms_.count(domid) != 0; }
 
   struct Attached;
 
  private:
+  // Connects to the domain, checks its ring, maps it, binds the port, makes the RingConnection
+  // (not started) and records the domain.
+  Expected<std::shared_ptr<Attached>, wire::Error> connect(DomId domid, std::uint64_t mfn, std::uint32_t port);
   void watch_death(const std::shared_ptr<Attached>& a);
   void drop(const std::shared_ptr<Attached>& a);
 

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 
@@ -40,6 +41,12 @@ class RingConnection final : public Connection,
   ~RingConnection() override;
 
   void start();
+  // Live update. save(): the connection's id in the Store, the bytes of a request it has taken
+  // off the ring but not yet handled, the replies and events not yet on the ring, whether the
+  // ring was disabled. resume(): instead of start(), serve the connection of a saved state (the
+  // Store already holds it: Store::restore) and whatever the domain put on the ring meanwhile.
+  nlohmann::json save() const;
+  void resume(const nlohmann::json& saved);
   DomId domid() const noexcept override { return domid_; }
   void deliver(const wire::Header& h, std::string_view payload) override;
   void close() noexcept override;

@@ -2,8 +2,9 @@
 // /run/xenstored/socket). Every client is dom0 and privileged, like Xen's socket clients.
 // Many concurrent clients; one io_context thread serves them all (the Store has no lock).
 //
-// Per connection: read a 16-byte header, reject len > 4096 by closing the connection (Xen does
-// the same), read the payload, hand it to the Store, queue the reply. While the connection has
+// Per connection: read what the socket has (non-blocking, on readiness), frame it, reject
+// len > 4096 by closing the connection (Xen does the same), hand each message to the Store,
+// queue and write the reply. While the connection has
 // `Quotas::outstanding` or more replies not yet written, it stops reading (backpressure);
 // watch events beyond `Quotas::pending_events` queued messages are dropped (logged, rate-limited).
 #pragma once
@@ -11,7 +12,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "xpv/xenbus/store.h"
 
@@ -22,8 +25,17 @@ class SocketServer {
   // Binds and listens on `path` (creating its directory; a stale socket file nobody listens on
   // is replaced; a live one is an error). Throws std::runtime_error naming the path.
   SocketServer(boost::asio::io_context& io, Store& store, std::string path);
+  // Live update: a SocketServer over the listening socket and the client connections of a
+  // saved state (their fds inherited across the exec), each with its unhandled input and unsent
+  // output; the Store must already hold the connections (Store::restore). Throws
+  // std::runtime_error naming a saved fd that is not a socket.
+  SocketServer(boost::asio::io_context& io, Store& store, std::string path, const nlohmann::json& saved);
   // Closes every connection and removes the socket file.
   ~SocketServer();
+  // Live update: the listening socket's fd and every connection's fd, id, unhandled input and
+  // unsent output. Only between handlers on the io thread. fds(): what must survive the exec.
+  nlohmann::json save() const;
+  std::vector<int> fds();
   SocketServer(const SocketServer&) = delete;
   SocketServer& operator=(const SocketServer&) = delete;
 
