@@ -3,7 +3,10 @@
 // client → xs_read_watch returns on the watchers) with 1 and 8 watching clients; plus pipelined
 // writes through xpv's own async client, and the pause a live update of the daemon's binary
 // causes (10 000 nodes, 8 watching clients). The suite starts its own daemon (the xpv-xenstored next
-// to this xpv binary) on a temporary socket and stops it afterwards.
+// to this xpv binary) on a temporary socket, with its crash-restart journal as `xpv up` runs it,
+// and stops it afterwards. What the journal costs: the write rows again from a daemon without one;
+// what a crash costs: the time a daemon killed with SIGKILL takes to serve again from its journal
+// (10 000 nodes).
 //
 // Reference: none. Debian's C xenstored (xen-utils-4.17, started with --no-domain-init) crashes
 // on its first socket request without a hypervisor, and oxenstored needs Xen (xenctrl); there is
@@ -50,35 +53,48 @@ constexpr const char* kNoReference =
 // The daemon under test, on a socket in a private temporary directory. SIGTERM on destruction.
 class BenchDaemon {
  public:
-  BenchDaemon() {
+  // `journal`: with --journal <dir>/journal, as `xpv up` runs it.
+  explicit BenchDaemon(bool journal) : journal_(journal) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "xpv-bench-xs-XXXXXX").string();
     if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
     socket_ = dir_ + "/socket";
-    std::string bin =
-        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "xpv-xenstored").string();
-    if (!std::filesystem::exists(bin)) {
+    bin_ = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "xpv-xenstored").string();
+    if (!std::filesystem::exists(bin_)) {
       std::filesystem::remove_all(dir_);
-      throw std::runtime_error("xenstore bench: " + bin + " not built");
+      throw std::runtime_error("xenstore bench: " + bin_ + " not built");
     }
-    std::vector<std::string> args{bin, "--foreground", "--socket", socket_, "--log-level",
-                                  "error", "--quota", "watches=1024", "--quota",
-                                  "outstanding=1024"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (::posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      std::filesystem::remove_all(dir_);
-      throw std::runtime_error("xenstore bench: cannot start " + bin);
-    }
-    for (int i = 0; i < 500 && !connectable(); ++i) ::usleep(10000);
-    if (!connectable()) {
+    try {
+      start();
+    } catch (...) {
       stop();
-      throw std::runtime_error("xenstore bench: xpv-xenstored did not come up");
+      throw;
     }
   }
   ~BenchDaemon() { stop(); }
   const std::string& socket() const { return socket_; }
+  // (Again) on the same socket and journal; returns once it accepts connections (at most 5 s).
+  void start() {
+    std::vector<std::string> args{bin_, "--foreground", "--socket", socket_, "--log-level", "error", "--quota",
+                                  "watches=1024", "--quota", "outstanding=1024"};
+    if (journal_) args.insert(args.end(), {"--journal", dir_ + "/journal"});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+      throw std::runtime_error("xenstore bench: cannot start " + bin_);
+    }
+    for (int i = 0; i < 50000 && !connectable(); ++i) ::usleep(100);
+    if (!connectable()) throw std::runtime_error("xenstore bench: xpv-xenstored did not come up");
+  }
+  // SIGKILL, as a crash.
+  void crash() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
 
  private:
   bool connectable() const {
@@ -99,9 +115,11 @@ class BenchDaemon {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
+  bool journal_;
   pid_t pid_ = -1;
   std::string dir_;
   std::string socket_;
+  std::string bin_;
 };
 
 struct XsHandle {
@@ -264,11 +282,50 @@ double live_update_pause_ms(int nodes, int watchers, int rounds) {
   return ms[ms.size() / 2];
 }
 
+// Writes `nodes` nodes, kills the daemon (SIGKILL) and times, on the host's clock, how long the
+// next one takes to accept connections with the store recovered from its journal; checks that
+// the last node written is there. Median of `rounds`.
+double crash_recovery_ms(BenchDaemon& d, int nodes, int rounds) {
+  std::vector<double> ms;
+  for (int r = 0; r < rounds; ++r) {
+    {
+      XsHandle c;
+      for (int i = 0; i < nodes; ++i) {
+        const std::string p = "/bench/crash/n" + std::to_string(i);
+        if (!xs_write(c.h, XBT_NULL, p.c_str(), "v", 1)) throw std::runtime_error("xenstore bench: write failed");
+      }
+    }
+    d.crash();
+    const auto t0 = Clock::now();
+    d.start();
+    ms.push_back(xpv::bench::seconds_since(t0) * 1e3);
+    XsHandle c;
+    unsigned len = 0;
+    const std::string last = "/bench/crash/n" + std::to_string(nodes - 1);
+    void* v = xs_read(c.h, XBT_NULL, last.c_str(), &len);
+    const bool kept = v != nullptr;
+    std::free(v);
+    if (!kept) throw std::runtime_error("xenstore bench: the restarted daemon lost " + last);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
-  BenchDaemon daemon;
-  ::setenv("XENSTORED_PATH", daemon.socket().c_str(), 1);
   auto n = [&](int base) { return std::max(50, static_cast<int>(base * opts.scale)); };
   std::vector<Result> rs;
+  // Without the journal first (its own daemon), for what the journal costs.
+  std::vector<std::pair<std::string, double>> plain;
+  {
+    BenchDaemon bare(false);
+    ::setenv("XENSTORED_PATH", bare.socket().c_str(), 1);
+    for (int clients : {1, 8}) {
+      plain.emplace_back(clients == 1 ? "write (1 client), without the journal" : "write (8 clients), without the journal",
+                         throughput(Op::write, clients, n(clients == 1 ? 20000 : 5000)));
+    }
+  }
+  BenchDaemon daemon(true);
+  ::setenv("XENSTORED_PATH", daemon.socket().c_str(), 1);
   auto add = [&](std::string metric, std::string unit, double v, bool lower = false) {
     Result r;
     r.metric = std::move(metric);
@@ -292,6 +349,14 @@ std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
   const int lu_nodes = n(10000);
   add("live update pause (" + std::to_string(lu_nodes) + " nodes, 8 watching clients), median of 5", "ms",
       live_update_pause_ms(lu_nodes, 8, 5), true);
+  for (const auto& [metric, v] : plain) add(metric, "ops/s", v);
+  {
+    BenchDaemon crashing(true);  // a store of just these nodes
+    ::setenv("XENSTORED_PATH", crashing.socket().c_str(), 1);
+    add("crash restart: SIGKILL to serving again from the journal (" + std::to_string(lu_nodes) +
+            " nodes), median of 3",
+        "ms", crash_recovery_ms(crashing, lu_nodes, 3), true);
+  }
   ::unsetenv("XENSTORED_PATH");
   return rs;
 }
@@ -300,5 +365,5 @@ std::vector<Result> run_xenstore(const xpv::bench::Options& opts) {
 
 XPV_BENCH_SUITE("xenstore",
                 "xpv-xenstored via libxenstore: write/read/directory ops/s (1 and 8 clients), "
-                "watch-fire latency, the pause of a live update",
+                "watch-fire latency, the pause of a live update, the journal's cost and a crash restart",
                 run_xenstore);

@@ -290,6 +290,58 @@ TEST_F(XenstoreCompat, ManyConcurrentClients) {
   EXPECT_EQ(r.out, "0\n9\n49\n");
 }
 
+// Crash restart (--journal): a daemon killed with SIGKILL and started again on the same journal
+// has every node it had acknowledged, with its permissions and the children's order; a clean
+// stop removes the journal, so the next daemon starts empty; a journal that is not one stops the
+// start with one line naming the file and the line.
+TEST(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
+  xpv::test::TempDir jd;
+  const std::string journal = jd.path() + "/xenstored.journal";
+  Daemon d(XPV_XENSTORED_BIN, {"--journal", journal});
+  const std::vector<std::string> env = d.env();
+  auto xs = [&](const std::string& tool, std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/bin/xenstore-" + tool);
+    return run(args, env);
+  };
+  ASSERT_EQ(xs("write", {"/a/b", "hello", "/a/c", "x y", "/a/d", "gone soon", "/z", "1"}).rc, 0);
+  ASSERT_EQ(xs("chmod", {"/a/b", "r5", "w6"}).rc, 0);
+  ASSERT_EQ(xs("rm", {"/a/d"}).rc, 0);
+  auto tx = run({XPV_XS_CLIENT_BIN, "txn-conflict"}, env);  // a committed transaction, a conflict, a retry
+  ASSERT_EQ(tx.rc, 0) << tx.out << tx.err;
+  const std::string before = xs("ls", {"-p", "/"}).out;
+  ASSERT_NE(before.find("hello"), std::string::npos);
+  ASSERT_TRUE(std::filesystem::exists(journal));
+
+  d.crash();
+  ASSERT_TRUE(std::filesystem::exists(d.socket())) << "a killed daemon leaves its socket";
+  d.start();
+  EXPECT_EQ(xs("ls", {"-p", "/"}).out, before);
+  EXPECT_EQ(xs("read", {"/a/b"}).out, "hello\n");
+  EXPECT_NE(xs("read", {"/a/d"}).rc, 0);
+  // Changes after the restart are journaled again: a second crash keeps them.
+  ASSERT_EQ(xs("write", {"/after", "2"}).rc, 0);
+  d.crash();
+  d.start();
+  EXPECT_EQ(xs("read", {"/after", "/z"}).out, "2\n1\n");
+
+  EXPECT_EQ(d.stop(), 0);
+  EXPECT_FALSE(std::filesystem::exists(journal)) << "a clean stop removes the journal";
+  d.start();
+  EXPECT_NE(xs("read", {"/z"}).rc, 0) << "started empty";
+  EXPECT_EQ(d.stop(), 0);
+
+  {
+    std::ofstream f(journal);
+    f << "{\"xpv-xenstored-journal\":1,\"snapshot\":{\"version\":1}}\nnot json\n";
+  }
+  xpv::test::TempDir sd;
+  auto bad = run({XPV_XENSTORED_BIN, "--foreground", "--socket", sd.path() + "/s", "--journal", journal}, {});
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_EQ(bad.err, "xpv-xenstored: " + journal + ":2: not a JSON object\n");
+  EXPECT_TRUE(std::filesystem::exists(journal)) << "kept for whoever looks into it";
+  EXPECT_FALSE(std::filesystem::exists(sd.path() + "/s")) << "nothing left half-created";
+}
+
 TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {
   std::string sock = d_.socket();
   EXPECT_EQ(d_.stop(), 0);

@@ -222,16 +222,26 @@ class UnixClient {
 class Daemon {
  public:
   explicit Daemon(const std::string& binary, std::vector<std::string> extra = {})
-      : socket_(dir_.path() + "/socket") {
-    std::vector<std::string> argv{binary, "--foreground", "--socket", socket_, "--log-level",
-                                  "error"};
-    for (auto& e : extra) argv.push_back(e);
+      : socket_(dir_.path() + "/socket"), binary_(binary), extra_(std::move(extra)) {
+    start();
+  }
+  ~Daemon() { stop(); }
+  // (Again) on the same socket with the same arguments; throws if it does not serve within 10 s.
+  void start() {
+    std::vector<std::string> argv{binary_, "--foreground", "--socket", socket_, "--log-level", "error"};
+    for (auto& e : extra_) argv.push_back(e);
     proc_.emplace(argv, std::vector<std::string>{});
     for (int i = 0; i < 1000 && !can_connect(socket_); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (!can_connect(socket_)) throw std::runtime_error("xpv-xenstored did not start");
+    if (!can_connect(socket_)) throw std::runtime_error("xpv-xenstored did not start: " + proc_->err());
   }
-  ~Daemon() { stop(); }
+  // SIGKILL: no clean shutdown (the socket file stays behind).
+  void crash() {
+    if (!proc_) return;
+    ::kill(proc_->pid(), SIGKILL);
+    (void)proc_->wait(std::chrono::seconds(20));
+    proc_.reset();
+  }
   // SIGTERM and wait; returns the exit code (0 for a clean shutdown).
   int stop() {
     if (!proc_) return -1;
@@ -248,6 +258,8 @@ class Daemon {
  private:
   TempDir dir_;
   std::string socket_;
+  std::string binary_;
+  std::vector<std::string> extra_;
   std::optional<Proc> proc_;
 };
 

@@ -16,7 +16,10 @@
 //   - the quotas hold: each hostile domain owns at most `nodes` nodes (deliberately few here, so
 //     that the fuzzer reaches the limit) and the tree grows by no more than their quotas;
 //   - a ring xenstored gave up on (protocol error) is left alone: nothing more is written to it
-//     whatever the domain does (rsp_prod keeps a value the test put there).
+//     whatever the domain does (rsp_prod keeps a value the test put there);
+//   - the crash-restart journal (store.h ChangeLog) is exact: a Store recovered from the snapshot
+//     taken before the first request and every change recorded after it has the live store's
+//     nodes — values, permissions, child order, generations — and per-domain node counts.
 // Each run prints what the fuzzer got through. A failure prints its seed (SCOPED_TRACE):
 // XPV_FUZZ_SEED=N replays it, XPV_FUZZ_LOG=1 shows the daemon's log; XPV_FUZZ_ITERATIONS=N runs
 // N seeds (default 30).
@@ -32,8 +35,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <future>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -56,6 +61,21 @@ std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0')
 const std::string kOK("OK\0", 3);
 
 using Domain = xpv::test::RingDomain;
+
+// The journal's side of the store, kept in memory: every change record as its text.
+struct TextLog : ChangeLog {
+  std::vector<std::string> lines;
+  void record(std::string_view change) override { lines.emplace_back(change); }
+  void commit() noexcept override {}
+};
+
+std::vector<std::string> node_dumps(const Store& s) {
+  std::vector<std::string> out;
+  const nlohmann::json saved = s.save();
+  for (const auto& n : saved.at("nodes")) out.push_back(n.dump());
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 // The daemon's complaints about the hostile domains are the point here, not worth printing.
 const bool kQuiet = [] {
@@ -230,11 +250,17 @@ class World {
 TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
   const std::uint64_t n = env_number("XPV_FUZZ_ITERATIONS", 30);
   const std::uint64_t only = env_number("XPV_FUZZ_SEED", 0);
-  std::uint64_t total_sent = 0, failed_rings = 0, quota_hits = 0;
+  std::uint64_t total_sent = 0, failed_rings = 0, quota_hits = 0, journaled = 0;
   for (std::uint64_t seed = 1; seed <= n; ++seed) {
     if (only != 0 && seed != only) continue;
     SCOPED_TRACE("seed " + std::to_string(seed));
     World w(seed);
+    TextLog log;
+    nlohmann::json snapshot;
+    w.on_io([&] {
+      snapshot = w.store().save();
+      w.store().set_change_log(&log);
+    });
     Domain& d0 = w.attach(0);
     Domain& d5 = w.attach(5);
     // dom0 sets the scene as a toolstack would: homes owned by their domains, a private node.
@@ -284,6 +310,23 @@ TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
       EXPECT_LE(w.store().node_count(), base_nodes + 2 * q.nodes + 2) << "the tree grew past the quotas";
     });
 
+    // The journal replays to the live tree.
+    w.on_io([&] {
+      w.store().set_change_log(nullptr);
+      journaled += log.lines.size();
+      std::vector<nlohmann::json> changes;
+      for (const auto& l : log.lines) changes.push_back(nlohmann::json::parse(l));
+      Store again(small_quotas());
+      try {
+        again.recover(snapshot, changes);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the journal does not replay: " << e.what();
+        return;
+      }
+      EXPECT_EQ(node_dumps(again), node_dumps(w.store())) << "the journal replays to another tree";
+      for (DomId d : {0u, 5u, 7u, 8u}) EXPECT_EQ(again.owned_nodes(d), w.store().owned_nodes(d)) << "dom" << d;
+    });
+
     // A ring given up on stays given up on.
     for (Domain* d : hostile) {
       bool failed = false;
@@ -300,9 +343,11 @@ TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
     }
     total_sent += w.sent();
   }
-  std::printf("xenstore ring: %llu hostile messages, %llu rings given up on, %llu quotas reached\n",
+  std::printf("xenstore ring: %llu hostile messages, %llu rings given up on, %llu quotas reached, %llu changes "
+              "journaled and replayed\n",
               static_cast<unsigned long long>(total_sent), static_cast<unsigned long long>(failed_rings),
-              static_cast<unsigned long long>(quota_hits));
+              static_cast<unsigned long long>(quota_hits), static_cast<unsigned long long>(journaled));
+  EXPECT_GT(journaled, n == 0 || only != 0 ? 0u : 100 * n) << "the hostile domains changed next to nothing";
 }
 
 }  // namespace

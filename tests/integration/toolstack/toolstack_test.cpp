@@ -153,22 +153,54 @@ TEST_F(Toolstack, SupervisorRestartsAKilledBackend) {
   EXPECT_TRUE(processes_mentioning(h.dir).empty());
 }
 
-TEST_F(Toolstack, LosingXenstoredIsFatalAndSaidSo) {
+// xpv-xenstored killed: the supervisor starts it again from its journal (the store as it was) and
+// restarts the backends; killed once more without its journal, it cannot be, and that is fatal
+// and said so.
+TEST_F(Toolstack, ALostXenstoredIsStartedAgainFromItsJournalOrIsFatal) {
   TestHost h(kBin, kFake, {"xpv-blkback"});
   ASSERT_EQ(h.run({"up"}).rc, 0);
   const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
   const pid_t sup = *pid_in(h.run_dir + "/xpv-supervise.pid");
   ASSERT_TRUE(eventually([&] { return pid_in(h.run_dir + "/xpv-blkback.pid").has_value(); }));
   const pid_t blk = *pid_in(h.run_dir + "/xpv-blkback.pid");
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    ASSERT_TRUE(c.write("/local/domain/0/kept", "yes"));
+  }
   ASSERT_EQ(::kill(xs, SIGKILL), 0);
-  ASSERT_TRUE(eventually([&] { return !toolstack::process_alive(sup); }));
-  EXPECT_FALSE(toolstack::process_alive(blk));
+  ASSERT_TRUE(eventually([&] {
+    return slurp(h.log_dir + "/xpv-supervise.log").find("restarting the backends") != std::string::npos;
+  })) << slurp(h.log_dir + "/xpv-supervise.log");
+  const pid_t xs2 = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+  EXPECT_NE(xs2, xs);
+  EXPECT_TRUE(toolstack::process_alive(sup));
   EXPECT_THAT(slurp(h.log_dir + "/xpv-supervise.log"),
-              HasSubstr(fmt::format("FATAL: xpv-xenstored (pid {}) is gone. It cannot be restarted", xs)));
+              HasSubstr(fmt::format("xpv-xenstored (pid {}) is gone; starting it again from its journal", xs)));
+  ASSERT_TRUE(eventually([&] {
+    auto now = pid_in(h.run_dir + "/xpv-blkback.pid");
+    return now && *now != blk && toolstack::process_alive(*now);
+  }));
+  EXPECT_FALSE(toolstack::process_alive(blk));
+  {
+    xenbus::client::SyncClient c(h.xs_socket);
+    EXPECT_EQ(c.read("/local/domain/0/kept").value_or("(lost)"), "yes");
+  }
+
+  // Without its journal (here: taken away) a lost xenstored is fatal.
+  const pid_t blk2 = *pid_in(h.run_dir + "/xpv-blkback.pid");
+  ASSERT_TRUE(fs::remove(h.run_dir + "/xpv-xenstored.journal"));
+  ASSERT_EQ(::kill(xs2, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return !toolstack::process_alive(sup); }));
+  EXPECT_FALSE(toolstack::process_alive(blk2));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-supervise.log"),
+              HasSubstr(fmt::format("FATAL: xpv-xenstored (pid {}) is gone and cannot be restarted: it left no "
+                                    "journal, so the xenstore of every domain is lost",
+                                    xs2)));
   // No domains existed: `up` starts afresh.
   auto r = h.run({"up"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("xpv-xenstored: started"));
+  EXPECT_EQ(h.run({"down"}).rc, 0);
 }
 
 TEST_F(Toolstack, DownRefusesWhileDomainsExistUnlessForced) {
@@ -784,6 +816,59 @@ TEST_F(RealFront, LiveUpdateOfXenstoredUnderARunningDomain) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.err, HasSubstr("/bin/true is not an xpv-xenstored that reads this state"));
   EXPECT_EQ(h.run({"down"}).rc, 0);
+}
+
+// A crash of xpv-xenstored (SIGKILL) under a running process domain with a PV disk: the
+// supervisor starts it again from its journal and restarts the backends; the store is as it was
+// (the domain's nodes and the backends' entries), the disk's data reads back, and the domain's
+// xenbus — its ring, re-attached, and its watches, recovered — sees a second disk attached and
+// detached; destroy leaves the tree as it was before the domain. `xpv down` removes the journal.
+TEST_F(RealFront, ACrashOfXenstoredIsRecoveredUnderARunningDomain) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+  const std::string journal = h.run_dir + "/xpv-xenstored.journal";
+  ASSERT_TRUE(fs::exists(journal));
+  auto r = create_web1_with_disk(h);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
+  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
+  const std::string data = h.dir + "/data";
+  ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + data + " bs=64k count=16 status=none").c_str()), 0);
+  ASSERT_EQ(std::system(("dd if=" + data + " of=" + disk + " bs=64k oflag=direct conv=notrunc,fsync status=none").c_str()), 0);
+  const auto with_domain = tree(h.xs_socket);
+  const pid_t blkback = *pid_in(h.run_dir + "/xpv-blkback.pid");
+
+  ASSERT_EQ(::kill(xs, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] {
+    auto now = pid_in(h.run_dir + "/xpv-xenstored.pid");
+    return now && *now != xs && toolstack::process_alive(*now) &&
+           slurp(h.log_dir + "/xpv-supervise.log").find("restarting the backends") != std::string::npos;
+  })) << slurp(h.log_dir + "/xpv-supervise.log") << slurp(h.log_dir + "/xpv-xenstored.log");
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("dom1 ring served again after the crash restart"));
+  ASSERT_TRUE(eventually([&] {
+    auto now = pid_in(h.run_dir + "/xpv-blkback.pid");
+    return now && *now != blkback && toolstack::process_alive(*now);
+  }));
+  EXPECT_EQ(tree(h.xs_socket), with_domain) << "the store as it was";
+  ASSERT_EQ(std::system(("cmp -s -n 1048576 " + data + " " + disk).c_str()), 0) << "the disk's data reads back";
+  r = h.run({"list"});
+  EXPECT_THAT(r.out, HasSubstr("web1"));
+
+  const auto img_b = image(h, "b.img", 8);
+  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
+  r = h.run({"block-list", "web1"});
+  EXPECT_THAT(r.out, HasSubstr("xvdb   51728  4 (Connected)     4 (Connected)     r"));
+  r = h.run({"block-detach", "web1", "xvdb"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = h.run({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(tree(h.xs_socket), before);
+  EXPECT_EQ(h.run({"down"}).rc, 0);
+  EXPECT_FALSE(fs::exists(journal));
 }
 
 // `xpv shutdown` as `xl shutdown`: xpv-front advertises control/feature-poweroff, so it is asked

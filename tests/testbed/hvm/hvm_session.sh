@@ -139,6 +139,26 @@ CFG
         OUT=$($B/xpv live-update 2>&1)
         echo "XPV-TEST: live-update rc=$? $OUT"
         grep -h "ring served again after the live update" $W/log/xpv-xenstored.log | sed 's/^.*xenstored: /XPV-TEST: xenstored /'
+        # Then killed (SIGKILL) under the running guest: the supervisor starts it again from its
+        # journal (it re-attaches the guest's ring, fires the guest's watches once) and restarts
+        # the backends; the steps below go through the recovered daemon. Bounded: 20 s.
+        sleep 1
+        kill -9 "$(cat $W/run/xpv-xenstored.pid 2>/dev/null)" 2>/dev/null
+        XS=no
+        j=0
+        while [ $j -lt 40 ]; do
+          grep -q "restarting the backends" $W/log/xpv-supervise.log 2>/dev/null && XS=yes && break
+          sleep 0.5
+          j=$((j + 1))
+        done
+        echo "XPV-TEST: xenstored crash-restart $XS"
+        grep -h "ring served again after the crash restart" $W/log/xpv-xenstored.log | sed 's/^.*xenstored: /XPV-TEST: xenstored recovered /'
+        PINGED3=no
+        for k in 1 2 3 4 5 6 7 8 9 10; do
+          ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PINGED3=yes; break; }
+          sleep 1
+        done
+        echo "XPV-TEST: ping-after-xenstored-crash $PINGED3"
         # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
         # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl
         # list. Bounded: 180 s.

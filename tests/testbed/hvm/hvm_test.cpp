@@ -224,6 +224,13 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     // had registered with the previous binary.
     EXPECT_NE(s.find("XPV-TEST: live-update rc=0 xpv-xenstored: live update done"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: xenstored dom"), std::string::npos) << s;
+    // And its crash restart (SIGKILL) under the running guest: the supervisor started it again
+    // from its journal, the guest's ring was attached again, the host reached the guest through
+    // the restarted backends, and the balloon, the shutdown and the reboot below went through
+    // the recovered daemon, over watches the guest had registered with the killed one.
+    EXPECT_NE(s.find("XPV-TEST: xenstored crash-restart yes"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: xenstored recovered dom"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: ping-after-xenstored-crash yes"), std::string::npos) << s;
     // `xpv shutdown` as `xl shutdown`: the guest's kernel advertised control/feature-poweroff, the
     // toolstack wrote poweroff into control/shutdown, the kernel ran /sbin/poweroff (its init saw
     // the request) and the guest powered off by itself within the timeout.

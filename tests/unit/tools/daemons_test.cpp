@@ -21,6 +21,10 @@ TEST(Daemons, XenstoredCommandLine) {
   EXPECT_EQ(daemon_argv(sample(), "xpv-xenstored", true),
             (std::vector<std::string>{"/b/xpv-xenstored", "--socket", "/t/xs.sock", "--foreground", "--pid-file",
                                       "/t/run/xpv-xenstored.pid", "--run-dir", "/t/run"}));
+  EXPECT_EQ(daemon_argv(sample(), "xpv-xenstored", true, true),
+            (std::vector<std::string>{"/b/xpv-xenstored", "--socket", "/t/xs.sock", "--foreground", "--pid-file",
+                                      "/t/run/xpv-xenstored.pid", "--run-dir", "/t/run", "--journal",
+                                      "/t/run/xpv-xenstored.journal"}));
 }
 
 TEST(Daemons, BackendCommandLine) {

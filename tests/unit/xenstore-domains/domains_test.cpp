@@ -8,6 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "xpv/frontends/guest_events.h"
 #include "xpv/xenbus/client/ring_client.h"
 #include "xpv/xenbus/daemon/domains.h"
+#include "xpv/xenbus/daemon/journal.h"
 
 namespace xpv {
 namespace {
@@ -77,8 +79,9 @@ class Domains : public ::testing::Test {
   ~Domains() override {
     stop_domain();
     on_xs([this] {
+      journal_.reset();
       domains_.reset();
-      store_->disconnect(watcher_);
+      if (store_) store_->disconnect(watcher_);
     });
     xs_work_.reset();
     dom_work_.reset();
@@ -111,6 +114,31 @@ class Domains : public ::testing::Test {
       store_->attach_sink(watcher_, recorder_);
       domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
       domains_->restore(state.at("rings"));
+    });
+  }
+  // A crash of the daemon in this process: the daemon side torn down without a clean stop (the
+  // journal file stays, with whatever the daemon had acknowledged), then a new one that recovers
+  // from it — what `xpv-xenstored --journal FILE` does when FILE exists at its start.
+  void start_journal() {
+    on_xs([&] { journal_ = std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal"); });
+  }
+  void crash_daemon() {
+    on_xs([&] {
+      journal_.reset();
+      domains_.reset();
+      store_.reset();
+    });
+  }
+  void recover_daemon() {
+    on_xs([&] {
+      auto contents = xenbus::daemon::Journal::read(dir_ + "/journal");
+      store_ = std::make_unique<xenbus::Store>(xenbus::Quotas{}, hooks());
+      const auto rec = store_->recover(contents.snapshot, contents.changes);
+      watcher_ = store_->connect(0, recorder_);  // the socket client connects again
+      dom0(MsgType::watch, z("@releaseDomain") + z("r"));
+      domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
+      domains_->recover(rec);
+      journal_ = std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal");
     });
   }
   void dom0(MsgType t, const std::string& payload) {
@@ -169,6 +197,7 @@ class Domains : public ::testing::Test {
   asio::executor_work_guard<asio::io_context::executor_type> dom_work_ = asio::make_work_guard(dom_io_);
   std::unique_ptr<xenbus::Store> store_;
   std::unique_ptr<xenbus::daemon::Domains> domains_;
+  std::unique_ptr<xenbus::daemon::Journal> journal_;
   Recorder recorder_;
   xenbus::ConnId watcher_ = 0;
   std::thread xs_thread_, dom_thread_, events_thread_;
@@ -299,6 +328,150 @@ TEST_F(Domains, ALiveUpdateReleasesADomainThatDiedMeanwhile) {
   EXPECT_FALSE(on_xs([&] { return store_->is_introduced(7); }));
   EXPECT_EQ(on_xs([&] { return domains_->attached(); }), 0u);
   EXPECT_EQ(on_xs([&] { return store_->connection_count(); }), 1u) << "only dom0's";
+}
+
+// A crash restart in one process (start_journal, crash_daemon, recover_daemon): the new daemon
+// has every node and the domain's watches, serves the ring from where it is — a request the guest
+// made while no daemon ran included —, fires the domain's watches once, and ends the transaction
+// the guest had open with EAGAIN.
+TEST_F(Domains, ACrashRestartRecoversTheStoreAndTheDomainsRing) {
+  start_journal();
+  start_domain();
+  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+  ASSERT_TRUE(client_->wait_connected(3000ms));
+  ASSERT_TRUE(client_->write("data/x", "1"));
+  std::mutex m;
+  std::vector<std::string> seen;
+  ASSERT_TRUE(client_->watch("data", "tok", [&](const std::string& path, const std::string&) {
+    std::lock_guard l(m);
+    seen.push_back(path);
+  }));
+  auto saw = [&](const std::string& path) {
+    std::lock_guard l(m);
+    return std::count(seen.begin(), seen.end(), path);
+  };
+  ASSERT_TRUE(eventually([&] { return saw("data") == 1; })) << "the registration's event";
+  auto tx = client_->transaction_start();
+  ASSERT_TRUE(tx);
+  ASSERT_TRUE(client_->write("data/in-tx", "lost", *tx));
+  on_xs([&] { dom0(MsgType::write, z("/local/domain/7/data/by-dom0") + "0"); });
+  EXPECT_TRUE(eventually([&] { return saw("data/by-dom0") == 1; }));
+
+  crash_daemon();
+  auto pending = std::async(std::launch::async, [&] { return client_->read("data/x"); });
+  EXPECT_EQ(pending.wait_for(100ms), std::future_status::timeout);
+  recover_daemon();
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(pending.get().value_or("(failed)"), "1");
+  EXPECT_TRUE(on_xs([&] { return store_->is_introduced(7) && domains_->attached() == 1; }));
+  EXPECT_EQ(client_->read("name").value_or(""), "seven");
+  EXPECT_EQ(client_->read("data/by-dom0").value_or(""), "0");
+  // The watch fired once more at the recovery, and fires for new writes.
+  EXPECT_TRUE(eventually([&] { return saw("data") == 2; }));
+  ASSERT_TRUE(client_->write("data/y", "2"));
+  EXPECT_TRUE(eventually([&] { return saw("data/y") == 1; }));
+  // The open transaction: EAGAIN (the guest retries it), nothing of it in the store.
+  auto end = client_->transaction_end(*tx, true);
+  ASSERT_FALSE(end);
+  EXPECT_EQ(end.error(), Error::eagain);
+  EXPECT_FALSE(client_->read("data/in-tx"));
+  // The recovered daemon journals too: a second crash keeps what came after the first.
+  crash_daemon();
+  recover_daemon();
+  EXPECT_EQ(client_->read("data/y").value_or(""), "2");
+  EXPECT_TRUE(eventually([&] { return saw("data") == 3; }));
+  // The domain's death is noticed by the recovered daemon.
+  const auto released = recorder_.count("@releaseDomain");  // each registration fired once
+  stop_domain();
+  EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == released + 1; }));
+}
+
+// The journal file itself: a last line cut short is left out (its request was never answered),
+// anything else that is not a journal line is refused naming the file and the line; a clean stop
+// removes the file; the journal starts a new snapshot once it has grown past its bound.
+TEST(Journal, ReadsWhatWasWrittenAndRefusesWhatWasNot) {
+  char tmpl[] = "/tmp/xpv-journal-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, path = dir + "/j";
+  asio::io_context io;
+  xenbus::Store store;
+  auto j = std::make_unique<xenbus::daemon::Journal>(io, store, path);
+  struct : xenbus::Sink {
+    void deliver(const xenbus::wire::Header&, std::string_view) override {}
+  } sink;
+  const auto c = store.connect(0, sink);
+  auto put = [&](const std::string& p, const std::string& v) {
+    const std::string payload = z(p) + v;
+    store.handle(c, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(payload.size())},
+                 payload);
+  };
+  put("/a", "1");
+  put("/b", std::string(1000, 'b'));
+  EXPECT_EQ(j->snapshots(), 1u);
+  auto contents = xenbus::daemon::Journal::read(path);
+  EXPECT_FALSE(contents.torn_tail);
+  EXPECT_EQ(contents.changes.size(), 4u);  // /a, and / with its new child, twice
+  {
+    xenbus::Store again;
+    again.recover(contents.snapshot, contents.changes);
+    EXPECT_EQ(again.find("/b")->value, std::string(1000, 'b'));
+  }
+  // Past its bound (4 MiB) the journal is a new snapshot, posted to the io_context.
+  for (int i = 0; i < 5000; ++i) put("/b", std::string(1000, static_cast<char>('a' + i % 26)));
+  EXPECT_EQ(j->snapshots(), 1u);
+  io.poll();
+  EXPECT_EQ(j->snapshots(), 2u);
+  EXPECT_LT(j->bytes(), 1u << 20);
+  put("/c", "3");
+  contents = xenbus::daemon::Journal::read(path);
+  {
+    xenbus::Store again;
+    again.recover(contents.snapshot, contents.changes);
+    EXPECT_EQ(again.find("/b")->value, std::string(1000, static_cast<char>('a' + 4999 % 26)));
+    EXPECT_EQ(again.find("/c")->value, "3");
+  }
+  j.reset();  // not a clean stop: the file stays
+  ASSERT_TRUE(std::filesystem::exists(path));
+  // A last line cut short.
+  {
+    std::ofstream f(path, std::ios::app);
+    f << R"({"op":"put","path":"2f64")";
+  }
+  contents = xenbus::daemon::Journal::read(path);
+  EXPECT_TRUE(contents.torn_tail);
+  // A bad line in the middle, and a file that is not a journal.
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "\n{\"op\":\"erase\",\"path\":\"2f63\"}\n";
+  }
+  try {
+    (void)xenbus::daemon::Journal::read(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":" + std::to_string(2 + contents.changes.size()) + ": not a JSON object"),
+              std::string::npos)
+        << e.what();
+  }
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << "{\"something\":1}\n";
+  }
+  try {
+    (void)xenbus::daemon::Journal::read(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":1: not a version 1 xpv-xenstored journal");
+  }
+  // A clean stop removes the file.
+  j = std::make_unique<xenbus::daemon::Journal>(io, store, path);
+  ASSERT_TRUE(std::filesystem::exists(path));
+  j->remove();
+  EXPECT_FALSE(std::filesystem::exists(path));
+  put("/d", "4");  // no longer recorded
+  EXPECT_FALSE(std::filesystem::exists(path));
+  j.reset();
+  store.disconnect(c);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -28,11 +28,13 @@ namespace xpv::toolstack {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir) {
+std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir,
+                                     bool xenstored_journal) {
   if (program == kXenstored) {
     std::vector<std::string> a = {paths.binary(program), "--socket", paths.xenstore_socket, "--foreground",
                                   "--pid-file", paths.pid_file(program)};
     if (xenstored_run_dir) a.insert(a.end(), {"--run-dir", paths.run_dir});
+    if (xenstored_journal) a.insert(a.end(), {"--journal", paths.xenstored_journal()});
     return a;
   }
   return {paths.binary(program), "--xenstore", paths.xenstore_socket, "--run-dir", paths.run_dir, "--foreground",
@@ -111,6 +113,24 @@ void remove_file(const std::string& path) {
   fs::remove(path, ec);
 }
 
+bool journal_exists(const Paths& p) {
+  std::error_code ec;
+  return fs::exists(p.xenstored_journal(), ec);
+}
+
+// Starts xpv-xenstored as `xpv up` runs it and waits until it serves (10 s). With its journal
+// present (the last one did not stop cleanly) it recovers the store from it. Returns its pid.
+pid_t start_xenstored(const Paths& p) {
+  const std::string log = p.log_file(kXenstored);
+  const bool run_dir_flag = help_mentions(p.binary(kXenstored), "--run-dir", p.run_dir);
+  const bool journal_flag = help_mentions(p.binary(kXenstored), "--journal", p.run_dir);
+  const pid_t pid = spawn({daemon_argv(p, kXenstored, run_dir_flag, journal_flag), daemon_env(p), log, true});
+  wait_started(kXenstored, pid, log, 10s, [&] {
+    return read_pid_file(p.pid_file(kXenstored)) == pid && Xenstore::try_connect(p.xenstore_socket) != nullptr;
+  });
+  return pid;
+}
+
 }  // namespace
 
 void cmd_up(Context& ctx) {
@@ -123,12 +143,14 @@ void cmd_up(Context& ctx) {
   if (auto running = running_pid(p.pid_file(kXenstored), kXenstored)) {
     ctx.out << fmt::format("{}: already running (pid {})\n", kXenstored, *running);
   } else {
+    bool recovering = false;
     if (auto stale = read_pid_file(p.pid_file(kXenstored))) {
       auto doms = gather_domains(p, nullptr);
-      if (!doms.empty()) {
+      recovering = journal_exists(p);
+      if (!doms.empty() && !recovering) {
         throw ToolstackError(fmt::format(
-            "{} (pid {}) has died and cannot be restarted: the xenstore of {} domain(s) is lost; run "
-            "`xpv down --force`, then `xpv up`",
+            "{} (pid {}) has died and cannot be restarted: it left no journal, so the xenstore of {} domain(s) is "
+            "lost; run `xpv down --force`, then `xpv up`",
             kXenstored, *stale, doms.size()));
       }
       remove_file(p.pid_file(kXenstored));
@@ -139,13 +161,9 @@ void cmd_up(Context& ctx) {
     }
     if (!built(p, kXenstored)) throw ToolstackError(fmt::format("{} is not built (no {})", kXenstored, p.binary(kXenstored)));
     make_dirs(fs::path(p.xenstore_socket).parent_path().string(), 0755);
-    const std::string log = p.log_file(kXenstored);
-    const bool run_dir_flag = help_mentions(p.binary(kXenstored), "--run-dir", p.run_dir);
-    const pid_t pid = spawn({daemon_argv(p, kXenstored, run_dir_flag), daemon_env(p), log, true});
-    wait_started(kXenstored, pid, log, 10s, [&] {
-      return read_pid_file(p.pid_file(kXenstored)) == pid && Xenstore::try_connect(p.xenstore_socket) != nullptr;
-    });
-    ctx.out << fmt::format("{}: started (pid {}, socket {})\n", kXenstored, pid, p.xenstore_socket);
+    const pid_t pid = start_xenstored(p);
+    ctx.out << fmt::format("{}: started (pid {}, socket {}){}\n", kXenstored, pid, p.xenstore_socket,
+                           recovering ? ", recovered from its journal" : "");
   }
   {
     Xenstore xs(p.xenstore_socket);
@@ -264,6 +282,7 @@ void cmd_down(Context& ctx, bool force) {
     stopped_any = true;
   }
   remove_file(p.pid_file(kXenstored));
+  remove_file(p.xenstored_journal());  // no domain is left to recover (one killed, not stopped, leaves it)
   if (!stopped_any) ctx.out << "nothing was running\n";
 }
 
@@ -273,8 +292,12 @@ void cmd_down(Context& ctx, bool force) {
 //   loop (wakes on SIGCHLD, SIGTERM/SIGINT/SIGHUP, or every 500 ms):
 //     SIGTERM/SIGINT/SIGHUP  → stop the backends, remove their pid files and ours, exit 0
 //     a backend died         → log it; restart it after backoff_delay(quick deaths in a row)
-//     xpv-xenstored is gone  → log that it is fatal and cannot be restarted; stop the backends;
-//                              exit 1 (`xpv up` then refuses until `xpv down --force`)
+//     xpv-xenstored is gone  → it left its journal (it did not stop cleanly): start it again (it
+//                              recovers the store and attaches the domains again), then restart
+//                              every backend (their xenstore connection went with it);
+//                              no journal, or the new one fails to start: log that it is fatal,
+//                              stop the backends, exit 1 (`xpv up` then refuses until
+//                              `xpv down --force`)
 namespace {
 
 struct Supervised {
@@ -300,7 +323,7 @@ int cmd_supervise(Context& ctx) {
   for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
 
-  const auto xenstored = running_pid(p.pid_file(kXenstored), kXenstored);
+  auto xenstored = running_pid(p.pid_file(kXenstored), kXenstored);
   if (!xenstored) {
     log_line("xpv-xenstored is not running; nothing to supervise");
     return 1;
@@ -365,9 +388,38 @@ int cmd_supervise(Context& ctx) {
       }
     }
     if (!process_is(*xenstored, kXenstored)) {
-      log_line(fmt::format("FATAL: xpv-xenstored (pid {}) is gone. It cannot be restarted: the xenstore of every "
-                           "domain was in its memory. Stopping the backends; run `xpv down --force`, then `xpv up`",
-                           *xenstored));
+      (void)child_exited(*xenstored, nullptr);  // one this supervisor started: reaped
+      std::string why = "it left no journal, so the xenstore of every domain is lost";
+      if (journal_exists(p)) {
+        log_line(fmt::format("xpv-xenstored (pid {}) is gone; starting it again from its journal {}", *xenstored,
+                             p.xenstored_journal()));
+        try {
+          RunLock lock(p.lock_file());
+          if (auto other = running_pid(p.pid_file(kXenstored), kXenstored)) {
+            xenstored = *other;  // `xpv up` got there first
+          } else {
+            remove_file(p.pid_file(kXenstored));
+            xenstored = start_xenstored(p);
+          }
+          log_line(fmt::format("xpv-xenstored started again (pid {}); restarting the backends, whose connection "
+                               "to it is gone",
+                               *xenstored));
+          for (auto& c : children) {
+            if (c.pid > 0) {
+              stop_process(c.pid, 5s);
+              c.pid = 0;
+            }
+            c.quick_deaths = 0;
+            start(c);
+          }
+          continue;
+        } catch (const std::exception& e) {
+          why = fmt::format("starting it again failed: {}", e.what());
+        }
+      }
+      log_line(fmt::format("FATAL: xpv-xenstored (pid {}) is gone and cannot be restarted: {}. Stopping the "
+                           "backends; run `xpv down --force`, then `xpv up`",
+                           *xenstored, why));
       stop_all();
       return 1;
     }

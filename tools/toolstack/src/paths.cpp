@@ -41,6 +41,7 @@ std::string Paths::pid_file(const std::string& program) const { return run_dir +
 std::string Paths::log_file(const std::string& program) const { return log_dir + "/" + program + ".log"; }
 std::string Paths::binary(const std::string& program) const { return bin_dir + "/" + program; }
 std::string Paths::lock_file() const { return run_dir + "/xpv.lock"; }
+std::string Paths::xenstored_journal() const { return run_dir + "/xpv-xenstored.journal"; }
 std::string Paths::vbd_disk(std::uint16_t domid, std::uint32_t devid) const {
   return fmt::format("{}/vbd/{}/disk", domain_dir(domid), devid);
 }

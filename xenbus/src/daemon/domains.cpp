@@ -131,39 +131,48 @@ nlohmann::json Domains::save() const {
 
 void Domains::restore(const nlohmann::json& saved) {
   for (const auto& e : saved) {
-    const auto domid = e.at("domid").get<DomId>();
-    const auto mfn = e.at("mfn").get<std::uint64_t>();
-    const auto port = e.at("port").get<std::uint32_t>();
-    const auto conn = e.at("ring").at("id").get<ConnId>();
-    const auto ids = store_.connection_ids();
-    if (std::find(ids.begin(), ids.end(), conn) == ids.end()) {
-      spdlog::warn("xenstored: live update: dom{}'s ring connection {} is not in the state; not attached", domid, conn);
-      continue;
-    }
-    // The previous binary's binding of the port ends when the domain sees its control
-    // connection close at the exec; until it has, the bind is refused: a bounded retry.
-    auto a = connect(domid, mfn, port);
-    for (int i = 0; !a && i < 50 && ::access(domain::control::socket_path(domid, run_dir_).c_str(), F_OK) == 0;
-         ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      a = connect(domid, mfn, port);
-    }
-    if (!a) {
-      // The domain went away while no daemon watched it (or no longer answers): what its death
-      // would have done.
-      spdlog::warn("xenstored: live update: dom{} cannot be attached again; releasing it", domid);
-      store_.disconnect(conn);
-      if (store_.is_introduced(domid)) (void)store_.release(domid);
-      continue;
-    }
-    // Served once every transport of the state has its Sink again (posted after the rest).
-    asio::post(io_, [a = *a, ring = e.at("ring")] {
-      if (a->dropped) return;
-      a->ring->resume(ring);
-      spdlog::info("xenstored: dom{} ring served again after the live update (port {})", a->domid,
-                   a->dom0_port);
-    });
+    reattach(e.at("domid").get<DomId>(), e.at("mfn").get<std::uint64_t>(), e.at("port").get<std::uint32_t>(),
+             e.at("ring").at("id").get<ConnId>(), e.at("ring"), false, "live update");
   }
+}
+
+void Domains::recover(const std::vector<Store::RecoveredDomain>& domains) {
+  for (const auto& d : domains) {
+    // Nothing of the ring's buffers survived the crash: served from the page's indexes.
+    nlohmann::json ring = {{"id", d.conn}, {"in", ""}, {"out", nlohmann::json::array()}, {"out_off", 0}, {"failed", false}};
+    reattach(d.domid, d.mfn, d.port, d.conn, std::move(ring), true, "crash restart");
+  }
+}
+
+void Domains::reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn, nlohmann::json ring,
+                       bool refire, const char* why) {
+  const auto ids = store_.connection_ids();
+  if (std::find(ids.begin(), ids.end(), conn) == ids.end()) {
+    spdlog::warn("xenstored: {}: dom{}'s ring connection {} is not in the state; not attached", why, domid, conn);
+    return;
+  }
+  // The previous process's binding of the port ends when the domain sees its control connection
+  // close (at the exec, or the death); until it has, the bind is refused: a bounded retry.
+  auto a = connect(domid, mfn, port);
+  for (int i = 0; !a && i < 50 && ::access(domain::control::socket_path(domid, run_dir_).c_str(), F_OK) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    a = connect(domid, mfn, port);
+  }
+  if (!a) {
+    // The domain went away while no daemon watched it (or no longer answers): what its death
+    // would have done.
+    spdlog::warn("xenstored: {}: dom{} cannot be attached again; releasing it", why, domid);
+    store_.disconnect(conn);
+    if (store_.is_introduced(domid)) (void)store_.release(domid);
+    return;
+  }
+  // Served once every transport of the state has its Sink again (posted after the rest).
+  asio::post(io_, [this, a = *a, ring = std::move(ring), conn, refire, why] {
+    if (a->dropped) return;
+    a->ring->resume(ring);
+    if (refire) store_.refire_watches(conn);
+    spdlog::info("xenstored: dom{} ring served again after the {} (port {})", a->domid, why, a->dom0_port);
+  });
 }
 
 void Domains::watch_death(const std::shared_ptr<Attached>& a) {

@@ -8,7 +8,9 @@
 // shutdown removing the socket and the pid file. INTRODUCE attaches the domain's ring through its
 // control socket <run-dir>/dom<N>.sock (daemon/domains.h; default /run/xpv or $XPV_RUN_DIR).
 // CONTROL live-update (xenstore-control, `xpv live-update`) replaces the binary in place: the next
-// one starts with --live-update-state FILE (daemon/live_update.h).
+// one starts with --live-update-state FILE (daemon/live_update.h). --journal FILE keeps a journal
+// from which a daemon started after a crash recovers the store under running domains
+// (daemon/journal.h).
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/syslog_sink.h>
 #include <spdlog/spdlog.h>
@@ -20,11 +22,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <stdexcept>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include "xpv/xenbus/daemon/process.h"
 #include "xpv/xenbus/daemon/domains.h"
+#include "xpv/xenbus/daemon/journal.h"
 #include "xpv/xenbus/daemon/live_update.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 #include "xpv/xenbus/store.h"
@@ -48,6 +53,10 @@ int main(int argc, char** argv) {
                  "pending-events");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
+  std::string journal_path;
+  app.add_option("--journal", journal_path,
+                 "keep a journal here; a daemon started while it exists (the last one did not stop "
+                 "cleanly) recovers the store from it");
   bool lu_check = false;
   app.add_flag("--live-update-check", lu_check,
                "print the live-update state version this binary reads, and exit")
@@ -148,7 +157,24 @@ int main(int argc, char** argv) {
       if (domains_ptr) domains_ptr->released(d);
     };
     xpv::xenbus::Store store(quotas, hooks);
-    if (restored) store.restore(restored->at("store"));
+    std::vector<xpv::xenbus::Store::RecoveredDomain> recovered;
+    bool recovering = false;
+    if (restored) {
+      store.restore(restored->at("store"));
+    } else if (!journal_path.empty() && ::access(journal_path.c_str(), F_OK) == 0) {
+      // The last daemon with this journal did not stop cleanly: carry on from what it acknowledged.
+      auto contents = xpv::xenbus::daemon::Journal::read(journal_path);
+      try {
+        recovered = store.recover(contents.snapshot, contents.changes);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(journal_path + ": " + e.what());
+      }
+      recovering = true;
+      spdlog::warn("xenstored: recovering from the journal {} ({} changes after its snapshot{}): {} nodes, {} "
+                   "domain(s) to attach again",
+                   journal_path, contents.changes.size(), contents.torn_tail ? ", a last one cut short left out" : "",
+                   store.node_count(), recovered.size());
+    }
     xpv::xenbus::daemon::Domains domains(io, store, run_dir);
     domains_ptr = &domains;
     const bool to_syslog = restored ? xpv::xenbus::daemon::live_update_syslog(*restored) : !foreground;
@@ -170,7 +196,12 @@ int main(int argc, char** argv) {
       xpv::xenbus::daemon::finish_live_update(io, store, *restored);
     } else {
       server_slot.emplace(io, store, socket_path);
+      if (recovering) domains.recover(recovered);
     }
+    // From here on every change is journaled (a fresh snapshot: of the restored or recovered
+    // store, or of an empty one).
+    std::optional<xpv::xenbus::daemon::Journal> journal;
+    if (!journal_path.empty()) journal.emplace(io, store, journal_path);
     xpv::xenbus::daemon::SocketServer& server = *server_slot;
     live_update.attach(server, domains);
 
@@ -197,6 +228,7 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
     spdlog::info("xenstored: listening on {}", socket_path);
     io.run();
+    if (journal) journal->remove();  // stopped on purpose: the next daemon starts empty
     spdlog::info("xenstored: {} messages served, {} protocol errors", server.messages(),
                  server.protocol_errors());
   } catch (const std::exception& e) {

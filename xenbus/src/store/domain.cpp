@@ -7,6 +7,8 @@
 // and fires @releaseDomain.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "store_impl.h"
 
 namespace xpv::xenbus {
@@ -34,6 +36,8 @@ Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint
     // event channel; an attached ring keeps the binding it has); another page is a toolstack bug.
     if (it->second.mfn != mfn) return fail(Error::eexist);
     it->second.port = port;
+    if (log_) log_record({{"op", "introduce"}, {"domid", domid}, {"mfn", mfn}, {"port", port}});
+    if (!handling_) log_commit();
     return {};
   }
   // Attach first: a domain whose ring cannot be reached is not recorded at all.
@@ -44,9 +48,13 @@ Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint
   d.introduced = true;
   d.mfn = mfn;
   d.port = port;
+  if (log_) log_record({{"op", "introduce"}, {"domid", domid}, {"mfn", mfn}, {"port", port}});
   if (hooks_.introduced) hooks_.introduced(domid, mfn, port);
   fire(PendingEvent{"@introduceDomain", true, {}});
-  if (!handling_) flush_events();  // called directly by the daemon, not through a request
+  if (!handling_) {  // called directly by the daemon, not through a request
+    log_commit();
+    flush_events();
+  }
   return {};
 }
 
@@ -55,6 +63,7 @@ Expected<void, Error> Store::release(DomId domid) {
   auto it = domains_.find(domid);
   if (it == domains_.end() || !it->second.introduced) return fail(Error::enoent);
   domains_.erase(it);
+  if (log_) log_record({{"op", "release"}, {"domid", domid}});
   for (auto& [id, c] : conns_) {
     if (c->domid != domid) continue;
     c->watches.clear();
@@ -62,7 +71,10 @@ Expected<void, Error> Store::release(DomId domid) {
   }
   if (hooks_.released) hooks_.released(domid);
   fire(PendingEvent{"@releaseDomain", true, {}});
-  if (!handling_) flush_events();  // a domain that died: no request to answer first
+  if (!handling_) {  // a domain that died: no request to answer first
+    log_commit();
+    flush_events();
+  }
   return {};
 }
 
@@ -100,6 +112,7 @@ Store::Reply Store::op_set_target(const Conn& c, std::string_view s, std::string
   if (*domid == 0 || !is_introduced(*domid) || !is_introduced(*target))
     return fail(Error::enoent);
   domains_[*domid].target = *target;
+  if (log_) log_record({{"op", "set_target"}, {"domid", *domid}, {"target", *target}});
   for (auto& [id, cc] : conns_)
     if (cc->domid == *domid) cc->target = *target;
   return std::string("OK", 3);

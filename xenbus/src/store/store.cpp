@@ -101,6 +101,7 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
     outbox_.clear();
   }
   handling_ = false;
+  log_commit();  // before the reply: nothing is acknowledged that the journal does not hold
   if (std::exchange(deferred_, false)) {  // answered later through answer()
     flush_events();
     return;
@@ -150,7 +151,7 @@ Store::Reply Store::dispatch(Conn& c, ConnId id, const wire::Header& h,
       return fail(Error::eagain);
     }
     auto tt = c.txns.find(h.tx_id);
-    if (tt == c.txns.end()) return fail(Error::enoent);
+    if (tt == c.txns.end()) return fail(h.tx_id < c.recovered_below ? Error::eagain : Error::enoent);
     t = &tt->second;
   }
   switch (static_cast<MsgType>(h.type)) {
@@ -173,6 +174,7 @@ Store::Reply Store::dispatch(Conn& c, ConnId id, const wire::Header& h,
     case MsgType::is_domain_introduced: return op_is_introduced(a[0]);
     case MsgType::get_domain_path: return op_get_domain_path(a[0]);
     case MsgType::reset_watches:
+      if (log_ && !c.privileged) log_conn(c, {{"op", "reset_watches"}});
       c.watches.clear();
       c.txns.clear();
       c.aborted_txns.clear();

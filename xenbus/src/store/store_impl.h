@@ -2,6 +2,7 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,6 +37,7 @@ struct Store::Conn {
   std::uint32_t next_tx = 1;
   std::map<std::uint32_t, Txn> txns;
   std::set<std::uint32_t> aborted_txns;  // ended by a forced live update: answer EAGAIN
+  std::uint32_t recovered_below = 0;     // crash restart: an unknown id below this answers EAGAIN
   std::vector<Watch> watches;
 };
 

@@ -54,6 +54,7 @@ void Store::put(Txn* t, const std::string& p, Node n) {
   if (old_owner) owned_[*old_owner] -= 1;
   owned_[new_owner] += 1;
   n.gen = ++gen_;
+  if (log_) log_put(p, old, n);
   nodes_[p] = std::move(n);
 }
 
@@ -67,6 +68,7 @@ void Store::erase(Txn* t, const std::string& p) {
     return;
   }
   owned_[owner] -= 1;
+  if (log_) log_erase(p);
   nodes_.erase(p);
 }
 
@@ -297,6 +299,8 @@ Store::Reply Store::txn_start(Conn& c, Txn* t) {
   while (id == 0 || c.txns.count(id)) ++id;
   c.next_tx = id + 1;
   c.txns.emplace(id, Txn{});
+  // A domain's ids stay unique across a crash restart (recover(): older ids answer EAGAIN).
+  if (log_ && !c.privileged) log_conn(c, {{"op", "next_tx"}, {"next", c.next_tx}});
   std::string out = fmt::format("{}", id);
   out.push_back('\0');
   return out;

@@ -5,7 +5,10 @@
 // privileged watchers only.
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "store_impl.h"
+#include "xpv/xenbus/hex.h"
 
 namespace xpv::xenbus {
 
@@ -23,6 +26,10 @@ Store::Reply Store::op_watch(Conn& c, ConnId id, std::string_view path, std::str
   w.token = token;
   w.relative = path.front() != '/' && path.front() != '@';
   c.watches.push_back(w);
+  if (log_ && !c.privileged) {
+    log_conn(c, {{"op", "watch"}, {"abs", hex(w.abs)}, {"given", hex(w.given)}, {"token", hex(w.token)},
+                 {"relative", w.relative}});
+  }
   // Every watch fires once on registration, after the OK (the outbox is flushed after it).
   queue_event(id, c, w, w.abs);
   return std::string("OK", 3);
@@ -34,6 +41,7 @@ Store::Reply Store::op_unwatch(Conn& c, std::string_view path, std::string_view 
   auto it = std::find_if(c.watches.begin(), c.watches.end(),
                          [&](const Watch& w) { return w.abs == *abs && w.token == token; });
   if (it == c.watches.end()) return fail(Error::enoent);
+  if (log_ && !c.privileged) log_conn(c, {{"op", "unwatch"}, {"abs", hex(it->abs)}, {"token", hex(it->token)}});
   c.watches.erase(it);
   return std::string("OK", 3);
 }

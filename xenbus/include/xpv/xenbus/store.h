@@ -85,6 +85,23 @@ struct Hooks {
       live_update;
 };
 
+// Crash restart (daemon/journal.h): the Store tells a journal every change that a restart after a
+// crash must carry over, as it makes it — the tree (each node written or removed in the main
+// tree, transactions' commits included), the domain table, and each domain's watches and
+// transaction counter (socket clients' state is not recorded: their connections end with the
+// process). Records are JSON objects, handed over as their text (one line; Store::recover()
+// reads them back). Called synchronously from the Store's thread; an implementation must not call
+// back into the Store.
+class ChangeLog {
+ public:
+  virtual ~ChangeLog() = default;
+  virtual void record(std::string_view change) = 0;
+  // Every change of the request being handled has been recorded; called before its reply goes to
+  // its Sink (and after a domain introduced or released outside a request), so that nothing is
+  // acknowledged before it is in the journal.
+  virtual void commit() noexcept = 0;
+};
+
 struct Node {
   std::string value;
   PermList perms;
@@ -130,6 +147,26 @@ class Store {
   void abort_transactions() noexcept;
   // Sends a reply to `request` (a deferred CONTROL answer) on connection `id`, if it still exists.
   void answer(ConnId id, const wire::Header& request, std::string_view payload);
+
+  // Crash restart (daemon/journal.h). set_change_log(): from now on every change is recorded
+  // there (nullptr: no longer). recover(): on a Store that has served nothing yet, the snapshot a
+  // journal starts with (save()'s JSON) and then each change recorded after it, in order. Socket
+  // clients' connections are dropped (their clients went with the crashed process); each
+  // introduced domain keeps or gets one connection, without a Sink, with its watches; a
+  // transaction id it was given before (below its counter) answers EAGAIN, so that the domain
+  // retries, as for a conflict. Returns what the daemon must attach again. Throws
+  // std::runtime_error naming the change that cannot be applied.
+  struct RecoveredDomain {
+    DomId domid;
+    std::uint64_t mfn;
+    std::uint32_t port;
+    ConnId conn;
+  };
+  void set_change_log(ChangeLog* log) noexcept { log_ = log; }
+  std::vector<RecoveredDomain> recover(const nlohmann::json& snapshot, const std::vector<nlohmann::json>& changes);
+  // Every watch of connection `id` fires once (after a crash restart: events the crashed process
+  // had not yet put on the ring are gone; xenbus drivers read the node again on any event).
+  void refire_watches(ConnId id);
 
   // Introspection (tests, CONTROL, xpv top).
   const Quotas& quotas() const noexcept { return quotas_; }
@@ -190,6 +227,15 @@ class Store {
   void fire(const PendingEvent& ev);
   void queue_event(ConnId id, const Conn& c, const Watch& w, std::string_view abs_path);
 
+  // journal.cpp: records for the ChangeLog, and their replay by recover()
+  void log_put(const std::string& p, const Node* old, const Node& n);
+  void log_erase(const std::string& p);
+  void log_record(const nlohmann::json& change);
+  void log_conn(const Conn& c, nlohmann::json change);
+  void log_commit() noexcept;
+  void replay(const nlohmann::json& change);
+  Conn& conn_of(DomId domid);
+
   // domain.cpp
   Reply op_introduce(const Conn& c, const wire::Args& a);
   Reply op_release(const Conn& c, std::string_view domid);
@@ -209,6 +255,7 @@ class Store {
   std::vector<std::pair<ConnId, std::string>> outbox_;  // watch events after the reply
   bool handling_ = false;  // inside handle(): events go out after the reply; else at once
   bool deferred_ = false;  // the request being handled is answered later (Hooks::live_update)
+  ChangeLog* log_ = nullptr;
 };
 
 }  // namespace xpv::xenbus

@@ -1,8 +1,10 @@
 // dom0's daemons as `xpv up` runs them (pure parts, unit-tested):
 //
 //   xpv up ─┬─ xpv-xenstored --socket S --foreground --pid-file RUN/xpv-xenstored.pid
-//           │     not restartable: the store lives in its memory, so losing it loses every
-//           │     domain's xenstore; the supervisor reports it and stops (see cmd_supervise)
+//           │     --run-dir RUN --journal RUN/xpv-xenstored.journal
+//           │     restartable after a crash: a new one recovers the store from the journal and
+//           │     attaches the domains again (xenbus/include/xpv/xenbus/daemon/journal.h); the
+//           │     supervisor starts it, then restarts the backends, whose connection went with it
 //           └─ xpv supervise ─┬─ xpv-blkback --xenstore S --run-dir RUN --foreground --pid-file …
 //                             └─ xpv-netback  (same flags; only when the binary is built)
 //                  restarts a backend that died, after backoff_delay(n); a restarted backend
@@ -25,8 +27,10 @@ inline constexpr const char* kSupervisor = "xpv-supervise";  // pid/log file nam
 inline const std::vector<std::string>& backend_programs();      // xpv-blkback, xpv-netback
 
 // `xenstored_run_dir`: pass --run-dir to xpv-xenstored too (a build that attaches domains'
-// rings reads their control sockets there; older builds reject the flag — see cmd_up).
-std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir = false);
+// rings reads their control sockets there; older builds reject the flag — see cmd_up);
+// `xenstored_journal`: and --journal RUN/xpv-xenstored.journal (crash restart).
+std::vector<std::string> daemon_argv(const Paths& paths, const std::string& program, bool xenstored_run_dir = false,
+                                     bool xenstored_journal = false);
 std::vector<std::string> daemon_env(const Paths& paths);
 std::vector<std::string> supervisor_argv(const Paths& paths, const std::string& self_exe);
 

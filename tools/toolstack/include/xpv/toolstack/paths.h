@@ -38,6 +38,7 @@ struct Paths {
   std::string log_file(const std::string& program) const;  // LOG/<program>.log
   std::string binary(const std::string& program) const;    // BIN/<program>
   std::string lock_file() const;                           // RUN/xpv.lock
+  std::string xenstored_journal() const;                   // RUN/xpv-xenstored.journal
   // Where a process domain's PV disk appears (the FUSE file of xpv-front).
   std::string vbd_disk(std::uint16_t domid, std::uint32_t devid) const;
   // The network namespace a process domain owns: NETNS/xpv-dom<N> (`ip netns exec xpv-dom<N> …`).

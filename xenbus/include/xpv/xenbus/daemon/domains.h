@@ -27,6 +27,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "xpv/expected.h"
 #include "xpv/xenbus/store.h"
@@ -56,6 +57,9 @@ class Domains {
   // attached any more (it died meanwhile) is released as its death would have released it.
   nlohmann::json save() const;
   void restore(const nlohmann::json& saved);
+  // Crash restart (journal.h): after Store::recover, attach each recovered domain again the same
+  // way, its ring served from where the domain's indexes are, and fire each of its watches once.
+  void recover(const std::vector<Store::RecoveredDomain>& domains);
 
   std::size_t attached() const noexcept { return doms_.size(); }
   bool is_attached(DomId domid) const noexcept { return doms_.count(domid) != 0; }
@@ -66,6 +70,10 @@ class Domains {
   // Connects to the domain, checks its ring, maps it, binds the port, makes the RingConnection
   // (not started) and records the domain.
   Expected<std::shared_ptr<Attached>, wire::Error> connect(DomId domid, std::uint64_t mfn, std::uint32_t port);
+  // restore()/recover(): attach domain `domid` again and resume connection `conn` with `ring`
+  // (RingConnection::save()'s shape) — or release it when it cannot be attached any more.
+  void reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn, nlohmann::json ring,
+                bool refire, const char* why);
   void watch_death(const std::shared_ptr<Attached>& a);
   void drop(const std::shared_ptr<Attached>& a);
 

@@ -1,0 +1,91 @@
+// Crash restart of xpv-xenstored: a journal of the store, so that a daemon that died (a crash,
+// kill -9, the OOM killer) can be started again under running domains without losing what it had
+// acknowledged — something neither of Xen's xenstoreds offers (their state lives in the process;
+// only a planned live update carries it over). `xpv-xenstored --journal FILE` (what `xpv up`
+// passes: <run-dir>/xenstored.journal) keeps it:
+//
+//   FILE = one JSON line  {"xpv-xenstored-journal":1,"snapshot":<Store::save()>}
+//          then one line per change (store.h ChangeLog; the records: store/journal.cpp)
+//
+//   start, FILE absent      Store as new; FILE written with its snapshot
+//   start, FILE present     (the last daemon did not stop cleanly) Store::recover(snapshot,
+//                           changes); each introduced domain attached again through its control
+//                           socket and its ring served from where the domain's indexes are
+//                           (Domains::recover), each of its watches fired once; FILE rewritten
+//                           with a snapshot of the recovered store
+//   each request            its changes appended in one write(2) before its reply is queued
+//   FILE past max(4 MiB, twice its snapshot)   a new snapshot (FILE.tmp, renamed over FILE)
+//   SIGTERM / SIGINT        FILE removed: a daemon stopped on purpose starts empty next time
+//   live update             the next binary restores its state file and writes a new snapshot
+//
+// What a crash restart keeps: every node (values, permissions, generations), the domain table,
+// each domain's watches and transaction-id counter. What it cannot keep: socket clients' own
+// connections, watches and transactions (the clients — backends, tools — see their connection
+// close and must connect again: `xpv`'s supervisor restarts the backends), a domain's open
+// transactions (their next request answers EAGAIN, so that the domain retries, as for a
+// conflict), and what was between the domain's ring and the store when the process died: a
+// request it had taken off the ring but not answered (the domain waits for that answer), or a
+// reply or watch event not yet on the ring (every watch fires once to make up for lost events).
+// The journal is written, not fsync'd: it protects against the process dying, not the host (the
+// domains die with the host anyway).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "xpv/xenbus/store.h"
+
+namespace xpv::xenbus::daemon {
+
+inline constexpr int kJournalVersion = 1;
+
+class Journal final : public ChangeLog {
+ public:
+  struct Contents {
+    nlohmann::json snapshot;
+    std::vector<nlohmann::json> changes;
+    bool torn_tail = false;  // a last line cut short (left out: its request was never answered)
+  };
+  // Reads a journal. Throws std::runtime_error naming the file and line of anything that is not
+  // a journal line (other than a last line cut short).
+  static Contents read(const std::string& path);
+
+  // Writes a snapshot of `store` to `path` (0600; through path.tmp renamed over it) and becomes
+  // the store's change log. Throws std::runtime_error when the file cannot be written.
+  Journal(boost::asio::io_context& io, Store& store, std::string path);
+  ~Journal() override;  // stops recording; the file stays (only remove() takes it away)
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  void record(std::string_view change) override;
+  void commit() noexcept override;
+  // A clean stop: the file goes, so that the next daemon starts empty.
+  void remove() noexcept;
+
+  const std::string& path() const noexcept { return path_; }
+  bool failed() const noexcept { return failed_; }
+  std::uint64_t changes() const noexcept { return changes_; }
+  std::uint64_t snapshots() const noexcept { return snapshots_; }
+  std::uint64_t bytes() const noexcept { return bytes_; }  // in the file now
+
+ private:
+  void snapshot();  // a new file with the store's snapshot, renamed over the old one
+  void fail(const std::string& what) noexcept;
+
+  boost::asio::io_context& io_;
+  Store& store_;
+  std::string path_;
+  int fd_ = -1;
+  std::string pending_;
+  std::uint64_t changes_ = 0;
+  std::uint64_t snapshots_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t snapshot_bytes_ = 0;
+  bool snapshot_posted_ = false;
+  bool failed_ = false;
+};
+
+}  // namespace xpv::xenbus::daemon

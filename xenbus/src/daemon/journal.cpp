@@ -1,0 +1,158 @@
+// xpv-xenstored's journal for crash restart (see journal.h). io_context thread only.
+#include "xpv/xenbus/daemon/journal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <stdexcept>
+
+namespace xpv::xenbus::daemon {
+
+namespace {
+
+constexpr std::uint64_t kMinSnapshotEvery = 4u << 20;
+
+// Writes all of `data` to `fd`; false with errno set on failure.
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+Journal::Contents Journal::read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::runtime_error(fmt::format("{}: cannot read", path));
+  Contents out;
+  std::size_t pos = 0;
+  for (std::size_t line = 1; pos < text.size(); ++line) {
+    const std::size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) {  // cut short by the death of the process that wrote it
+      if (line == 1) throw std::runtime_error(fmt::format("{}:1: the snapshot line is incomplete", path));
+      out.torn_tail = true;
+      break;
+    }
+    nlohmann::json j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(pos),
+                                             text.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) throw std::runtime_error(fmt::format("{}:{}: not a JSON object", path, line));
+    if (line == 1) {
+      if (!j.contains("xpv-xenstored-journal") || j.at("xpv-xenstored-journal") != kJournalVersion ||
+          !j.contains("snapshot")) {
+        throw std::runtime_error(fmt::format("{}:1: not a version {} xpv-xenstored journal", path, kJournalVersion));
+      }
+      out.snapshot = std::move(j.at("snapshot"));
+    } else {
+      out.changes.push_back(std::move(j));
+    }
+    pos = nl + 1;
+  }
+  if (out.snapshot.is_null()) throw std::runtime_error(fmt::format("{}: empty", path));
+  return out;
+}
+
+Journal::Journal(boost::asio::io_context& io, Store& store, std::string path)
+    : io_(io), store_(store), path_(std::move(path)) {
+  snapshot();
+  if (failed_) throw std::runtime_error(fmt::format("journal {}: cannot be written", path_));
+  store_.set_change_log(this);
+}
+
+Journal::~Journal() {
+  store_.set_change_log(nullptr);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Journal::record(std::string_view change) {
+  if (failed_) return;
+  pending_ += change;
+  pending_.push_back('\n');
+  ++changes_;
+}
+
+void Journal::commit() noexcept {
+  if (failed_ || pending_.empty()) return;
+  if (!write_all(fd_, pending_)) {
+    fail(fmt::format("write: {}", std::strerror(errno)));
+    return;
+  }
+  bytes_ += pending_.size();
+  pending_.clear();
+  if (!snapshot_posted_ && bytes_ > std::max(kMinSnapshotEvery, 2 * snapshot_bytes_)) {
+    snapshot_posted_ = true;
+    try {
+      boost::asio::post(io_, [this] {
+        snapshot_posted_ = false;
+        snapshot();
+      });
+    } catch (...) {
+      snapshot_posted_ = false;  // tried again at the next commit
+    }
+  }
+}
+
+void Journal::snapshot() {
+  if (failed_) return;
+  try {
+    std::string text = nlohmann::json{{"xpv-xenstored-journal", kJournalVersion}, {"snapshot", store_.save()}}.dump();
+    text.push_back('\n');
+    const std::string tmp = path_ + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
+    if (!write_all(fd, text) || ::rename(tmp.c_str(), path_.c_str()) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return fail(fmt::format("{}: {}", tmp, std::strerror(err)));
+    }
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+    bytes_ = snapshot_bytes_ = text.size();
+    pending_.clear();  // every change so far is in the snapshot
+    ++snapshots_;
+    spdlog::debug("xenstored: journal {}: snapshot of {} nodes, {} bytes", path_, store_.node_count(), text.size());
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+void Journal::fail(const std::string& what) noexcept {
+  failed_ = true;
+  pending_.clear();
+  // A journal that misses changes must not be recovered from: better no recovery than a wrong one.
+  // (Before the first snapshot the file is still the one recovered from: it stays.)
+  if (fd_ >= 0) {
+    ::unlink(path_.c_str());
+    ::close(fd_);
+  }
+  fd_ = -1;
+  spdlog::error("xenstored: journal {} given up ({}): it is removed, and a crash of this daemon can no longer be "
+                "recovered from",
+                path_, what);
+}
+
+void Journal::remove() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  failed_ = true;
+  store_.set_change_log(nullptr);
+  ::unlink(path_.c_str());
+}
+
+}  // namespace xpv::xenbus::daemon
