@@ -52,7 +52,7 @@ const std::vector<std::string>& nasty() {
 }
 
 struct Nodes {
-  std::vector<std::pair<std::string, std::string>> kv;
+  BlkbackRig::NodeList kv;
   void set(const std::string& k, const std::string& v) {
     for (auto& [kk, vv] : kv)
       if (kk == k) {
@@ -122,22 +122,12 @@ TEST_F(BlkbackXenbusFuzz, HostileFrontendNodesNeverHurtTheDaemonOrAnotherDomain)
     add_vbd(4, devid, bad_img, rng() % 4 == 0 ? "r" : "w");
     ASSERT_EQ(wait_value(b + "/state", "2"), "2");
 
-    // What a correct frontend publishes (connect_raw's layout), then the guest's mischief.
-    Nodes n;
-    const bool mq = queues > 1;
-    if (mq || rng() % 2) n.set(f + "/multi-queue-num-queues", std::to_string(queues));
-    n.set(f + "/ring-page-order", std::to_string(order));
-    std::vector<std::string> ring_nodes;
-    for (unsigned q = 0; q < queues; ++q) {
-      const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;
-      for (std::size_t i = 0; i < raw.refs(q).size(); ++i) {
-        n.set(d + "/ring-ref" + std::to_string(i), std::to_string(raw.refs(q)[i]));
-        ring_nodes.push_back(d + "/ring-ref" + std::to_string(i));
-      }
-      n.set(d + "/event-channel", std::to_string(raw.port(q)));
-      ring_nodes.push_back(d + "/event-channel");
+    // What a correct frontend publishes (the rig's raw_nodes), then the guest's mischief.
+    Nodes n{raw_nodes(f, raw, order, rng() % 2 == 0)};
+    std::vector<std::string> ring_nodes;  // ring-ref<i> and event-channel of every queue
+    for (const auto& [k, v] : n.kv) {
+      if (k.find("/ring-ref") != std::string::npos || k.ends_with("/event-channel")) ring_nodes.push_back(k);
     }
-    n.set(f + "/protocol", "x86_64-abi");
     // About half the devices are left as a correct frontend publishes them.
     const unsigned mutations = rng() % 2 ? 0 : 1 + static_cast<unsigned>(rng() % 3);
     bool clean = mutations == 0;
@@ -160,17 +150,14 @@ TEST_F(BlkbackXenbusFuzz, HostileFrontendNodesNeverHurtTheDaemonOrAnotherDomain)
     if (!clean && rng() % 3 == 0) n.set(f + "/protocol", rng() % 2 ? "x86_32-abi" : nasty()[rng() % nasty().size()]);
     // A node of a queue past the ones used changes nothing (Linux's blkback reads only its own).
     if (rng() % 5 == 0) n.set(f + "/queue-" + std::to_string(4 + rng() % 20) + "/ring-ref", "1");
-    auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
-      if (rng() % 4 == 0) {
-        if (auto w = xs_->write(f + "/state", nasty()[rng() % nasty().size()], tx); !w) return w;
-      }
-      for (const auto& [k, v] : n.kv) {
-        if (std::find(removed.begin(), removed.end(), k) != removed.end()) continue;
-        if (auto w = xs_->write(k, v, tx); !w) return w;
-      }
-      return xs_->write(f + "/state", "3", tx);
-    });
-    ASSERT_TRUE(r);
+    NodeList publishing;
+    if (rng() % 4 == 0) publishing.emplace_back(f + "/state", nasty()[rng() % nasty().size()]);  // overwritten below
+    for (const auto& kv : n.kv) {
+      if (std::find(removed.begin(), removed.end(), kv.first) == removed.end()) publishing.push_back(kv);
+    }
+    publishing.emplace_back(f + "/state", "3");
+    publish(publishing);
+    ASSERT_FALSE(HasFatalFailure());
     const std::string st = wait_for_one_of(b + "/state", {"4", "5"});
     ASSERT_TRUE(blkback_alive()) << "xpv-blkback died";
     if (st == "4") {

@@ -208,6 +208,7 @@ class RawFront {
 
 class BlkbackRig {
  public:
+  using NodeList = std::vector<std::pair<std::string, std::string>>;
   BlkbackRig() = default;
   BlkbackRig(const BlkbackRig&) = delete;
   BlkbackRig& operator=(const BlkbackRig&) = delete;
@@ -340,32 +341,27 @@ class BlkbackRig {
     EXPECT_EQ(xs_->read(b + "/feature-flush-cache").value_or(""), "1");
     EXPECT_EQ(xs_->read(b + "/multi-queue-max-queues").value_or(""), "4");
     g.front = std::make_unique<frontends::Blkfront>(*g.dom, *g.events, cfg);
-    auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
-      std::vector<std::pair<std::string, std::string>> nodes;
-      // Flat layout for one queue, queue-<q>/ for several (blkif.h); multi-queue-num-queues even
-      // for one (Linux's netfront writes it so; connect_raw below leaves it out).
-      const bool mq = g.front->queues() > 1;
-      nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(g.front->queues()));
-      if (cfg.ring_page_order != 0) nodes.emplace_back(f + "/ring-page-order", std::to_string(cfg.ring_page_order));
-      for (std::uint32_t q = 0; q < g.front->queues(); ++q) {
-        const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;
-        const auto& refs = g.front->ring_refs(q);
-        if (cfg.ring_page_order == 0) {
-          nodes.emplace_back(d + "/ring-ref", std::to_string(refs[0]));
-        } else {
-          for (std::size_t i = 0; i < refs.size(); ++i) nodes.emplace_back(d + "/ring-ref" + std::to_string(i), std::to_string(refs[i]));
-        }
-        nodes.emplace_back(d + "/event-channel", std::to_string(g.front->event_channel(q)));
+    NodeList nodes;
+    // Flat layout for one queue, queue-<q>/ for several (blkif.h); multi-queue-num-queues even
+    // for one (Linux's netfront writes it so; connect_raw below leaves it out).
+    const bool mq = g.front->queues() > 1;
+    nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(g.front->queues()));
+    if (cfg.ring_page_order != 0) nodes.emplace_back(f + "/ring-page-order", std::to_string(cfg.ring_page_order));
+    for (std::uint32_t q = 0; q < g.front->queues(); ++q) {
+      const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;
+      const auto& refs = g.front->ring_refs(q);
+      if (cfg.ring_page_order == 0) {
+        nodes.emplace_back(d + "/ring-ref", std::to_string(refs[0]));
+      } else {
+        for (std::size_t i = 0; i < refs.size(); ++i) nodes.emplace_back(d + "/ring-ref" + std::to_string(i), std::to_string(refs[i]));
       }
-      nodes.emplace_back(f + "/protocol", "x86_64-abi");
-      nodes.emplace_back(f + "/feature-persistent", "0");
-      nodes.emplace_back(f + "/state", "3");
-      for (const auto& [k, v] : nodes) {
-        if (auto w = xs_->write(k, v, tx); !w) return w;
-      }
-      return {};
-    });
-    ASSERT_TRUE(r);
+      nodes.emplace_back(d + "/event-channel", std::to_string(g.front->event_channel(q)));
+    }
+    nodes.emplace_back(f + "/protocol", "x86_64-abi");
+    nodes.emplace_back(f + "/feature-persistent", "0");
+    nodes.emplace_back(f + "/state", "3");
+    publish(nodes);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
     ASSERT_EQ(wait_value(b + "/state", "4"), "4");
     frontends::BlkfrontGeometry geo;
     geo.sectors = std::stoull(xs_->read(b + "/sectors").value());
@@ -376,30 +372,41 @@ class BlkbackRig {
     ASSERT_TRUE(xs_->write(f + "/state", "4"));
   }
 
-  // A raw frontend's publish (multi-queue layout when it has more than one queue).
-  void connect_raw(Guest& g, std::uint32_t devid, RawFront& raw, unsigned order) {
-    const std::string b = be(g.domid(), devid), f = fe(g.domid(), devid);
-    ASSERT_EQ(wait_value(b + "/state", "2"), "2");
-    auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
-      std::vector<std::pair<std::string, std::string>> nodes;
-      const bool mq = raw.queues() > 1;
-      if (mq) nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(raw.queues()));
-      nodes.emplace_back(f + "/ring-page-order", std::to_string(order));
-      for (unsigned q = 0; q < raw.queues(); ++q) {
-        const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;
-        for (std::size_t i = 0; i < raw.refs(q).size(); ++i) {
-          nodes.emplace_back(d + "/ring-ref" + std::to_string(i), std::to_string(raw.refs(q)[i]));
-        }
-        nodes.emplace_back(d + "/event-channel", std::to_string(raw.port(q)));
+  // What a frontend publishes for `raw` in frontend directory `f` (multi-queue layout when it has
+  // more than one queue; `mq_node` writes multi-queue-num-queues for one queue too), state aside.
+  static NodeList raw_nodes(const std::string& f, const RawFront& raw, unsigned order, bool mq_node = false) {
+    NodeList nodes;
+    const bool mq = raw.queues() > 1;
+    if (mq || mq_node) nodes.emplace_back(f + "/multi-queue-num-queues", std::to_string(raw.queues()));
+    nodes.emplace_back(f + "/ring-page-order", std::to_string(order));
+    for (unsigned q = 0; q < raw.queues(); ++q) {
+      const std::string d = mq ? f + "/queue-" + std::to_string(q) : f;
+      for (std::size_t i = 0; i < raw.refs(q).size(); ++i) {
+        nodes.emplace_back(d + "/ring-ref" + std::to_string(i), std::to_string(raw.refs(q)[i]));
       }
-      nodes.emplace_back(f + "/protocol", "x86_64-abi");
-      nodes.emplace_back(f + "/state", "3");
+      nodes.emplace_back(d + "/event-channel", std::to_string(raw.port(q)));
+    }
+    nodes.emplace_back(f + "/protocol", "x86_64-abi");
+    return nodes;
+  }
+  // Writes `nodes` in one transaction, as a frontend does.
+  void publish(const NodeList& nodes) {
+    auto r = xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
       for (const auto& [k, v] : nodes) {
         if (auto w = xs_->write(k, v, tx); !w) return w;
       }
       return {};
     });
     ASSERT_TRUE(r);
+  }
+
+  // A raw frontend's publish (raw_nodes), then Initialised → Connected.
+  void connect_raw(Guest& g, std::uint32_t devid, RawFront& raw, unsigned order) {
+    const std::string b = be(g.domid(), devid), f = fe(g.domid(), devid);
+    ASSERT_EQ(wait_value(b + "/state", "2"), "2");
+    NodeList nodes = raw_nodes(f, raw, order);
+    nodes.emplace_back(f + "/state", "3");
+    publish(nodes);
     ASSERT_EQ(wait_value(b + "/state", "4"), "4");
     ASSERT_TRUE(xs_->write(f + "/state", "4"));
   }

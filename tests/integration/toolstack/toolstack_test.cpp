@@ -774,34 +774,22 @@ TEST_F(RealFront, TopShowsTheDisksRequestsAndSectors) {
   EXPECT_TRUE(eventually([&] { return !fs::exists(h.run_dir + "/stats/vbd1.51712"); }, 3s));
 }
 
-// `xpv live-update`: xpv-xenstored replaced in place under a running process domain with a PV
-// disk. The same process serves on; what was written through the disk reads back; blkback's
-// watches (a socket client) and the domain's xenbus (its ring) go on through the next binary, so
-// a second disk attaches and detaches; destroy leaves the tree as it was before the domain.
-TEST_F(RealFront, LiveUpdateOfXenstoredUnderARunningDomain) {
-  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
-  ASSERT_EQ(h.run({"up"}).rc, 0);
-  const auto before = tree(h.xs_socket);
-  const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+// web1 created with its PV disk (create_web1_with_disk), and 1 MiB of random bytes (kept in
+// `data`) written through the disk's FUSE file `disk`, O_DIRECT and fsync'd.
+void create_web1_and_write_its_disk(TestHost& h, const std::string& disk, const std::string& data) {
   auto r = create_web1_with_disk(h);
   ASSERT_EQ(r.rc, 0) << r.err;
-  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
   ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
-  const std::string data = h.dir + "/data";
   ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + data + " bs=64k count=16 status=none").c_str()), 0);
   ASSERT_EQ(std::system(("dd if=" + data + " of=" + disk + " bs=64k oflag=direct conv=notrunc,fsync status=none").c_str()), 0);
+}
 
-  r = h.run({"live-update"});
-  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
-  EXPECT_EQ(r.out, fmt::format("xpv-xenstored: live update done (pid {}, now {}/xpv-xenstored)\n", xs, kBin));
-  EXPECT_EQ(pid_in(h.run_dir + "/xpv-xenstored.pid"), xs);
-  EXPECT_TRUE(toolstack::process_alive(xs));
-  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("live update done"));
-  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("dom1 ring served again after the live update"));
-  ASSERT_EQ(std::system(("cmp -s -n 1048576 " + data + " " + disk).c_str()), 0) << "the disk's data reads back";
-
+// After xpv-xenstored changed under web1 (a live update, a crash restart): a second disk attaches
+// and detaches through it — the backend's watches and the domain's xenbus both work —, and
+// destroying web1 leaves the tree as `before`.
+void hotplug_a_disk_then_destroy(TestHost& h, const std::vector<std::string>& before) {
   const auto img_b = image(h, "b.img", 8);
-  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
+  auto r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
   ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
   r = h.run({"block-list", "web1"});
   EXPECT_THAT(r.out, HasSubstr("xvdb   51728  4 (Connected)     4 (Connected)     r"));
@@ -811,6 +799,32 @@ TEST_F(RealFront, LiveUpdateOfXenstoredUnderARunningDomain) {
   r = h.run({"destroy", "web1"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(tree(h.xs_socket), before);
+}
+
+// `xpv live-update`: xpv-xenstored replaced in place under a running process domain with a PV
+// disk. The same process serves on; what was written through the disk reads back; blkback's
+// watches (a socket client) and the domain's xenbus (its ring) go on through the next binary, so
+// a second disk attaches and detaches; destroy leaves the tree as it was before the domain.
+TEST_F(RealFront, LiveUpdateOfXenstoredUnderARunningDomain) {
+  TestHost h(kBin, kFake, {}, /*use_real_bin=*/true);
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk", data = h.dir + "/data";
+  create_web1_and_write_its_disk(h, disk, data);
+  ASSERT_FALSE(HasFatalFailure());
+
+  auto r = h.run({"live-update"});
+  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
+  EXPECT_EQ(r.out, fmt::format("xpv-xenstored: live update done (pid {}, now {}/xpv-xenstored)\n", xs, kBin));
+  EXPECT_EQ(pid_in(h.run_dir + "/xpv-xenstored.pid"), xs);
+  EXPECT_TRUE(toolstack::process_alive(xs));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("live update done"));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-xenstored.log"), HasSubstr("dom1 ring served again after the live update"));
+  ASSERT_EQ(std::system(("cmp -s -n 1048576 " + data + " " + disk).c_str()), 0) << "the disk's data reads back";
+
+  hotplug_a_disk_then_destroy(h, before);
+  ASSERT_FALSE(HasFatalFailure());
   // A binary that is not an xpv-xenstored is refused before anything happens.
   r = h.run({"live-update", "/bin/true"});
   EXPECT_EQ(r.rc, 1);
@@ -830,13 +844,9 @@ TEST_F(RealFront, ACrashOfXenstoredIsRecoveredUnderARunningDomain) {
   const pid_t xs = *pid_in(h.run_dir + "/xpv-xenstored.pid");
   const std::string journal = h.run_dir + "/xpv-xenstored.journal";
   ASSERT_TRUE(fs::exists(journal));
-  auto r = create_web1_with_disk(h);
-  ASSERT_EQ(r.rc, 0) << r.err;
-  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk";
-  ASSERT_TRUE(eventually([&] { return fs::exists(disk); }));
-  const std::string data = h.dir + "/data";
-  ASSERT_EQ(std::system(("dd if=/dev/urandom of=" + data + " bs=64k count=16 status=none").c_str()), 0);
-  ASSERT_EQ(std::system(("dd if=" + data + " of=" + disk + " bs=64k oflag=direct conv=notrunc,fsync status=none").c_str()), 0);
+  const std::string disk = h.run_dir + "/dom1/vbd/51712/disk", data = h.dir + "/data";
+  create_web1_and_write_its_disk(h, disk, data);
+  ASSERT_FALSE(HasFatalFailure());
   const auto with_domain = tree(h.xs_socket);
   const pid_t blkback = *pid_in(h.run_dir + "/xpv-blkback.pid");
 
@@ -853,20 +863,10 @@ TEST_F(RealFront, ACrashOfXenstoredIsRecoveredUnderARunningDomain) {
   }));
   EXPECT_EQ(tree(h.xs_socket), with_domain) << "the store as it was";
   ASSERT_EQ(std::system(("cmp -s -n 1048576 " + data + " " + disk).c_str()), 0) << "the disk's data reads back";
-  r = h.run({"list"});
-  EXPECT_THAT(r.out, HasSubstr("web1"));
+  EXPECT_THAT(h.run({"list"}).out, HasSubstr("web1"));
 
-  const auto img_b = image(h, "b.img", 8);
-  r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b});
-  ASSERT_EQ(r.rc, 0) << r.err << slurp(h.log_dir + "/xpv-xenstored.log");
-  r = h.run({"block-list", "web1"});
-  EXPECT_THAT(r.out, HasSubstr("xvdb   51728  4 (Connected)     4 (Connected)     r"));
-  r = h.run({"block-detach", "web1", "xvdb"});
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.err, "");
-  r = h.run({"destroy", "web1"});
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(tree(h.xs_socket), before);
+  hotplug_a_disk_then_destroy(h, before);
+  ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(h.run({"down"}).rc, 0);
   EXPECT_FALSE(fs::exists(journal));
 }

@@ -141,6 +141,29 @@ class Domains : public ::testing::Test {
       journal_ = std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal");
     });
   }
+  // The paths of the watch events a domain's RingClient got.
+  struct Seen {
+    void add(const std::string& path) {
+      std::lock_guard l(m);
+      paths.push_back(path);
+    }
+    std::size_t count(const std::string& path) {
+      std::lock_guard l(m);
+      return static_cast<std::size_t>(std::count(paths.begin(), paths.end(), path));
+    }
+    std::mutex m;
+    std::vector<std::string> paths;
+  };
+  // Domain 7 started, introduced and connected, data/x = 1 written, and a watch on "data" whose
+  // events go to `seen` (the registration's event already arrived).
+  void start_watching_domain(Seen& seen) {
+    start_domain();
+    ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
+    ASSERT_TRUE(client_->wait_connected(3000ms));
+    ASSERT_TRUE(client_->write("data/x", "1"));
+    ASSERT_TRUE(client_->watch("data", "tok", [&seen](const std::string& path, const std::string&) { seen.add(path); }));
+    ASSERT_TRUE(eventually([&] { return seen.count("data") == 1; })) << "the registration's event";
+  }
   void dom0(MsgType t, const std::string& payload) {
     xenbus::wire::Header h{static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(payload.size())};
     store_->handle(watcher_, h, payload);
@@ -275,21 +298,10 @@ TEST_F(Domains, BadIntroducesCreateNothing) {
 // A live update in one process (save_and_stop_daemon, restart_daemon), while the domain's
 // RingClient — the guest — goes on as it was.
 TEST_F(Domains, ALiveUpdateHandsTheRingToTheNextDaemon) {
-  start_domain();
-  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
-  ASSERT_TRUE(client_->wait_connected(3000ms));
-  ASSERT_TRUE(client_->write("data/x", "1"));
-  std::mutex m;
-  std::vector<std::string> seen;
-  ASSERT_TRUE(client_->watch("data", "tok", [&](const std::string& path, const std::string&) {
-    std::lock_guard l(m);
-    seen.push_back(path);
-  }));
-  auto saw = [&](const std::string& path) {
-    std::lock_guard l(m);
-    return std::count(seen.begin(), seen.end(), path);
-  };
-  ASSERT_TRUE(eventually([&] { return saw("data") == 1; })) << "the registration's event";
+  Seen seen;
+  start_watching_domain(seen);
+  ASSERT_FALSE(HasFatalFailure());
+  auto saw = [&](const std::string& path) { return seen.count(path); };
 
   const nlohmann::json state = save_and_stop_daemon();  // no daemon serves the ring from here on
   ASSERT_EQ(state["rings"].size(), 1u);
@@ -336,21 +348,10 @@ TEST_F(Domains, ALiveUpdateReleasesADomainThatDiedMeanwhile) {
 // the guest had open with EAGAIN.
 TEST_F(Domains, ACrashRestartRecoversTheStoreAndTheDomainsRing) {
   start_journal();
-  start_domain();
-  ASSERT_TRUE(introduce(7, domain::Domain::kXenstoreGfn, domain_->xenstore_port()));
-  ASSERT_TRUE(client_->wait_connected(3000ms));
-  ASSERT_TRUE(client_->write("data/x", "1"));
-  std::mutex m;
-  std::vector<std::string> seen;
-  ASSERT_TRUE(client_->watch("data", "tok", [&](const std::string& path, const std::string&) {
-    std::lock_guard l(m);
-    seen.push_back(path);
-  }));
-  auto saw = [&](const std::string& path) {
-    std::lock_guard l(m);
-    return std::count(seen.begin(), seen.end(), path);
-  };
-  ASSERT_TRUE(eventually([&] { return saw("data") == 1; })) << "the registration's event";
+  Seen seen;
+  start_watching_domain(seen);
+  ASSERT_FALSE(HasFatalFailure());
+  auto saw = [&](const std::string& path) { return seen.count(path); };
   auto tx = client_->transaction_start();
   ASSERT_TRUE(tx);
   ASSERT_TRUE(client_->write("data/in-tx", "lost", *tx));

@@ -36,4 +36,16 @@ struct FakeConn : Sink {
 inline std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0'); }
 inline const std::string kOK("OK\0", 3);
 
+// One request on connection `c` of `st`; returns its reply as `p` recorded it ("<no reply>" if
+// none came).
+inline std::string req(Store& st, ConnId c, FakeConn& p, wire::MsgType t, const std::string& payload,
+                       std::uint32_t tx = 0) {
+  static std::uint32_t id = 0;
+  wire::Header h{static_cast<std::uint32_t>(t), ++id, tx, static_cast<std::uint32_t>(payload.size())};
+  const std::size_t before = p.replies.size();
+  st.handle(c, h, payload);
+  if (p.replies.size() != before + 1) return "<no reply>";
+  return p.replies.back();
+}
+
 }  // namespace xpv::xenbus::test

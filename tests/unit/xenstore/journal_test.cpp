@@ -17,6 +17,7 @@ using namespace xpv::xenbus;
 using wire::MsgType;
 using xpv::xenbus::test::FakeConn;
 using xpv::xenbus::test::kOK;
+using xpv::xenbus::test::req;
 using xpv::xenbus::test::z;
 
 namespace {
@@ -45,15 +46,6 @@ struct CheckingConn : FakeConn {
     FakeConn::deliver(h, payload);
   }
 };
-
-std::string req(Store& st, ConnId c, FakeConn& p, MsgType t, const std::string& payload, std::uint32_t tx = 0) {
-  static std::uint32_t id = 0;
-  wire::Header h{static_cast<std::uint32_t>(t), ++id, tx, static_cast<std::uint32_t>(payload.size())};
-  const std::size_t before = p.replies.size();
-  st.handle(c, h, payload);
-  if (p.replies.size() != before + 1) return "<no reply>";
-  return p.replies.back();
-}
 
 std::uint32_t tx_id(const std::string& reply) { return static_cast<std::uint32_t>(std::stoul(reply)); }
 
