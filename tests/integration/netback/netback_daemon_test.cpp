@@ -38,6 +38,7 @@
 #include "xpv/netback/tap.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/xenbus/client/sync_client.h"
+#include "netback_rig.h"
 
 namespace xpv {
 namespace {
@@ -49,18 +50,9 @@ using test::run_command;
 using test::RunResult;
 using test::slurp;
 
-const std::string kBin = XPV_BIN_DIR;
-
-int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
-
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds limit = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
-}
+using test::netrig::eventually;
+using test::netrig::kBin;
+using test::netrig::sh;
 
 // FNV-1a over a byte stream: the payload checksum both ends compute.
 struct Fnv {
@@ -165,122 +157,13 @@ TransferResult tcp_transfer(const std::string& server_ns, const std::string& ser
   return res;
 }
 
-class NetbackDaemon : public ::testing::Test {
+class NetbackDaemon : public ::testing::Test, protected test::netrig::NetbackRig {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v nsenter") != 0 ||
-        sh("command -v ping") != 0) {
-      GTEST_SKIP() << "needs root, /dev/net/tun, nsenter and ping";
-    }
-    for (const char* p : {"xpv", "xpv-xenstored", "xpv-front", "xpv-netback"}) {
-      ASSERT_EQ(::access((kBin + "/" + p).c_str(), X_OK), 0) << kBin << "/" << p << " is not built";
-    }
-    std::string t = (fs::temp_directory_path() / "xpv-netbackd-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(t.data()), nullptr);
-    dir_ = t;
-    hostns_ = dir_ + "/hostns";
-    netback::create_netns(hostns_);
-    // A /24 of 10.x.y.0 the test alone uses (inside its own namespaces anyway).
-    const int pid = static_cast<int>(::getpid());
-    net_ = fmt::format("10.{}.{}", 100 + pid % 100, (pid / 100) % 200);
+    if (const std::string why = missing(); !why.empty()) GTEST_SKIP() << why;
+    setup();
   }
-
-  void TearDown() override {
-    if (dir_.empty()) return;
-    if (HasFailure()) {
-      for (const char* l : {"xpv-netback.log", "xpv-front-web1.log", "xpv-supervise.log"}) {
-        std::cerr << "---- " << l << " ----\n" << slurp(dir_ + "/log/" + l) << "----\n";
-      }
-    }
-    guest_.reset();
-    (void)xpv({"down", "--force"});
-    for (int round = 0; round < 3; ++round) {
-      auto left = test::processes_mentioning(dir_);
-      if (left.empty()) break;
-      for (pid_t p : left) ::kill(p, SIGKILL);
-      std::this_thread::sleep_for(100ms);
-    }
-    toolstack::unmount_under(dir_);  // the namespaces' bind mounts (hostns, netns/xpv-dom<N>)
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  // `xpv ARGS` run inside the test's host namespace with the test's directories.
-  RunResult xpv(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {"/usr/bin/nsenter", "--net=" + hostns_, kBin + "/xpv", "--run-dir", dir_ + "/run",
-                                     "--log-dir", dir_ + "/log", "--xenstore", dir_ + "/xs.sock", "--bin-dir", kBin,
-                                     "--netns-dir", dir_ + "/netns"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run_command(argv, {}, 60s);
-  }
-  // `CMD` (a shell line) inside network namespace `ns`.
-  int in(const std::string& ns, const std::string& cmd) const {
-    return sh("nsenter --net=" + ns + " " + cmd);
-  }
-  std::string domns(int domid) const { return fmt::format("{}/netns/xpv-dom{}", dir_, domid); }
-  std::string log(const std::string& name) const { return slurp(dir_ + "/log/" + name); }
-
-  void up() {
-    auto r = xpv({"up"});
-    ASSERT_EQ(r.rc, 0) << r.out << r.err;
-    ASSERT_NE(r.out.find("xpv-netback: running"), std::string::npos) << r.out;
-  }
-  // Creates web1 (domid 1) with one vif; returns `xpv create`'s output.
-  std::string create(const std::string& vif_spec, unsigned vcpus = 1) {
-    const std::string cfg = dir_ + "/web1.cfg";
-    std::ofstream(cfg) << fmt::format("name = \"web1\"\ntype = \"process\"\nmemory = 64\nvcpus = {}\nvif = [ '{}' ]\n",
-                                      vcpus, vif_spec);
-    auto r = xpv({"create", cfg});
-    EXPECT_EQ(r.rc, 0) << r.out << r.err << log("xpv-front-web1.log") << log("xpv-netback.log");
-    return r.out;
-  }
-  std::optional<std::string> node(const std::string& path) {
-    xenbus::client::SyncClient c(dir_ + "/xs.sock");
-    auto v = c.read(path);
-    if (!v) return std::nullopt;
-    return *v;
-  }
-  std::optional<pid_t> netback_pid() {
-    return toolstack::running_pid(dir_ + "/run/xpv-netback.pid", "xpv-netback");
-  }
-  bool ping(const std::string& from_ns, const std::string& to, unsigned size = 56) const {
-    return in(from_ns, fmt::format("ping -c 3 -i 0.2 -W 3 -M do -s {} {}", size, to)) == 0;
-  }
-
-  // An in-process frontend domain (what xpv-front is made of), for the hostile-guest test.
-  struct Guest {
-    struct Sink : domain::UpcallSink {
-      void upcall(unsigned v) noexcept override {
-        if (target) target->upcall(v);
-      }
-      frontends::GuestEvents* target = nullptr;
-    };
-    asio::io_context io;
-    asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
-    Sink sink;
-    std::unique_ptr<domain::Domain> dom;
-    std::unique_ptr<frontends::GuestEvents> events;
-    netback::Tap tap;
-    std::unique_ptr<frontends::Netfront> front;
-    std::thread io_thread, events_thread;
-    ~Guest() {
-      front.reset();
-      if (events) events->stop();
-      if (events_thread.joinable()) events_thread.join();
-      if (dom) {
-        std::packaged_task<void()> t([this] { dom.reset(); });
-        auto f = t.get_future();
-        asio::post(io, [&t] { t(); });
-        f.wait();
-      }
-      work.reset();
-      io.stop();
-      if (io_thread.joinable()) io_thread.join();
-    }
-  };
-
-  std::string dir_, hostns_, net_;
-  std::unique_ptr<Guest> guest_;
+  void TearDown() override { teardown(HasFailure()); }
 };
 
 // ---- the data path through the daemon ---------------------------------------------------------
@@ -454,17 +337,7 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
 
   // Domain 200: a frontend in this process. The test is its toolstack and its xenbus driver.
   constexpr std::uint16_t kBad = 200;
-  guest_ = std::make_unique<Guest>();
-  domain::DomainConfig cfg;
-  cfg.domid = kBad;
-  cfg.name = "hostile";
-  cfg.memory_bytes = 32 << 20;
-  cfg.run_dir = dir_ + "/run";
-  guest_->dom = std::make_unique<domain::Domain>(guest_->io, cfg, guest_->sink);
-  guest_->events = std::make_unique<frontends::GuestEvents>(guest_->dom->pages(domain::Domain::kSharedInfoGfn, 1));
-  guest_->sink.target = guest_->events.get();
-  guest_->io_thread = std::thread([g = guest_.get()] { g->io.run(); });
-  guest_->events_thread = std::thread([g = guest_.get()] { g->events->run(); });
+  make_guest(kBad, "hostile");
   const std::string badns = dir_ + "/badns";
   netback::create_netns(badns);
   guest_->tap = netback::Tap::create({"eth0", badns, 1, {true, true, true}});
