@@ -43,16 +43,7 @@
 namespace xpv {
 namespace {
 
-namespace fs = std::filesystem;
-namespace asio = boost::asio;
-using namespace std::chrono_literals;
-using test::run_command;
-using test::RunResult;
-using test::slurp;
-
-using test::netrig::eventually;
-using test::netrig::kBin;
-using test::netrig::sh;
+using namespace test::netrig;  // fs, asio, kBin, sh, eventually, run_command, slurp, the rig
 
 // FNV-1a over a byte stream: the payload checksum both ends compute.
 struct Fnv {

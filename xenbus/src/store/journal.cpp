@@ -55,18 +55,20 @@ void Store::log_put(const std::string& p, const Node* old, const Node& n) {
     for (std::size_t i = 0; i < n.children.size(); ++i) fmt::format_to(out, R"({}"{}")", i ? "," : "", hex(n.children[i]));
     fmt::format_to(out, "]");
   };
-  const auto& was = old ? old->children : std::vector<std::string>{};
-  if (old && n.children == was) {
+  // The one child added at the end, or the one taken out, when that is all that changed.
+  auto removed_one = [&](const std::vector<std::string>& was) -> const std::string* {
+    if (n.children.size() + 1 != was.size()) return nullptr;
+    auto [now_it, was_it] = std::mismatch(n.children.begin(), n.children.end(), was.begin());
+    return std::equal(now_it, n.children.end(), was_it + 1) ? &*was_it : nullptr;
+  };
+  if (!old) {
+    list();  // a new node
+  } else if (const auto& was = old->children; n.children == was) {
     // unchanged
-  } else if (old && n.children.size() == was.size() + 1 && std::equal(was.begin(), was.end(), n.children.begin())) {
+  } else if (n.children.size() == was.size() + 1 && std::equal(was.begin(), was.end(), n.children.begin())) {
     fmt::format_to(out, R"(,"add":"{}")", hex(n.children.back()));
-  } else if (old && n.children.size() + 1 == was.size()) {
-    auto mis = std::mismatch(n.children.begin(), n.children.end(), was.begin());
-    if (std::equal(mis.first, n.children.end(), mis.second + 1)) {
-      fmt::format_to(out, R"(,"remove":"{}")", hex(*mis.second));
-    } else {
-      list();
-    }
+  } else if (const std::string* gone = removed_one(was)) {
+    fmt::format_to(out, R"(,"remove":"{}")", hex(*gone));
   } else {
     list();
   }
