@@ -340,6 +340,13 @@ TEST(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
   EXPECT_EQ(bad.err, "xpv-xenstored: " + journal + ":2: not a JSON object\n");
   EXPECT_TRUE(std::filesystem::exists(journal)) << "kept for whoever looks into it";
   EXPECT_FALSE(std::filesystem::exists(sd.path() + "/s")) << "nothing left half-created";
+  // A journal that cannot be written: one line with the reason, no socket left.
+  const std::string nowhere = sd.path() + "/no/such/dir/journal";
+  auto unwritable = run({XPV_XENSTORED_BIN, "--foreground", "--socket", sd.path() + "/s", "--journal", nowhere}, {});
+  EXPECT_EQ(unwritable.rc, 1);
+  EXPECT_EQ(unwritable.err,
+            "xpv-xenstored: journal " + nowhere + ": " + nowhere + ".tmp: No such file or directory\n");
+  EXPECT_FALSE(std::filesystem::exists(sd.path() + "/s")) << "nothing left half-created";
 }
 
 TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {

@@ -144,10 +144,13 @@ CFG
         # the backends; the steps below go through the recovered daemon. Bounded: 20 s.
         sleep 1
         kill -9 "$(cat $W/run/xpv-xenstored.pid 2>/dev/null)" 2>/dev/null
+        # (The new daemon logs the re-attached ring once it runs its event loop, a moment after
+        # the supervisor saw it answer: wait for that line too, within the same bound.)
         XS=no
         j=0
         while [ $j -lt 40 ]; do
-          grep -q "restarting the backends" $W/log/xpv-supervise.log 2>/dev/null && XS=yes && break
+          grep -q "restarting the backends" $W/log/xpv-supervise.log 2>/dev/null && XS=yes
+          [ $XS = yes ] && grep -q "ring served again after the crash restart" $W/log/xpv-xenstored.log && break
           sleep 0.5
           j=$((j + 1))
         done

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 namespace xpv::xenbus::daemon {
@@ -69,8 +70,7 @@ Journal::Contents Journal::read(const std::string& path) {
 
 Journal::Journal(boost::asio::io_context& io, Store& store, std::string path)
     : io_(io), store_(store), path_(std::move(path)) {
-  snapshot();
-  if (failed_) throw std::runtime_error(fmt::format("journal {}: cannot be written", path_));
+  if (auto err = write_snapshot()) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
   store_.set_change_log(this);
 }
 
@@ -109,17 +109,21 @@ void Journal::commit() noexcept {
 
 void Journal::snapshot() {
   if (failed_) return;
+  if (auto err = write_snapshot()) fail(*err);
+}
+
+std::optional<std::string> Journal::write_snapshot() {
   try {
     std::string text = nlohmann::json{{"xpv-xenstored-journal", kJournalVersion}, {"snapshot", store_.save()}}.dump();
     text.push_back('\n');
     const std::string tmp = path_ + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
+    if (fd < 0) return fmt::format("{}: {}", tmp, std::strerror(errno));
     if (!write_all(fd, text) || ::rename(tmp.c_str(), path_.c_str()) != 0) {
       const int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return fail(fmt::format("{}: {}", tmp, std::strerror(err)));
+      return fmt::format("{}: {}", tmp, std::strerror(err));
     }
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;
@@ -127,8 +131,9 @@ void Journal::snapshot() {
     pending_.clear();  // every change so far is in the snapshot
     ++snapshots_;
     spdlog::debug("xenstored: journal {}: snapshot of {} nodes, {} bytes", path_, store_.node_count(), text.size());
+    return std::nullopt;
   } catch (const std::exception& e) {
-    fail(e.what());
+    return std::string(e.what());
   }
 }
 
@@ -136,11 +141,8 @@ void Journal::fail(const std::string& what) noexcept {
   failed_ = true;
   pending_.clear();
   // A journal that misses changes must not be recovered from: better no recovery than a wrong one.
-  // (Before the first snapshot the file is still the one recovered from: it stays.)
-  if (fd_ >= 0) {
-    ::unlink(path_.c_str());
-    ::close(fd_);
-  }
+  ::unlink(path_.c_str());
+  if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   spdlog::error("xenstored: journal {} given up ({}): it is removed, and a crash of this daemon can no longer be "
                 "recovered from",

@@ -33,6 +33,7 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,9 @@ class Journal final : public ChangeLog {
   std::uint64_t bytes() const noexcept { return bytes_; }  // in the file now
 
  private:
-  void snapshot();  // a new file with the store's snapshot, renamed over the old one
+  void snapshot();  // write_snapshot(), giving the journal up if that fails
+  // A new file with the store's snapshot, renamed over the old one; what went wrong, if anything.
+  std::optional<std::string> write_snapshot();
   void fail(const std::string& what) noexcept;
 
   boost::asio::io_context& io_;
