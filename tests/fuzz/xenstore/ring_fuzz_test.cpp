@@ -19,7 +19,8 @@
 //     whatever the domain does (rsp_prod keeps a value the test put there);
 //   - the crash-restart journal (store.h ChangeLog) is exact: a Store recovered from the snapshot
 //     taken before the first request and every change recorded after it has the live store's
-//     nodes — values, permissions, child order, generations — and per-domain node counts.
+//     nodes — values, permissions, child order, generations — and per-domain node counts; the
+//     rings' own records in it (daemon/ring_connection.h) fold, whatever a domain did to its page.
 // Each run prints what the fuzzer got through. A failure prints its seed (SCOPED_TRACE):
 // XPV_FUZZ_SEED=N replays it, XPV_FUZZ_LOG=1 shows the daemon's log; XPV_FUZZ_ITERATIONS=N runs
 // N seeds (default 30).
@@ -47,6 +48,7 @@
 #include "ring_client.h"
 #include "ring_domain.h"
 #include "xpv/test/fuzz_seeds.h"
+#include "xpv/xenbus/daemon/journal.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
 
 namespace xpv::xenbus {
@@ -250,7 +252,7 @@ class World {
 TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
   const std::uint64_t n = env_number("XPV_FUZZ_ITERATIONS", 30);
   const std::uint64_t only = env_number("XPV_FUZZ_SEED", 0);
-  std::uint64_t total_sent = 0, failed_rings = 0, quota_hits = 0, journaled = 0;
+  std::uint64_t total_sent = 0, failed_rings = 0, quota_hits = 0, journaled = 0, ring_states = 0;
   for (std::uint64_t seed = 1; seed <= n; ++seed) {
     if (only != 0 && seed != only) continue;
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -325,6 +327,15 @@ TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
       }
       EXPECT_EQ(node_dumps(again), node_dumps(w.store())) << "the journal replays to another tree";
       for (DomId d : {0u, 5u, 7u, 8u}) EXPECT_EQ(again.owned_nodes(d), w.store().owned_nodes(d)) << "dom" << d;
+      // The rings' own records, whatever the hostile domains did to their pages, fold.
+      daemon::Journal::Contents contents;
+      contents.snapshot = snapshot;
+      contents.changes = std::move(changes);
+      try {
+        ring_states += contents.ring_states().size();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the rings' records do not fold: " << e.what();
+      }
     });
 
     // A ring given up on stays given up on.
@@ -344,9 +355,10 @@ TEST(XenstoreRingFuzz, HostileDomainsNeitherStopOthersNorReachWhatIsNotTheirs) {
     total_sent += w.sent();
   }
   std::printf("xenstore ring: %llu hostile messages, %llu rings given up on, %llu quotas reached, %llu changes "
-              "journaled and replayed\n",
+              "journaled and replayed, %llu ring states folded\n",
               static_cast<unsigned long long>(total_sent), static_cast<unsigned long long>(failed_rings),
-              static_cast<unsigned long long>(quota_hits), static_cast<unsigned long long>(journaled));
+              static_cast<unsigned long long>(quota_hits), static_cast<unsigned long long>(journaled),
+              static_cast<unsigned long long>(ring_states));
   EXPECT_GT(journaled, n == 0 || only != 0 ? 0u : 100 * n) << "the hostile domains changed next to nothing";
 }
 

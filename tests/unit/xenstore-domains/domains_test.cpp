@@ -120,7 +120,11 @@ class Domains : public ::testing::Test {
   // journal file stays, with whatever the daemon had acknowledged), then a new one that recovers
   // from it — what `xpv-xenstored --journal FILE` does when FILE exists at its start.
   void start_journal() {
-    on_xs([&] { journal_ = std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal"); });
+    on_xs([&] { journal_ = make_journal(); });
+  }
+  std::unique_ptr<xenbus::daemon::Journal> make_journal() {
+    return std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal",
+                                                     [this] { return domains_->journal_state(); });
   }
   void crash_daemon() {
     on_xs([&] {
@@ -137,8 +141,8 @@ class Domains : public ::testing::Test {
       watcher_ = store_->connect(0, recorder_);  // the socket client connects again
       dom0(MsgType::watch, z("@releaseDomain") + z("r"));
       domains_ = std::make_unique<xenbus::daemon::Domains>(xs_io_, *store_, dir_);
-      domains_->recover(rec);
-      journal_ = std::make_unique<xenbus::daemon::Journal>(xs_io_, *store_, dir_ + "/journal");
+      domains_->recover(rec, contents.ring_states());
+      journal_ = make_journal();
     });
   }
   // The paths of the watch events a domain's RingClient got.

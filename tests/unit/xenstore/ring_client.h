@@ -60,6 +60,18 @@ class RingClient {
     return events.size() >= n;
   }
 
+  // The next message on the response ring, whatever it is, waiting for it up to `ms`.
+  std::optional<std::pair<xenbus::wire::Header, std::string>> next(int ms = 5000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (;;) {
+      if (auto m = take_message()) return m;
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      wait_kick(20);
+    }
+  }
+  // Bytes read off the response ring that are not a whole message yet.
+  std::size_t buffered() const { return buf_.size(); }
+
   // Writes raw bytes into the request ring (waiting for space), then kicks.
   bool send_raw(const std::string& bytes) {
     std::size_t off = 0;

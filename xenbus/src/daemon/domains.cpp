@@ -131,21 +131,36 @@ nlohmann::json Domains::save() const {
 
 void Domains::restore(const nlohmann::json& saved) {
   for (const auto& e : saved) {
+    const nlohmann::json& ring = e.at("ring");
     reattach(e.at("domid").get<DomId>(), e.at("mfn").get<std::uint64_t>(), e.at("port").get<std::uint32_t>(),
-             e.at("ring").at("id").get<ConnId>(), e.at("ring"), false, "live update");
+             ring.at("id").get<ConnId>(), [&ring](RingConnection& r) { r.restore(ring); }, false, "live update");
   }
 }
 
-void Domains::recover(const std::vector<Store::RecoveredDomain>& domains) {
+nlohmann::json Domains::journal_state() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [id, a] : doms_) {
+    if (a->dropped || !a->ring) continue;
+    nlohmann::json j = a->ring->journal_state().to_json();
+    j["domid"] = id;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+void Domains::recover(const std::vector<Store::RecoveredDomain>& domains, const std::map<DomId, RingJournalState>& rings) {
   for (const auto& d : domains) {
-    // Nothing of the ring's buffers survived the crash: served from the page's indexes.
-    nlohmann::json ring = {{"id", d.conn}, {"in", ""}, {"out", nlohmann::json::array()}, {"out_off", 0}, {"failed", false}};
-    reattach(d.domid, d.mfn, d.port, d.conn, std::move(ring), true, "crash restart");
+    const auto it = rings.find(d.domid);
+    // Without a record of the ring (a domain introduced by an older daemon): served from the
+    // page's indexes, what was between the ring and the store lost.
+    const RingJournalState none;
+    const RingJournalState& st = it != rings.end() ? it->second : none;
+    reattach(d.domid, d.mfn, d.port, d.conn, [&](RingConnection& r) { r.recover(d.conn, st); }, true, "crash restart");
   }
 }
 
-void Domains::reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn, nlohmann::json ring,
-                       bool refire, const char* why) {
+void Domains::reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn,
+                       const std::function<void(RingConnection&)>& load, bool refire, const char* why) {
   const auto ids = store_.connection_ids();
   if (std::find(ids.begin(), ids.end(), conn) == ids.end()) {
     spdlog::warn("xenstored: {}: dom{}'s ring connection {} is not in the state; not attached", why, domid, conn);
@@ -158,18 +173,27 @@ void Domains::reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnI
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     a = connect(domid, mfn, port);
   }
-  if (!a) {
-    // The domain went away while no daemon watched it (or no longer answers): what its death
-    // would have done.
-    spdlog::warn("xenstored: {}: dom{} cannot be attached again; releasing it", why, domid);
+  auto give_up = [&](const std::string& reason) {
+    // What the domain's death would have done.
+    spdlog::warn("xenstored: {}: dom{} {}; releasing it", why, domid, reason);
+    if (a) drop(*a);
     store_.disconnect(conn);
     if (store_.is_introduced(domid)) (void)store_.release(domid);
+  };
+  if (!a) {
+    give_up("cannot be attached again");  // it went away while no daemon watched it
+    return;
+  }
+  try {
+    load(*(*a)->ring);
+  } catch (const std::exception& e) {
+    give_up(std::string("has a ring state that cannot be taken over: ") + e.what());
     return;
   }
   // Served once every transport of the state has its Sink again (posted after the rest).
-  asio::post(io_, [this, a = *a, ring = std::move(ring), conn, refire, why] {
+  asio::post(io_, [this, a = *a, conn, refire, why] {
     if (a->dropped) return;
-    a->ring->resume(ring);
+    a->ring->serve();
     if (refire) store_.refire_watches(conn);
     spdlog::info("xenstored: dom{} ring served again after the {} (port {})", a->domid, why, a->dom0_port);
   });

@@ -59,6 +59,10 @@ Journal::Contents Journal::read(const std::string& path) {
         throw std::runtime_error(fmt::format("{}:1: not a version {} xpv-xenstored journal", path, kJournalVersion));
       }
       out.snapshot = std::move(j.at("snapshot"));
+      if (j.contains("rings")) {
+        if (!j.at("rings").is_array()) throw std::runtime_error(fmt::format("{}:1: 'rings' is not a list", path));
+        out.rings = std::move(j.at("rings"));
+      }
     } else {
       out.changes.push_back(std::move(j));
     }
@@ -68,8 +72,40 @@ Journal::Contents Journal::read(const std::string& path) {
   return out;
 }
 
-Journal::Journal(boost::asio::io_context& io, Store& store, std::string path)
-    : io_(io), store_(store), path_(std::move(path)) {
+std::map<DomId, RingJournalState> Journal::Contents::ring_states() const {
+  std::map<DomId, RingJournalState> out;
+  auto domid_of = [](const nlohmann::json& r) {
+    if (!r.contains("domid") || !r.at("domid").is_number_integer() || r.at("domid").get<std::int64_t>() < 0 ||
+        r.at("domid").get<std::int64_t>() > 0xffff) {
+      throw std::runtime_error("'domid' is missing or not a domain id");
+    }
+    return r.at("domid").get<DomId>();
+  };
+  for (std::size_t i = 0; i < rings.size(); ++i) {
+    try {
+      out[domid_of(rings[i])].apply(rings[i]);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("ring {} of the journal's snapshot: {}", i + 1, e.what()));
+    }
+  }
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const auto& r = changes[i];
+    const auto op = r.value("op", std::string());
+    try {
+      if (op == "ring") {
+        out[domid_of(r)].apply(r);
+      } else if (op == "introduce" || op == "release") {
+        out.erase(domid_of(r));  // another ring, or none
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("change {} of the journal: {}", i + 1, e.what()));
+    }
+  }
+  return out;
+}
+
+Journal::Journal(boost::asio::io_context& io, Store& store, std::string path, std::function<nlohmann::json()> rings)
+    : io_(io), store_(store), path_(std::move(path)), rings_(std::move(rings)) {
   if (auto err = write_snapshot()) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
   store_.set_change_log(this);
 }
@@ -114,7 +150,9 @@ void Journal::snapshot() {
 
 std::optional<std::string> Journal::write_snapshot() {
   try {
-    std::string text = nlohmann::json{{"xpv-xenstored-journal", kJournalVersion}, {"snapshot", store_.save()}}.dump();
+    nlohmann::json head{{"xpv-xenstored-journal", kJournalVersion}, {"snapshot", store_.save()}};
+    if (rings_) head["rings"] = rings_();
+    std::string text = head.dump();
     text.push_back('\n');
     const std::string tmp = path_ + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);

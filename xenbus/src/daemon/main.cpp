@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <unistd.h>
@@ -158,6 +159,7 @@ int main(int argc, char** argv) {
     };
     xpv::xenbus::Store store(quotas, hooks);
     std::vector<xpv::xenbus::Store::RecoveredDomain> recovered;
+    std::map<xpv::xenbus::DomId, xpv::xenbus::daemon::RingJournalState> recovered_rings;
     bool recovering = false;
     if (restored) {
       store.restore(restored->at("store"));
@@ -166,6 +168,7 @@ int main(int argc, char** argv) {
       auto contents = xpv::xenbus::daemon::Journal::read(journal_path);
       try {
         recovered = store.recover(contents.snapshot, contents.changes);
+        recovered_rings = contents.ring_states();
       } catch (const std::exception& e) {
         throw std::runtime_error(journal_path + ": " + e.what());
       }
@@ -196,12 +199,12 @@ int main(int argc, char** argv) {
       xpv::xenbus::daemon::finish_live_update(io, store, *restored);
     } else {
       server_slot.emplace(io, store, socket_path);
-      if (recovering) domains.recover(recovered);
+      if (recovering) domains.recover(recovered, recovered_rings);
     }
     // From here on every change is journaled (a fresh snapshot: of the restored or recovered
     // store, or of an empty one).
     std::optional<xpv::xenbus::daemon::Journal> journal;
-    if (!journal_path.empty()) journal.emplace(io, store, journal_path);
+    if (!journal_path.empty()) journal.emplace(io, store, journal_path, [&domains] { return domains.journal_state(); });
     xpv::xenbus::daemon::SocketServer& server = *server_slot;
     live_update.attach(server, domains);
 

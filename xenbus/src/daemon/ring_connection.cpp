@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -82,7 +83,7 @@ void RingConnection::start() {
 nlohmann::json RingConnection::save() const {
   const auto in = framer_.partial();
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& m : out_) out.push_back(hex(m));
+  for (const auto& m : out_) out.push_back(hex(m.msg));
   return {{"id", id_},
           {"in", hex(std::string_view(reinterpret_cast<const char*>(in.data()), in.size()))},
           {"out", std::move(out)},
@@ -90,10 +91,16 @@ nlohmann::json RingConnection::save() const {
           {"failed", failed_}};
 }
 
-void RingConnection::resume(const nlohmann::json& saved) {
+namespace {
+bool is_reply(const std::string& msg) {
+  return wire::decode_header(std::span<const std::uint8_t, wire::kHeaderSize>(
+                                 reinterpret_cast<const std::uint8_t*>(msg.data()), wire::kHeaderSize))
+             .type != static_cast<std::uint32_t>(wire::MsgType::watch_event);
+}
+}  // namespace
+
+void RingConnection::restore(const nlohmann::json& saved) {
   id_ = saved.at("id").get<ConnId>();
-  store_.attach_sink(id_, *this);
-  started_ = true;
   const std::string in = unhex(saved.at("in").get<std::string>());
   const std::size_t used = framer_.feed(std::span<const std::uint8_t>(
       reinterpret_cast<const std::uint8_t*>(in.data()), in.size()));
@@ -101,21 +108,95 @@ void RingConnection::resume(const nlohmann::json& saved) {
     throw std::runtime_error("saved ring input is not the start of one message");
   }
   for (const auto& m : saved.at("out")) {
-    out_.push_back(unhex(m.get<std::string>()));
-    if (out_.back().size() < wire::kHeaderSize) throw std::runtime_error("saved ring output is not a message");
-    auto type = wire::decode_header(std::span<const std::uint8_t, wire::kHeaderSize>(
-                                        reinterpret_cast<const std::uint8_t*>(out_.back().data()),
-                                        wire::kHeaderSize))
-                    .type;
-    if (type != static_cast<std::uint32_t>(wire::MsgType::watch_event)) ++replies_queued_;
+    std::string msg = unhex(m.get<std::string>());
+    if (msg.size() < wire::kHeaderSize) throw std::runtime_error("saved ring output is not a message");
+    unwritten_ += msg.size();
+    if (is_reply(msg)) ++replies_queued_;
+    out_.push_back({std::move(msg), false});
   }
   out_off_ = saved.at("out_off").get<std::size_t>();
-  if (!out_.empty() && out_off_ >= out_.front().size()) throw std::runtime_error("bad saved ring output offset");
+  if (!out_.empty() && out_off_ >= out_.front().msg.size()) throw std::runtime_error("bad saved ring output offset");
+  unwritten_ -= out_off_;
   failed_ = saved.at("failed").get<bool>();
-  if (failed_) return;  // the domain saw the error field; nothing more is served
+  store_.attach_sink(id_, *this);
+  started_ = true;
+}
+
+void RingConnection::serve() {
+  if (failed_ || closed_) return;  // a disabled ring: the domain saw the error field
   wait_kick();
   service();  // what the domain produced (and consumed) while no daemon watched the ring
   kick();     // and a kick, in case it waits on a reply that was already there
+}
+
+RingJournalState RingConnection::journal_state() const {
+  RingJournalState st;
+  st.has_cons = true;
+  st.cons = intf_->req_cons;
+  const auto in = framer_.partial();
+  st.in.assign(reinterpret_cast<const char*>(in.data()), in.size());
+  st.rsp = intf_->rsp_prod;
+  std::uint32_t at = st.rsp - static_cast<std::uint32_t>(out_off_);
+  for (const auto& m : out_) {
+    st.out.emplace_back(at, m.msg);
+    at += static_cast<std::uint32_t>(m.msg.size());
+  }
+  st.failed = failed_;
+  return st;
+}
+
+void RingConnection::recover(ConnId id, const RingJournalState& st) {
+  id_ = id;
+  failed_ = st.failed;
+  if (st.has_cons) {
+    const std::uint32_t page = intf_->req_cons;
+    if (st.cons - page <= kXenstoreRingSize) {
+      // Equal, or the dead daemon had journaled requests up to st.cons without publishing it yet:
+      // they were handled (their replies are below), so they are not taken again.
+      store_release(intf_->req_cons, st.cons);
+      const std::size_t used = framer_.feed(std::span<const std::uint8_t>(
+          reinterpret_cast<const std::uint8_t*>(st.in.data()), st.in.size()));
+      if (used != st.in.size() || framer_.ready() || framer_.violated()) {
+        throw std::runtime_error("the journaled ring input is not the start of one message");
+      }
+    } else {
+      spdlog::warn("xenstored: dom{}: request index {} is past the journal's {}; served from the page's", domid_,
+                   page, st.cons);
+    }
+  }
+  // Each journaled message the page does not show as wholly written goes out again: from where
+  // it stopped if the page shows it begun. Watch events that were not journaled and not written
+  // are gone (the recovery fires every watch once).
+  const std::uint32_t written = intf_->rsp_prod;
+  for (const auto& [at, msg] : st.out) {
+    if (msg.size() < wire::kHeaderSize) throw std::runtime_error("a journaled ring message is shorter than a header");
+    const auto done = static_cast<std::int32_t>(written - at);
+    if (done >= 0 && static_cast<std::size_t>(done) >= msg.size()) continue;
+    if (out_.empty() && done > 0) out_off_ = static_cast<std::size_t>(done);
+    unwritten_ += msg.size();
+    if (is_reply(msg)) ++replies_queued_;
+    out_.push_back({msg, true});
+  }
+  unwritten_ -= out_off_;
+  store_.attach_sink(id_, *this);
+  started_ = true;
+}
+
+void RingConnection::journal(nlohmann::json record) noexcept {
+  ChangeLog* log = store_.change_log();
+  if (!log) return;
+  try {
+    record["op"] = "ring";
+    record["domid"] = domid_;
+    log->record(record.dump());
+  } catch (const std::exception&) {
+    // Not recorded: a recovery serves this ring from the page, as without a record.
+  }
+  log->commit();
+}
+
+std::uint32_t RingConnection::tail() const noexcept {
+  return intf_->rsp_prod + static_cast<std::uint32_t>(unwritten_);
 }
 
 void RingConnection::close() noexcept {
@@ -151,6 +232,7 @@ void RingConnection::kick() noexcept {
 
 void RingConnection::violation(std::uint32_t error_code, const char* what) noexcept {
   failed_ = true;
+  journal({{"failed", true}});
   store_release(intf_->error, error_code);
   spdlog::warn("xenstored: dom{}: ring {}; ring disabled", domid_, what);
   kick();
@@ -173,10 +255,11 @@ void RingConnection::service() noexcept {
 
 bool RingConnection::consume_requests() noexcept {
   bool consumed = false;
+  std::uint32_t published = intf_->req_cons;  // ours
+  std::uint32_t cons = published;             // past the bytes given to the framer
   while (!failed_ && !closed_ && replies_queued_ < store_.quotas().outstanding) {
-    std::uint32_t cons = intf_->req_cons;  // ours
     std::uint32_t prod = load_acquire(intf_->req_prod);
-    if (prod - cons > kXenstoreRingSize) {
+    if (prod - published > kXenstoreRingSize) {
       violation(ring::kXenstoreErrorRingIdx, "request index out of range");
       return consumed;
     }
@@ -188,16 +271,30 @@ bool RingConnection::consume_requests() noexcept {
     std::array<std::uint8_t, kXenstoreRingSize> copy;
     std::memcpy(copy.data(), intf_->req + off, chunk);
     std::size_t used = framer_.feed(std::span<const std::uint8_t>(copy.data(), chunk));
-    store_release(intf_->req_cons, cons + static_cast<std::uint32_t>(used));
+    cons += static_cast<std::uint32_t>(used);
     consumed |= used > 0;
     if (framer_.violated()) {
+      store_release(intf_->req_cons, cons);
       violation(ring::kXenstoreErrorProto, "message longer than 4096 bytes");
       return consumed;
     }
     if (framer_.ready()) {
+      // The index is published after the request was handled (and journaled with its reply).
+      handled_cons_ = cons;
       store_.handle(id_, framer_.header(), framer_.payload());
       framer_.consume();
+      store_release(intf_->req_cons, cons);
+      published = cons;
     }
+  }
+  if (cons != published && !failed_ && !closed_) {
+    // The first bytes of a request whose rest is not on the ring yet: taken off (the domain may
+    // be waiting for room for the rest), once the journal has them.
+    const auto in = framer_.partial();
+    journal({{"cons", cons},
+             {"in", hex(std::string_view(reinterpret_cast<const char*>(in.data()), in.size()))},
+             {"rsp", intf_->rsp_prod}});
+    store_release(intf_->req_cons, cons);
   }
   return consumed;
 }
@@ -213,20 +310,23 @@ bool RingConnection::produce_responses() noexcept {
     }
     std::uint32_t space = kXenstoreRingSize - (prod - cons);
     if (space == 0) break;
-    const std::string& msg = out_.front();
+    Out& front = out_.front();
+    const std::string& msg = front.msg;
     std::uint32_t off = xenstore_mask(prod);
     std::uint32_t n = std::min({space, kXenstoreRingSize - off,
                                 static_cast<std::uint32_t>(msg.size() - out_off_)});
+    if (out_off_ + n < msg.size() && !front.journaled) {
+      // Part of a message stays off the ring: a recovery must be able to finish it.
+      journal({{"rsp", prod}, {"at", prod - static_cast<std::uint32_t>(out_off_)}, {"msg", hex(msg)}});
+      front.journaled = true;
+    }
     std::memcpy(intf_->rsp + off, msg.data() + out_off_, n);
     store_release(intf_->rsp_prod, prod + n);  // release: bytes before index
     produced = true;
     out_off_ += n;
+    unwritten_ -= n;
     if (out_off_ == msg.size()) {
-      auto type = wire::decode_header(
-                      std::span<const std::uint8_t, wire::kHeaderSize>(
-                          reinterpret_cast<const std::uint8_t*>(msg.data()), wire::kHeaderSize))
-                      .type;
-      if (type != static_cast<std::uint32_t>(wire::MsgType::watch_event)) --replies_queued_;
+      if (is_reply(msg)) --replies_queued_;
       out_.pop_front();
       out_off_ = 0;
     }
@@ -238,10 +338,86 @@ void RingConnection::deliver(const wire::Header& h, std::string_view payload) {
   if (closed_ || failed_) return;
   bool reply = h.type != static_cast<std::uint32_t>(wire::MsgType::watch_event);
   if (!reply && out_.size() >= store_.quotas().pending_events) return;  // bounded; dropped
-  out_.push_back(wire::encode(h, payload));
+  out_.push_back({wire::encode(h, payload), reply && std::exchange(reply_journaled_, false)});
+  unwritten_ += out_.back().msg.size();
   if (reply) ++replies_queued_;
   // Watch events for this domain raised by another connection's request: push them now.
   if (!reply && produce_responses()) kick();
+}
+
+void RingConnection::journal_reply(ChangeLog& log, const wire::Header& h, std::string_view payload) {
+  reply_journaled_ = false;
+  if (closed_ || failed_) return;
+  nlohmann::json r{{"op", "ring"},
+                   {"domid", domid_},
+                   {"cons", handled_cons_},
+                   {"in", ""},
+                   {"rsp", intf_->rsp_prod},
+                   {"at", tail()},
+                   {"msg", hex(wire::encode(h, payload))}};
+  log.record(r.dump());
+  reply_journaled_ = true;
+}
+
+// ---- RingJournalState ----
+
+namespace {
+std::uint32_t index_field(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || !j.at(key).is_number_integer() || j.at(key).get<std::int64_t>() < 0 ||
+      j.at(key).get<std::uint64_t>() > 0xffffffffu) {
+    throw std::runtime_error(std::string("'") + key + "' is not a ring index");
+  }
+  return j.at(key).get<std::uint32_t>();
+}
+std::string hex_field(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || !j.at(key).is_string()) throw std::runtime_error(std::string("'") + key + "' is not a string");
+  return unhex(j.at(key).get_ref<const std::string&>());
+}
+}  // namespace
+
+void RingJournalState::apply(const nlohmann::json& r) {
+  if (r.contains("cons")) {
+    has_cons = true;
+    cons = index_field(r, "cons");
+    in = r.contains("in") ? hex_field(r, "in") : std::string();
+  }
+  if (r.contains("rsp")) {
+    rsp = index_field(r, "rsp");
+    std::erase_if(out, [this](const auto& m) {
+      const auto done = static_cast<std::int32_t>(rsp - m.first);
+      return done >= 0 && static_cast<std::size_t>(done) >= m.second.size();
+    });
+  }
+  auto add = [this](const nlohmann::json& m) {
+    const std::uint32_t at = index_field(m, "at");
+    std::string msg = hex_field(m, "msg");
+    if (msg.size() < wire::kHeaderSize) throw std::runtime_error("'msg' is shorter than a message header");
+    // A message is journaled once more when it is left half on the ring after a snapshot.
+    if (std::none_of(out.begin(), out.end(), [at](const auto& o) { return o.first == at; })) {
+      out.emplace_back(at, std::move(msg));
+    }
+  };
+  if (r.contains("msg")) add(r);
+  if (r.contains("out")) {
+    if (!r.at("out").is_array()) throw std::runtime_error("'out' is not a list");
+    for (const auto& m : r.at("out")) add(m);
+  }
+  if (r.contains("failed")) {
+    if (!r.at("failed").is_boolean()) throw std::runtime_error("'failed' is not a boolean");
+    failed = r.at("failed").get<bool>();
+  }
+}
+
+nlohmann::json RingJournalState::to_json() const {
+  nlohmann::json j{{"rsp", rsp}, {"failed", failed}};
+  if (has_cons) {
+    j["cons"] = cons;
+    j["in"] = hex(in);
+  }
+  nlohmann::json msgs = nlohmann::json::array();
+  for (const auto& [at, msg] : out) msgs.push_back({{"at", at}, {"msg", hex(msg)}});
+  j["out"] = std::move(msgs);
+  return j;
 }
 
 }  // namespace xpv::xenbus::daemon

@@ -9,6 +9,7 @@
 //   {"op":"set_target","domid":D,"target":T}
 //   a domain's connection ("domid":D): {"op":"watch","abs","given","token","relative"},
 //        {"op":"unwatch","abs","token"}, {"op":"reset_watches"}, {"op":"next_tx","next":N}
+//   {"op":"ring",...}: a domain ring's own record (daemon/ring_connection.h); not the Store's
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -179,6 +180,8 @@ void Store::replay(const json& r) {
     conn_of(number_field<DomId>(r, "domid")).watches.clear();
   } else if (op == "next_tx") {
     conn_of(number_field<DomId>(r, "domid")).next_tx = number_field<std::uint32_t>(r, "next");
+  } else if (op == "ring") {
+    // A domain ring's own record (daemon/ring_connection.h): the daemon folds those.
   } else {
     throw std::runtime_error(fmt::format("unknown change '{}'", op));
   }

@@ -101,23 +101,31 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
     outbox_.clear();
   }
   handling_ = false;
-  log_commit();  // before the reply: nothing is acknowledged that the journal does not hold
   if (std::exchange(deferred_, false)) {  // answered later through answer()
+    log_commit();
     flush_events();
     return;
   }
   wire::Header out{h.type, h.req_id, h.tx_id, 0};
+  std::string err;
+  std::string_view body;
+  if (r) {
+    body = *r;
+  } else {
+    err = wire::error_name(r.error());
+    err.push_back('\0');
+    out.type = static_cast<std::uint32_t>(MsgType::error);
+    body = err;
+  }
+  out.len = static_cast<std::uint32_t>(body.size());
   try {
-    if (r) {
-      out.len = static_cast<std::uint32_t>(r->size());
-      c.sink->deliver(out, *r);
-    } else {
-      std::string e(wire::error_name(r.error()));
-      e.push_back('\0');
-      out.type = static_cast<std::uint32_t>(MsgType::error);
-      out.len = static_cast<std::uint32_t>(e.size());
-      c.sink->deliver(out, e);
-    }
+    if (log_) c.sink->journal_reply(*log_, out, body);
+  } catch (const std::bad_alloc&) {
+    // Its record is missing: the transport does not count the reply as journaled.
+  }
+  log_commit();  // before the reply: nothing is acknowledged that the journal does not hold
+  try {
+    c.sink->deliver(out, body);
   } catch (const std::bad_alloc&) {
     // The sink could not queue: nothing sensible to answer; the transport will notice.
   }

@@ -59,10 +59,16 @@ using ConnId = std::uint64_t;
 
 // Where a connection's replies and watch events go. Called synchronously from Store::handle();
 // an implementation queues the bytes and must not call back into the Store.
+class ChangeLog;
 class Sink {
  public:
   virtual ~Sink() = default;
   virtual void deliver(const wire::Header& h, std::string_view payload) = 0;
+  // Crash restart: the reply that deliver() is about to get, while the request's changes are
+  // being journaled, so that the transport can add its own record of it to the same commit (a
+  // domain's ring: where its request index is, and the reply itself, which is not on the ring
+  // yet). Default: nothing.
+  virtual void journal_reply(ChangeLog& /*log*/, const wire::Header& /*h*/, std::string_view /*payload*/) {}
 };
 
 // Side effects the core asks of the daemon. Called synchronously; they must not call back into
@@ -163,6 +169,7 @@ class Store {
     ConnId conn;
   };
   void set_change_log(ChangeLog* log) noexcept { log_ = log; }
+  ChangeLog* change_log() const noexcept { return log_; }  // for transports' own records
   std::vector<RecoveredDomain> recover(const nlohmann::json& snapshot, const std::vector<nlohmann::json>& changes);
   // Every watch of connection `id` fires once (after a crash restart: events the crashed process
   // had not yet put on the ring are gone; xenbus drivers read the node again on any event).

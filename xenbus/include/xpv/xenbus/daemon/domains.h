@@ -23,6 +23,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "xpv/expected.h"
+#include "xpv/xenbus/daemon/ring_connection.h"
 #include "xpv/xenbus/store.h"
 #include "xpv/xenbus/wire.h"
 
@@ -57,9 +59,14 @@ class Domains {
   // attached any more (it died meanwhile) is released as its death would have released it.
   nlohmann::json save() const;
   void restore(const nlohmann::json& saved);
-  // Crash restart (journal.h): after Store::recover, attach each recovered domain again the same
-  // way, its ring served from where the domain's indexes are, and fire each of its watches once.
-  void recover(const std::vector<Store::RecoveredDomain>& domains);
+  // Crash restart (journal.h). journal_state(): each attached domain's ring for the journal's
+  // snapshot ([{"domid":D, RingJournalState::to_json()...}]). recover(): after Store::recover,
+  // attach each recovered domain again the same way, its ring as the journal left it (`rings`,
+  // Journal::Contents::ring_states; a domain without one is served from its page's indexes),
+  // and fire each of its watches once.
+  nlohmann::json journal_state() const;
+  void recover(const std::vector<Store::RecoveredDomain>& domains,
+               const std::map<DomId, RingJournalState>& rings = {});
 
   std::size_t attached() const noexcept { return doms_.size(); }
   bool is_attached(DomId domid) const noexcept { return doms_.count(domid) != 0; }
@@ -70,10 +77,11 @@ class Domains {
   // Connects to the domain, checks its ring, maps it, binds the port, makes the RingConnection
   // (not started) and records the domain.
   Expected<std::shared_ptr<Attached>, wire::Error> connect(DomId domid, std::uint64_t mfn, std::uint32_t port);
-  // restore()/recover(): attach domain `domid` again and resume connection `conn` with `ring`
-  // (RingConnection::save()'s shape) — or release it when it cannot be attached any more.
-  void reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn, nlohmann::json ring,
-                bool refire, const char* why);
+  // restore()/recover(): attach domain `domid` again, give its new RingConnection connection
+  // `conn`'s state (`load`: RingConnection::restore or ::recover) and serve it (posted) — or
+  // release the domain when it cannot be attached any more or its state cannot be loaded.
+  void reattach(DomId domid, std::uint64_t mfn, std::uint32_t port, ConnId conn,
+                const std::function<void(RingConnection&)>& load, bool refire, const char* why);
   void watch_death(const std::shared_ptr<Attached>& a);
   void drop(const std::shared_ptr<Attached>& a);
 

@@ -4,16 +4,19 @@
 // only a planned live update carries it over). `xpv-xenstored --journal FILE` (what `xpv up`
 // passes: <run-dir>/xenstored.journal) keeps it:
 //
-//   FILE = one JSON line  {"xpv-xenstored-journal":1,"snapshot":<Store::save()>}
-//          then one line per change (store.h ChangeLog; the records: store/journal.cpp)
+//   FILE = one JSON line  {"xpv-xenstored-journal":1,"snapshot":<Store::save()>,
+//                          "rings":[{"domid":D, <RingJournalState::to_json()>}...]}
+//          then one line per change (store.h ChangeLog; the records: store/journal.cpp, and
+//          the rings' own: ring_connection.h)
 //
 //   start, FILE absent      Store as new; FILE written with its snapshot
 //   start, FILE present     (the last daemon did not stop cleanly) Store::recover(snapshot,
 //                           changes); each introduced domain attached again through its control
-//                           socket and its ring served from where the domain's indexes are
-//                           (Domains::recover), each of its watches fired once; FILE rewritten
-//                           with a snapshot of the recovered store
-//   each request            its changes appended in one write(2) before its reply is queued
+//                           socket and its ring served from where the journal and the domain's
+//                           indexes say (Domains::recover), each of its watches fired once; FILE
+//                           rewritten with a snapshot of the recovered store and rings
+//   each request            its changes (a domain's: and its ring's record with the reply)
+//                           appended in one write(2) before its reply is queued
 //   FILE past max(4 MiB, twice its snapshot)   a new snapshot (FILE.tmp, renamed over FILE)
 //   SIGTERM / SIGINT        FILE removed: a daemon stopped on purpose starts empty next time
 //   live update             the next binary restores its state file and writes a new snapshot
@@ -23,20 +26,24 @@
 // connections, watches and transactions (the clients — backends, tools — see their connection
 // close and must connect again: `xpv`'s supervisor restarts the backends), a domain's open
 // transactions (their next request answers EAGAIN, so that the domain retries, as for a
-// conflict), and what was between the domain's ring and the store when the process died: a
-// request it had taken off the ring but not answered (the domain waits for that answer), or a
-// reply or watch event not yet on the ring (every watch fires once to make up for lost events).
+// conflict), and watch events not yet on a domain's ring when the process died (every watch fires
+// once to make up for them). What is between a domain's ring and the store is kept: a request
+// taken off the ring is answered once — its reply is journaled with it —, a request taken off in
+// part is completed from the journal, a message left half on the ring is finished.
 // The journal is written, not fsync'd: it protects against the process dying, not the host (the
 // domains die with the host anyway).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "xpv/xenbus/daemon/ring_connection.h"
 #include "xpv/xenbus/store.h"
 
 namespace xpv::xenbus::daemon {
@@ -47,16 +54,24 @@ class Journal final : public ChangeLog {
  public:
   struct Contents {
     nlohmann::json snapshot;
+    nlohmann::json rings = nlohmann::json::array();  // the snapshot's (absent: none)
     std::vector<nlohmann::json> changes;
     bool torn_tail = false;  // a last line cut short (left out: its request was never answered)
+
+    // Each domain ring's state as the journal leaves it: the snapshot's, each "ring" record
+    // folded in, a domain introduced or released again starting without one. Throws
+    // std::runtime_error naming the change that is not a ring record.
+    std::map<DomId, RingJournalState> ring_states() const;
   };
   // Reads a journal. Throws std::runtime_error naming the file and line of anything that is not
   // a journal line (other than a last line cut short).
   static Contents read(const std::string& path);
 
-  // Writes a snapshot of `store` to `path` (0600; through path.tmp renamed over it) and becomes
-  // the store's change log. Throws std::runtime_error when the file cannot be written.
-  Journal(boost::asio::io_context& io, Store& store, std::string path);
+  // Writes a snapshot of `store` (and of the rings `rings` returns: Domains::journal_state) to
+  // `path` (0600; through path.tmp renamed over it) and becomes the store's change log. Throws
+  // std::runtime_error when the file cannot be written.
+  Journal(boost::asio::io_context& io, Store& store, std::string path,
+          std::function<nlohmann::json()> rings = {});
   ~Journal() override;  // stops recording; the file stays (only remove() takes it away)
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
@@ -81,6 +96,7 @@ class Journal final : public ChangeLog {
   boost::asio::io_context& io_;
   Store& store_;
   std::string path_;
+  std::function<nlohmann::json()> rings_;
   int fd_ = -1;
   std::string pending_;
   std::uint64_t changes_ = 0;

@@ -19,12 +19,40 @@
 #include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "xpv/ring/xenstore.h"
 #include "xpv/xenbus/daemon/connection.h"
 #include "xpv/xenbus/wire.h"
 
 namespace xpv::xenbus::daemon {
+
+// Crash restart (journal.h): what the journal holds of one domain's ring. A ring journals, in the
+// same commit as a request's changes, the request index just past that request and the reply
+// with its position in the ring's response stream; before it publishes the index past the first
+// bytes of a request not all on the ring yet, those bytes; before it leaves part of a message on
+// the ring, that message. So a daemon recovering from the journal takes no request twice and
+// leaves none unanswered, and never leaves a message half-written on the ring.
+//
+//   {"op":"ring","domid":D, "cons":C,"in":HEX   (request index published; the bytes taken of a
+//                                                request not yet complete)
+//                           "rsp":R              (the response index when recorded)
+//                           "at":A,"msg":HEX     (a message that starts at response position A)
+//                           "failed":true}       (the ring was disabled)      — each part optional
+struct RingJournalState {
+  bool has_cons = false;
+  std::uint32_t cons = 0;
+  std::string in;
+  std::uint32_t rsp = 0;
+  std::vector<std::pair<std::uint32_t, std::string>> out;  // (position, message), in order
+  bool failed = false;
+
+  // Folds one "ring" record in; messages known to be wholly on the ring are dropped. Throws
+  // std::runtime_error naming a field that is missing or wrong.
+  void apply(const nlohmann::json& record);
+  nlohmann::json to_json() const;  // the record that apply() turns an empty state into this one
+};
 
 class RingConnection final : public Connection,
                              public std::enable_shared_from_this<RingConnection> {
@@ -46,9 +74,24 @@ class RingConnection final : public Connection,
   // ring was disabled. resume(): instead of start(), serve the connection of a saved state (the
   // Store already holds it: Store::restore) and whatever the domain put on the ring meanwhile.
   nlohmann::json save() const;
-  void resume(const nlohmann::json& saved);
+  void resume(const nlohmann::json& saved) {
+    restore(saved);
+    serve();
+  }
+  // resume() in two steps: restore() takes the saved state (and throws std::runtime_error if it
+  // is not one); serve() starts serving, once every connection of the state has its Sink.
+  void restore(const nlohmann::json& saved);
+  void serve();
+  // Crash restart. journal_state(): this ring for a journal's snapshot. recover(): instead of
+  // start(), connection `id` (Store::recover's) with the ring as the journal left it, checked
+  // against the page: the request index is set back to the journal's when the dead daemon had
+  // recorded a request but not yet published its index; replies the page shows as written are
+  // not written again, one it shows half-written is finished. Then serve().
+  RingJournalState journal_state() const;
+  void recover(ConnId id, const RingJournalState& state);
   DomId domid() const noexcept override { return domid_; }
   void deliver(const wire::Header& h, std::string_view payload) override;
+  void journal_reply(ChangeLog& log, const wire::Header& h, std::string_view payload) override;
   void close() noexcept override;
 
   bool failed() const noexcept { return failed_; }
@@ -61,6 +104,9 @@ class RingConnection final : public Connection,
   bool produce_responses() noexcept;  // true if any byte was produced
   void violation(std::uint32_t error_code, const char* what) noexcept;
   void kick() noexcept;
+  std::uint32_t tail() const noexcept;  // the response position the next queued message takes
+  // A "ring" record of this connection (journal_state's fields, any of them), committed now.
+  void journal(nlohmann::json record) noexcept;
 
   Store& store_;
   ring::XenstoreDomainInterface* intf_;
@@ -70,8 +116,15 @@ class RingConnection final : public Connection,
   DomId domid_;
   ConnId id_ = 0;
   wire::Framer framer_;
-  std::deque<std::string> out_;  // encoded messages not yet (fully) on the ring
-  std::size_t out_off_ = 0;      // bytes of out_.front() already written
+  struct Out {
+    std::string msg;         // encoded
+    bool journaled = false;  // in the journal (a reply, or a message once left half on the ring)
+  };
+  std::deque<Out> out_;     // messages not yet (fully) on the ring
+  std::size_t out_off_ = 0;  // bytes of out_.front() already written
+  std::size_t unwritten_ = 0;  // bytes of out_ not yet on the ring
+  std::uint32_t handled_cons_ = 0;  // the request index just past the request being handled
+  bool reply_journaled_ = false;    // journal_reply() recorded the reply deliver() gets next
   std::size_t replies_queued_ = 0;
   bool failed_ = false;
   bool closed_ = false;
