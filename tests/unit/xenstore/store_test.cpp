@@ -351,6 +351,42 @@ TEST_F(StoreTest, TransactionCommitAbortAndConflict) {
   EXPECT_EQ(read(c0_, d0_, "/t/y"), "from-tx");
 }
 
+// A transaction sees a node as it first saw it: a change made outside it meanwhile is not seen
+// (nor a node created or removed outside it), and its commit is EAGAIN — Xen's xenstored copies
+// a node into the transaction at its first access; its own test-xenstore checks this ("ta err").
+TEST_F(StoreTest, ATransactionReadsWhatItFirstSaw) {
+  EXPECT_EQ(write(c0_, d0_, "/s/x", "a"), kOK);
+  EXPECT_EQ(write(c0_, d0_, "/s/gone", "g"), kOK);
+  std::uint32_t tx = start(c0_, d0_);
+  EXPECT_EQ(read(c0_, d0_, "/s/x", tx), "a");
+  EXPECT_EQ(dir(c0_, d0_, "/s", tx), z("x") + z("gone"));
+  EXPECT_EQ(read(c0_, d0_, "/s/new", tx), "!ENOENT");
+  EXPECT_EQ(read(c0_, d0_, "/s/gone", tx), "g");
+  EXPECT_EQ(write(c0_, d0_, "/s/x", "b"), kOK);
+  EXPECT_EQ(write(c0_, d0_, "/s/new", "n"), kOK);
+  EXPECT_EQ(rm(c0_, d0_, "/s/gone"), kOK);
+  EXPECT_EQ(read(c0_, d0_, "/s/x", tx), "a") << "the value at its first read";
+  EXPECT_EQ(dir(c0_, d0_, "/s", tx), z("x") + z("gone"));
+  EXPECT_EQ(read(c0_, d0_, "/s/new", tx), "!ENOENT");
+  EXPECT_EQ(read(c0_, d0_, "/s/gone", tx), "g");
+  EXPECT_EQ(write(c0_, d0_, "/s/x", "c", tx), kOK);
+  EXPECT_EQ(read(c0_, d0_, "/s/x", tx), "c") << "then its own write";
+  EXPECT_EQ(end(c0_, d0_, tx, true), "!EAGAIN");
+  EXPECT_EQ(read(c0_, d0_, "/s/x"), "b");
+  EXPECT_EQ(read(c0_, d0_, "/s/gone"), "!ENOENT");
+  // What a transaction only read is not written back by its commit: no generation moves, no
+  // watch fires.
+  EXPECT_EQ(watch(c0_, d0_, "/s", "w"), kOK);
+  d0_.events.clear();
+  const std::uint64_t gen = store_.find("/s/x")->gen;
+  std::uint32_t ro = start(c0_, d0_);
+  EXPECT_EQ(read(c0_, d0_, "/s/x", ro), "b");
+  EXPECT_EQ(dir(c0_, d0_, "/s", ro), z("x") + z("new"));
+  EXPECT_EQ(end(c0_, d0_, ro, true), kOK);
+  EXPECT_EQ(store_.find("/s/x")->gen, gen);
+  EXPECT_TRUE(d0_.events.empty());
+}
+
 TEST_F(StoreTest, UnrelatedChangesDoNotConflict) {
   EXPECT_EQ(write(c0_, d0_, "/u/a", "0"), kOK);
   EXPECT_EQ(write(c0_, d0_, "/v/b", "0"), kOK);

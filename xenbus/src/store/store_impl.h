@@ -18,6 +18,10 @@ struct Store::Txn {
   std::unordered_map<std::string, std::optional<Node>> overlay;
   // Main-tree generation at first touch; nullopt = the node was absent then.
   std::unordered_map<std::string, std::optional<std::uint64_t>> touched;
+  // The main tree's node as the transaction first saw it (nullopt = absent): later reads in the
+  // transaction see it, not a change made meanwhile outside it — as Xen's xenstored copies a node
+  // into the transaction at its first access, read or write. Never committed.
+  std::unordered_map<std::string, std::optional<Node>> seen;
   std::vector<PendingEvent> events;
   std::map<DomId, std::int64_t> owned_delta;
 };

@@ -23,10 +23,14 @@ const Node* Store::lookup(Txn* t, const std::string& p) {
   if (t) {
     if (auto it = t->overlay.find(p); it != t->overlay.end())
       return it->second ? &*it->second : nullptr;
-    auto m = nodes_.find(p);
-    t->touched.try_emplace(p, m == nodes_.end() ? std::nullopt
-                                                : std::optional<std::uint64_t>(m->second.gen));
-    return m == nodes_.end() ? nullptr : &m->second;
+    auto [s, first] = t->seen.try_emplace(p);
+    if (first) {
+      auto m = nodes_.find(p);
+      if (m != nodes_.end()) s->second = m->second;
+      t->touched.try_emplace(p, m == nodes_.end() ? std::nullopt
+                                                  : std::optional<std::uint64_t>(m->second.gen));
+    }
+    return s->second ? &*s->second : nullptr;
   }
   auto m = nodes_.find(p);
   return m == nodes_.end() ? nullptr : &m->second;
