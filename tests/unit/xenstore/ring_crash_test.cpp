@@ -8,164 +8,31 @@
 // clean stop, the recovery is main.cpp's (Store::recover, Journal::Contents::ring_states,
 // RingConnection::recover, a new Journal, serve, the watches fired once).
 #include <gtest/gtest.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <chrono>
-#include <filesystem>
-#include <memory>
 #include <set>
-#include <thread>
 
-#include "ring_client.h"
-#include "ring_domain.h"
-#include "xpv/test/run_on.h"
-#include "xpv/xenbus/daemon/journal.h"
-#include "xpv/xenbus/daemon/ring_connection.h"
+#include "ring_crash_rig.h"
 #include "xpv/xenbus/hex.h"
 
 using namespace xpv::xenbus;
 using namespace std::chrono_literals;
 using wire::MsgType;
+using xpv::test::load;
+using xpv::test::z;
 
 namespace {
 
-std::string z(std::string_view v) { return std::string(v) + std::string(1, '\0'); }
 const std::string kOK("OK\0", 3);
-constexpr DomId kDom = 1;
 
-std::uint32_t load(std::uint32_t& v) { return std::atomic_ref<std::uint32_t>(v).load(std::memory_order_acquire); }
-
-// dom0's requests, made directly on the Store; their replies are dropped.
-struct NullSink : Sink {
-  void deliver(const wire::Header&, std::string_view) override {}
-};
-
-class RingCrash : public ::testing::TestWithParam<int> {
+class RingCrash : public ::testing::TestWithParam<int>, public xpv::test::RingCrashRig {
  protected:
-  RingCrash() {
-    char tmpl[] = "/tmp/xpv-ringcrash-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
-    dir_ = tmpl;
-    thread_ = std::thread([this] { io_.run(); });
-    on_io([&] {
-      store_ = std::make_unique<Store>();
-      journal_ = make_journal();
-      ASSERT_TRUE(store_->introduce(kDom, 0x1000, 3));
-      dom0_ = store_->connect(0, null_);
-      dom0(MsgType::mkdir, z("/local/domain/1"));
-      dom0(MsgType::set_perms, z("/local/domain/1") + z("n1"));
-      conn_ = make_conn();
-      conn_->start();
-    });
-    guest_ = std::make_unique<xpv::test::RingClient>(dom_.intf(), dom_.kick_in.get(), dom_.kick_out.get());
-  }
-  ~RingCrash() override {
-    on_io([&] {
-      if (conn_) conn_->close();
-      conn_.reset();
-      journal_.reset();
-      store_.reset();
-    });
-    work_.reset();
-    io_.stop();
-    thread_.join();
-    std::filesystem::remove_all(dir_);
-  }
-
-  template <class F>
-  auto on_io(F f) -> decltype(f()) {
-    return xpv::test::run_on(io_, std::move(f));
-  }
-  void dom0(MsgType t, const std::string& payload) {
-    store_->handle(dom0_, {static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(payload.size())}, payload);
-  }
-  std::unique_ptr<daemon::Journal> make_journal() {
-    return std::make_unique<daemon::Journal>(io_, *store_, dir_ + "/journal", [this] {
-      nlohmann::json rings = nlohmann::json::array();
-      if (conn_) {
-        auto j = conn_->journal_state().to_json();
-        j["domid"] = kDom;
-        rings.push_back(std::move(j));
-      }
-      return rings;
-    });
-  }
-  std::shared_ptr<daemon::RingConnection> make_conn() {
-    return std::make_shared<daemon::RingConnection>(io_, *store_, std::span<std::uint8_t>(dom_.page),
-                                                    ::dup(dom_.kick_in.get()), ::dup(dom_.kick_out.get()), kDom);
-  }
-
-  // The daemon dies: nothing more reaches the journal or the page.
-  void crash() {
-    on_io([&] {
-      journal_.reset();
-      conn_->close();
-      conn_.reset();
-      store_.reset();
-    });
-  }
-  // A daemon started on the journal the dead one left (main.cpp's order).
-  void recover() {
-    on_io([&] {
-      auto contents = daemon::Journal::read(dir_ + "/journal");
-      store_ = std::make_unique<Store>();
-      const auto rec = store_->recover(contents.snapshot, contents.changes);
-      ASSERT_EQ(rec.size(), 1u);
-      const auto rings = contents.ring_states();
-      ASSERT_EQ(rings.count(kDom), 1u) << "the ring journaled its state";
-      dom0_ = store_->connect(0, null_);
-      conn_ = make_conn();
-      conn_->recover(rec[0].conn, rings.at(kDom));
-      journal_ = make_journal();  // its snapshot has the ring as recovered
-      recovered_conn_ = rec[0].conn;
-    });
-    on_io([&] {
-      conn_->serve();
-      store_->refire_watches(recovered_conn_);
-    });
-  }
-  // GetParam() crashes in a row (a second one before the domain read anything: the first
-  // recovery's snapshot must carry the ring's state on).
   void crash_and_recover() {
-    for (int i = 0; i < GetParam(); ++i) {
-      crash();
-      recover();
-    }
+    RingCrashRig::crash_and_recover(GetParam());
+    EXPECT_TRUE(ring_journaled_) << "the ring journaled its state";
   }
   void send(MsgType t, std::uint32_t req_id, const std::string& payload) {
-    ASSERT_TRUE(guest_->send_raw(wire::encode(t, req_id, 0, payload)));
+    ASSERT_TRUE(RingCrashRig::send(t, req_id, payload));
   }
-  template <class P>
-  static bool eventually(P p) {
-    for (int i = 0; i < 500; ++i) {
-      if (p()) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return p();
-  }
-  // The response ring is full and every request taken: what the daemon holds now is queued.
-  bool ring_full_and_requests_taken() {
-    auto* i = dom_.intf();
-    return eventually([&] {
-      return load(i->rsp_prod) - i->rsp_cons == xpv::ring::kXenstoreRingSize && load(i->req_cons) == i->req_prod;
-    });
-  }
-
-  std::string dir_;
-  boost::asio::io_context io_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ = boost::asio::make_work_guard(io_);
-  std::thread thread_;
-  NullSink null_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<daemon::Journal> journal_;
-  ConnId dom0_ = 0, recovered_conn_ = 0;
-  xpv::test::RingDomain dom_;
-  std::shared_ptr<daemon::RingConnection> conn_;
-  std::unique_ptr<xpv::test::RingClient> guest_;
 };
 
 // Eight reads of a 400-byte value while the domain reads no reply: two replies fill the ring, a
