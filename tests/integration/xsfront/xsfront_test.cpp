@@ -83,6 +83,65 @@ bool is_introduced(const std::string& socket, unsigned domid) {
   return ok;
 }
 
+// A domain in the test's own process — memfd memory, event channels, its control socket in
+// `run_dir` — with its own xenstore RingClient: xpv-front without its drivers. go_away() (or the
+// destructor) stops its event thread, drops the client and destroys the domain on its io thread,
+// as a domain process that exits.
+class InProcessDomain {
+ public:
+  InProcessDomain(unsigned domid, const std::string& name, const std::string& run_dir) {
+    domain::DomainConfig cfg;
+    cfg.domid = static_cast<std::uint16_t>(domid);
+    cfg.name = name;
+    cfg.memory_bytes = 16 << 20;
+    cfg.run_dir = run_dir;
+    dom_ = std::make_unique<domain::Domain>(io_, cfg, sink_);
+    events_ = std::make_unique<frontends::GuestEvents>(dom_->pages(domain::Domain::kSharedInfoGfn, 1));
+    sink_.target = events_.get();
+    io_thread_ = std::thread([this] { io_.run(); });
+    ev_thread_ = std::thread([this] { events_->run(); });
+    port_ = dom_->xenstore_port();
+    xs_ = std::make_unique<xenbus::client::RingClient>(dom_->xenstore_page(), [this] { (void)dom_->evtchn().send(port_); });
+    events_->set_handler(port_, [c = xs_.get()] { c->on_event(); });
+  }
+  ~InProcessDomain() { go_away(); }
+  InProcessDomain(const InProcessDomain&) = delete;
+  InProcessDomain& operator=(const InProcessDomain&) = delete;
+
+  xenbus::client::RingClient& xs() { return *xs_; }
+  std::uint32_t xenstore_port() const { return port_; }
+  void go_away() {
+    if (!dom_) return;
+    events_->stop();
+    ev_thread_.join();
+    xs_.reset();
+    std::promise<void> gone;
+    asio::post(io_, [&] {
+      dom_.reset();
+      gone.set_value();
+    });
+    gone.get_future().wait();
+    work_.reset();
+    io_thread_.join();
+  }
+
+ private:
+  struct Sink : domain::UpcallSink {
+    void upcall(unsigned v) noexcept override {
+      if (auto* t = target.load()) t->upcall(v);
+    }
+    std::atomic<frontends::GuestEvents*> target{nullptr};
+  };
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  Sink sink_;
+  std::unique_ptr<domain::Domain> dom_;
+  std::unique_ptr<frontends::GuestEvents> events_;
+  std::thread io_thread_, ev_thread_;
+  std::uint32_t port_ = 0;
+  std::unique_ptr<xenbus::client::RingClient> xs_;
+};
+
 class XsFront : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -316,50 +375,20 @@ TEST_F(XsFront, DomainRingHasTheDomainsPermissions) {
   write_domain_nodes(6);
   write_domain_nodes(7);
   ASSERT_TRUE(dom0_->write("/local/domain/7/secret", "x"));
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  struct Sink : domain::UpcallSink {
-    void upcall(unsigned v) noexcept override {
-      if (auto* t = target.load()) t->upcall(v);
-    }
-    std::atomic<frontends::GuestEvents*> target{nullptr};
-  } sink;
-  domain::DomainConfig cfg;
-  cfg.domid = 6;
-  cfg.name = "ring-perms";
-  cfg.memory_bytes = 16 << 20;
-  cfg.run_dir = run_;
-  auto dom = std::make_unique<domain::Domain>(io, cfg, sink);
-  frontends::GuestEvents events(dom->pages(domain::Domain::kSharedInfoGfn, 1));
-  sink.target = &events;
-  std::thread io_thread([&] { io.run(); });
-  std::thread ev_thread([&] { events.run(); });
-  const auto port = dom->xenstore_port();
-  {
-    xenbus::client::RingClient xs(dom->xenstore_page(), [&] { (void)dom->evtchn().send(port); });
-    events.set_handler(port, [&xs] { xs.on_event(); });
-    ASSERT_TRUE(introduce(xsd_->socket(), 6, domain::Domain::kXenstoreGfn, port));
-    EXPECT_TRUE(eventually([&] { return counts().first == 2; }));
-    ASSERT_TRUE(xs.wait_connected(5s));
-    EXPECT_EQ(xs.read("/local/domain/6/name").value_or(""), "xsfront-6");
-    EXPECT_EQ(xs.read("domid").value_or(""), "6");
-    EXPECT_TRUE(xs.write("data/hello", "world"));
-    EXPECT_EQ(dom0_->read("/local/domain/6/data/hello").value_or(""), "world");
-    EXPECT_EQ(xs.read("/local/domain/7/secret").error(), Error::eacces);
-    EXPECT_EQ(xs.write("/local/domain/7/secret", "y").error(), Error::eacces);
-    EXPECT_EQ(xs.write("/tool/x", "y").error(), Error::eacces);
-    events.stop();
-    ev_thread.join();
-  }
+  InProcessDomain dom(6, "ring-perms", run_);
+  auto& xs = dom.xs();
+  ASSERT_TRUE(introduce(xsd_->socket(), 6, domain::Domain::kXenstoreGfn, dom.xenstore_port()));
+  EXPECT_TRUE(eventually([&] { return counts().first == 2; }));
+  ASSERT_TRUE(xs.wait_connected(5s));
+  EXPECT_EQ(xs.read("/local/domain/6/name").value_or(""), "xsfront-6");
+  EXPECT_EQ(xs.read("domid").value_or(""), "6");
+  EXPECT_TRUE(xs.write("data/hello", "world"));
+  EXPECT_EQ(dom0_->read("/local/domain/6/data/hello").value_or(""), "world");
+  EXPECT_EQ(xs.read("/local/domain/7/secret").error(), Error::eacces);
+  EXPECT_EQ(xs.write("/local/domain/7/secret", "y").error(), Error::eacces);
+  EXPECT_EQ(xs.write("/tool/x", "y").error(), Error::eacces);
   // The domain goes away: xenstored releases it.
-  std::promise<void> gone;
-  asio::post(io, [&] {
-    dom.reset();
-    gone.set_value();
-  });
-  gone.get_future().wait();
-  work.reset();
-  io_thread.join();
+  dom.go_away();
   EXPECT_TRUE(eventually([&] { return counts().second == 2; }));
   EXPECT_FALSE(is_introduced(xsd_->socket(), 6));
 }
@@ -374,82 +403,52 @@ TEST_F(XsFront, AGuestsRequestsAreAnsweredAcrossKillsOfXenstored) {
   xsd_.emplace(XPV_XENSTORED_BIN, std::vector<std::string>{"--run-dir", run_, "--journal", dir_.path() + "/journal"});
   dom0_ = std::make_unique<SyncClient>(xsd_->socket(), 5s);
   write_domain_nodes(6);
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  struct Sink : domain::UpcallSink {
-    void upcall(unsigned v) noexcept override {
-      if (auto* t = target.load()) t->upcall(v);
-    }
-    std::atomic<frontends::GuestEvents*> target{nullptr};
-  } sink;
-  domain::DomainConfig cfg;
-  cfg.domid = 6;
-  cfg.name = "ring-crash";
-  cfg.memory_bytes = 16 << 20;
-  cfg.run_dir = run_;
-  auto dom = std::make_unique<domain::Domain>(io, cfg, sink);
-  frontends::GuestEvents events(dom->pages(domain::Domain::kSharedInfoGfn, 1));
-  sink.target = &events;
-  std::thread io_thread([&] { io.run(); });
-  std::thread ev_thread([&] { events.run(); });
-  const auto port = dom->xenstore_port();
+  InProcessDomain dom(6, "ring-crash", run_);
+  auto& xs = dom.xs();
+  ASSERT_TRUE(introduce(xsd_->socket(), 6, domain::Domain::kXenstoreGfn, dom.xenstore_port()));
+  ASSERT_TRUE(xs.wait_connected(5s));
   std::atomic<int> done_ops{0};
+  std::atomic<bool> stop{false};
+  std::mutex fm;
   std::string first_failure;
-  {
-    xenbus::client::RingClient xs(dom->xenstore_page(), [&] { (void)dom->evtchn().send(port); });
-    events.set_handler(port, [&xs] { xs.on_event(); });
-    ASSERT_TRUE(introduce(xsd_->socket(), 6, domain::Domain::kXenstoreGfn, port));
-    ASSERT_TRUE(xs.wait_connected(5s));
-    std::atomic<bool> stop{false};
-    std::mutex fm;
-    // Four threads, each writing and reading back values larger than the ring (2 KiB; the quota of a node): requests
-    // and replies cross the 1 KiB rings in pieces, so that a kill often finds one half-way.
-    auto guest = [&](int t) {
-      const auto deadline = std::chrono::steady_clock::now() + 60s;
-      for (int i = 0; i < 100000 && !stop && std::chrono::steady_clock::now() < deadline; ++i) {
-        const std::string key = fmt::format("data/t{}", t);
-        const std::string value = std::string(2000, static_cast<char>('a' + i % 26)) + std::to_string(i);
-        auto w = xs.write(key, value);
-        auto r = xs.read(key);
-        if (!w || !r || *r != value) {
-          std::lock_guard l(fm);
-          if (first_failure.empty())
-            first_failure = fmt::format("thread {} op {}: write {}, read {}", t, i,
-                                        w ? "ok" : std::string(xenbus::wire::error_name(w.error())),
-                                        r ? r->substr(r->size() > 8 ? r->size() - 8 : 0)
-                                          : std::string(xenbus::wire::error_name(r.error())));
-          return;
-        }
-        ++done_ops;
+  // Four threads, each writing and reading back values larger than the ring (2 KiB: a node's
+  // quota): requests and replies cross the 1 KiB rings in pieces, so a kill often finds one
+  // half-way.
+  auto guest = [&](int t) {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; i < 100000 && !stop && std::chrono::steady_clock::now() < deadline; ++i) {
+      const std::string key = fmt::format("data/t{}", t);
+      const std::string value = std::string(2000, static_cast<char>('a' + i % 26)) + std::to_string(i);
+      auto w = xs.write(key, value);
+      auto r = xs.read(key);
+      if (!w || !r || *r != value) {
+        std::lock_guard l(fm);
+        if (first_failure.empty())
+          first_failure = fmt::format("thread {} op {}: write {}, read {}", t, i,
+                                      w ? "ok" : std::string(xenbus::wire::error_name(w.error())),
+                                      r ? r->substr(r->size() > 8 ? r->size() - 8 : 0)
+                                        : std::string(xenbus::wire::error_name(r.error())));
+        return;
       }
-    };
-    std::vector<std::thread> guests;
-    for (int t = 0; t < 4; ++t) guests.emplace_back(guest, t);
-    for (int kill = 0; kill < 8; ++kill) {
-      const int before = done_ops;
-      ASSERT_TRUE(eventually([&] { return done_ops >= before + 50 || !first_failure.empty(); })) << "the guest stalled";
-      xsd_->crash();
-      xsd_->start();
+      ++done_ops;
     }
-    const int after = done_ops;
-    EXPECT_TRUE(eventually([&] { return done_ops >= after + 50 || !first_failure.empty(); }));
-    stop = true;
-    for (auto& g : guests) g.join();
-    EXPECT_EQ(first_failure, "");
-    events.stop();
-    ev_thread.join();
+  };
+  std::vector<std::thread> guests;
+  for (int t = 0; t < 4; ++t) guests.emplace_back(guest, t);
+  for (int kill = 0; kill < 8; ++kill) {
+    const int before = done_ops;
+    EXPECT_TRUE(eventually([&] { return done_ops >= before + 50 || !first_failure.empty(); })) << "the guest stalled";
+    xsd_->crash();
+    xsd_->start();
   }
-  // The store has what the guest wrote last: the value it read back.
+  const int after = done_ops;
+  EXPECT_TRUE(eventually([&] { return done_ops >= after + 50 || !first_failure.empty(); }));
+  stop = true;
+  for (auto& g : guests) g.join();
+  EXPECT_EQ(first_failure, "");
+  // The store has what each thread wrote last (and read back).
   SyncClient c(xsd_->socket(), 5s);
-  for (int t = 0; t < 4; ++t) EXPECT_EQ(c.read(fmt::format("/local/domain/6/data/t{}", t)).value_or("").size() > 2000, true);
-  std::promise<void> gone;
-  asio::post(io, [&] {
-    dom.reset();
-    gone.set_value();
-  });
-  gone.get_future().wait();
-  work.reset();
-  io_thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_GT(c.read(fmt::format("/local/domain/6/data/t{}", t)).value_or("").size(), 2000u);
 }
 
 TEST_F(XsFront, IntroduceOfAMissingDomainFails) {

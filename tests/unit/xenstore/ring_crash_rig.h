@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -21,7 +19,7 @@
 
 #include "ring_client.h"
 #include "ring_domain.h"
-#include "xpv/test/run_on.h"
+#include "xpv/test/io_thread.h"
 #include "xpv/xenbus/daemon/journal.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
 
@@ -51,7 +49,6 @@ class RingCrashRig {
     char tmpl[] = "/tmp/xpv-ringcrash-XXXXXX";
     if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp");
     dir_ = tmpl;
-    thread_ = std::thread([this] { io_.run(); });
     on_io([&] {
       store_ = std::make_unique<Store>();
       journal_ = make_journal();
@@ -71,21 +68,19 @@ class RingCrashRig {
       journal_.reset();
       store_.reset();
     });
-    work_.reset();
     io_.stop();
-    thread_.join();
     std::filesystem::remove_all(dir_);
   }
 
   template <class F>
   auto on_io(F f) -> decltype(f()) {
-    return xpv::test::run_on(io_, std::move(f));
+    return io_.run(std::move(f));
   }
   void dom0(MsgType t, const std::string& payload) {
     store_->handle(dom0_, {static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(payload.size())}, payload);
   }
   std::unique_ptr<daemon::Journal> make_journal() {
-    return std::make_unique<daemon::Journal>(io_, *store_, dir_ + "/journal", [this] {
+    return std::make_unique<daemon::Journal>(io_.io(), *store_, dir_ + "/journal", [this] {
       nlohmann::json rings = nlohmann::json::array();
       if (conn_) {
         auto j = conn_->journal_state().to_json();
@@ -96,7 +91,7 @@ class RingCrashRig {
     });
   }
   std::shared_ptr<daemon::RingConnection> make_conn() {
-    return std::make_shared<daemon::RingConnection>(io_, *store_, std::span<std::uint8_t>(dom_.page),
+    return std::make_shared<daemon::RingConnection>(io_.io(), *store_, std::span<std::uint8_t>(dom_.page),
                                                     ::dup(dom_.kick_in.get()), ::dup(dom_.kick_out.get()), kDom);
   }
 
@@ -159,9 +154,7 @@ class RingCrashRig {
   }
 
   std::string dir_;
-  boost::asio::io_context io_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ = boost::asio::make_work_guard(io_);
-  std::thread thread_;
+  xpv::test::IoThread io_;  // before what lives on it
   NullSink null_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<daemon::Journal> journal_;

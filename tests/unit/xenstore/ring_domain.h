@@ -8,9 +8,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -21,7 +18,7 @@
 #include "xpv/ring/xenstore.h"
 #include "xpv/unique_fd.h"
 #include "xpv/xenbus/daemon/ring_connection.h"
-#include "xpv/test/run_on.h"
+#include "xpv/test/io_thread.h"
 
 namespace xpv::test {
 
@@ -43,16 +40,12 @@ struct RingDomain {
 // xenstored's side: `store` (which must outlive it) served on its own thread.
 class RingDaemon {
  public:
-  explicit RingDaemon(xenbus::Store& store) : store_(store), work_(boost::asio::make_work_guard(io_)) {
-    thread_ = std::thread([this] { io_.run(); });
-  }
+  explicit RingDaemon(xenbus::Store& store) : store_(store) {}
   ~RingDaemon() {
     on_io([this] {
       for (auto& d : doms_) d->conn->close();
     });
-    work_.reset();
     io_.stop();
-    thread_.join();
   }
   RingDaemon(const RingDaemon&) = delete;
   RingDaemon& operator=(const RingDaemon&) = delete;
@@ -60,7 +53,7 @@ class RingDaemon {
   // Runs fn on the daemon's thread and waits for it (the Store is single-threaded).
   template <class F>
   auto on_io(F f) -> decltype(f()) {
-    return xpv::test::run_on(io_, std::move(f));
+    return io_.run(std::move(f));
   }
 
   // A new domain whose ring the daemon serves from now on.
@@ -70,7 +63,7 @@ class RingDaemon {
     dp->domid = domid;
     on_io([&] {
       dp->conn = std::make_shared<xenbus::daemon::RingConnection>(
-          io_, store_, std::span<std::uint8_t>(dp->page), ::dup(dp->kick_in.get()), ::dup(dp->kick_out.get()), domid);
+          io_.io(), store_, std::span<std::uint8_t>(dp->page), ::dup(dp->kick_in.get()), ::dup(dp->kick_out.get()), domid);
       dp->conn->start();
     });
     dp->client = std::make_unique<RingClient>(dp->intf(), dp->kick_in.get(), dp->kick_out.get());
@@ -80,9 +73,7 @@ class RingDaemon {
 
  private:
   xenbus::Store& store_;
-  boost::asio::io_context io_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
-  std::thread thread_;
+  IoThread io_;
   std::vector<std::unique_ptr<RingDomain>> doms_;
 };
 
