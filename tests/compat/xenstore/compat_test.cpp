@@ -460,7 +460,8 @@ TEST(XenstoredCli, BadOptionsGiveOneClearLine) {
   EXPECT_EQ(q.rc, 2);
   EXPECT_EQ(q.err,
             "xpv-xenstored: --quota 'bogus=1': expected KEY=N with N > 0 and KEY one of nodes, "
-            "node-size, watches, transactions, outstanding, path-max, perms, pending-events\n");
+            "node-size, watches, transactions, outstanding, path-max, perms, pending-events, "
+            "transaction-nodes\n");
   auto l = run({XPV_XENSTORED_BIN, "--foreground", "--log-level", "loud"}, {});
   EXPECT_EQ(l.rc, 2);
   EXPECT_EQ(l.err,

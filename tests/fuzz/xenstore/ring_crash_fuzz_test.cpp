@@ -3,7 +3,8 @@
 // daemon as xpv-xenstored builds it, with its journal) sends random requests — writes of up to
 // 2000 bytes (so requests and replies cross the 1 KiB rings in pieces), reads, mkdir, rm,
 // directories, permissions, watches, transactions —, sometimes only the first part of one, and
-// reads its replies only now and then, so that replies pile up behind a full ring; between
+// reads its replies only now and then, sometimes a part of one, so that replies pile up behind a
+// full ring; dom0 writes the domain's nodes too (its watches fire between its replies); between
 // steps the daemon is killed (once, or twice in a row) and recovered from its journal. The same
 // requests, in the same order, go to a reference Store that never dies.
 //
@@ -15,7 +16,7 @@
 //
 // Each run prints how many crashes found replies waiting and a request taken off in part. A
 // failure prints its seed: XPV_FUZZ_SEED=N replays it; XPV_FUZZ_ITERATIONS=N runs N seeds
-// (default 20).
+// (default 80).
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
@@ -60,9 +61,9 @@ class Domain : public xpv::test::RingCrashRig {
   explicit Domain(std::uint64_t seed) : rng_(seed) {
     if (!ref_.introduce(kDom, 0x1000, 3)) throw std::runtime_error("introduce");
     // The scene the rig's dom0 sets: the domain's home, owned by it.
-    const auto d0 = ref_.connect(0, null_);
+    ref_dom0_ = ref_.connect(0, null_);
     auto dom0 = [&](MsgType t, const std::string& p) {
-      ref_.handle(d0, {static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(p.size())}, p);
+      ref_.handle(ref_dom0_, {static_cast<std::uint32_t>(t), 1, 0, static_cast<std::uint32_t>(p.size())}, p);
     };
     dom0(MsgType::mkdir, z("/local/domain/1"));
     dom0(MsgType::set_perms, z("/local/domain/1") + z("n1"));
@@ -110,6 +111,18 @@ class Domain : public xpv::test::RingCrashRig {
     return wanted;
   }
 
+  // The domain reads part of what is on the response ring (the rest of a message waits).
+  void take_bytes(std::size_t n) { guest_->take_bytes(n); }
+  // dom0 writes one of the domain's nodes, on both stores: the domain's watches fire from another
+  // connection, between its own replies. Only once the daemon has taken every request the
+  // reference has seen (else the two would apply them in another order).
+  void dom0_write() {
+    if (partial() || !all_taken()) return;
+    const std::string p = z("/local/domain/1/" + key()) + value();
+    on_io([&] { dom0(MsgType::write, p); });
+    ref_.handle(ref_dom0_, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(p.size())}, p);
+  }
+
   std::string key() { return "k" + std::to_string(rng_() % 6) + (rng_() % 3 == 0 ? "/s" : ""); }
   std::string value() {
     const std::size_t n = rng_() % 4 == 0 ? 1000 + rng_() % 1000 : rng_() % 40;
@@ -152,15 +165,21 @@ class Domain : public xpv::test::RingCrashRig {
   // been taken off the ring. Returns false if that did not happen in time (the daemon stops
   // taking requests while 20 replies wait: the quota).
   bool crash_when_taken(int times, bool& replies_waiting) {
+    if (!all_taken()) return false;
     auto* i = dom_.intf();
-    for (int k = 0; k < 30 && load(i->req_cons) != i->req_prod; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (load(i->req_cons) != i->req_prod) return false;
     const bool ring_has_unread = load(i->rsp_prod) != i->rsp_cons;
     bool queued = false;
     on_io([&] { queued = conn_->journal_state().out.size() > 0; });
     replies_waiting = ring_has_unread || queued;
     crash_and_recover(times);
     return true;
+  }
+
+  // Every byte sent is taken off the ring, within 300 ms.
+  bool all_taken() {
+    auto* i = dom_.intf();
+    for (int k = 0; k < 30 && load(i->req_cons) != i->req_prod; ++k) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return load(i->req_cons) == i->req_prod;
   }
 
   std::uint32_t sent() const { return req_id_; }
@@ -172,14 +191,14 @@ class Domain : public xpv::test::RingCrashRig {
   xpv::xenbus::Store ref_;
   xpv::test::NullSink null_;
   ReferenceReplies ref_replies_;
-  xpv::xenbus::ConnId ref_conn_ = 0;
+  xpv::xenbus::ConnId ref_conn_ = 0, ref_dom0_ = 0;
   std::uint32_t req_id_ = 0;
   std::string rest_;
   std::vector<std::string> got_;
 };
 
 TEST(XenstoreRingCrashFuzz, EveryRequestIsAnsweredOnceAsIfTheDaemonHadNeverDied) {
-  const auto [first, last] = xpv::test::fuzz_seeds(20);
+  const auto [first, last] = xpv::test::fuzz_seeds(80);
   std::uint64_t requests = 0, crashes = 0, with_replies = 0, with_partial = 0, skipped = 0;
   for (std::uint64_t seed = first; seed <= last; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -190,8 +209,12 @@ TEST(XenstoreRingCrashFuzz, EveryRequestIsAnsweredOnceAsIfTheDaemonHadNeverDied)
         const auto what = r.partial() && r.rng()() % 2 ? 99 : r.rng()() % 100;
         if (what < 55) {
           r.request();
-        } else if (what < 75) {
+        } else if (what < 65) {
           r.take(static_cast<int>(r.rng()() % 6), 0);
+        } else if (what < 70) {
+          r.take_bytes(r.rng()() % 600);
+        } else if (what < 75) {
+          r.dom0_write();
         } else if (what < 85) {
           r.transaction();
         } else {

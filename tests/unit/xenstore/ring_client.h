@@ -69,6 +69,14 @@ class RingClient {
       wait_kick(20);
     }
   }
+  // Takes at most `n` bytes off the response ring (a domain that reads slowly), then kicks.
+  void take_bytes(std::size_t n) {
+    std::uint32_t prod = load(p_->rsp_prod);
+    std::uint32_t cons = p_->rsp_cons;
+    for (; cons != prod && n > 0; ++cons, --n) buf_.push_back(p_->rsp[ring::xenstore_mask(cons)]);
+    store(p_->rsp_cons, cons);
+    kick();
+  }
   // Bytes read off the response ring that are not a whole message yet.
   std::size_t buffered() const { return buf_.size(); }
 

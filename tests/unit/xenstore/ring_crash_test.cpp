@@ -136,6 +136,40 @@ TEST_P(RingCrash, EventsAndRepliesInterleavedStayWellFormed) {
   EXPECT_EQ(events, (std::multiset<std::string>{"data/a", "data/b", "data/c", "data/d", "data/e", "data"}));
 }
 
+// A watch event queued behind a reply half on the ring is journaled only when it is left half on
+// the ring in turn — after the reply to a later request, queued behind it, was journaled. The
+// recovery still writes them in the ring's order: the rest of the event, then that reply.
+TEST_P(RingCrash, AnEventJournaledAfterALaterReplyKeepsItsPlace) {
+  ASSERT_EQ(guest_->request(MsgType::watch, z("data") + z("tok")), kOK);
+  ASSERT_TRUE(guest_->wait_events(1));
+  guest_->events.clear();
+  const std::string value(400, 'v');
+  const std::string leaf = "data/" + std::string(200, 'e');  // an event of 226 bytes
+  on_io([&] { dom0(MsgType::write, z("/local/domain/1/v") + value); });
+  for (std::uint32_t id = 1; id <= 3; ++id) send(MsgType::read, id, z("v"));
+  ASSERT_TRUE(ring_full_and_requests_taken());  // 416 + 416 + 192 of the third reply
+  on_io([&] { dom0(MsgType::write, z("/local/domain/1/" + leaf) + "1"); });  // the event, queued
+  send(MsgType::read, 4, z("v"));  // its reply journaled behind the event
+  auto* i = dom_.intf();
+  ASSERT_TRUE(eventually([&] { return load(i->req_cons) == i->req_prod; }));
+  // Room for the rest of the third reply (224 bytes) and 76 bytes of the event.
+  guest_->take_bytes(300);
+  ASSERT_TRUE(eventually([&] { return load(i->rsp_prod) - i->rsp_cons == xpv::ring::kXenstoreRingSize; }));
+
+  crash_and_recover();
+  std::vector<std::string> seen;
+  while (auto m = guest_->next(300)) {
+    if (m->first.type == static_cast<std::uint32_t>(MsgType::watch_event)) {
+      seen.push_back("event " + m->second.substr(0, m->second.find('\0')));
+    } else {
+      EXPECT_EQ(m->second, value);
+      seen.push_back("reply " + std::to_string(m->first.req_id));
+    }
+  }
+  EXPECT_EQ(guest_->buffered(), 0u) << "a message cut short";
+  EXPECT_EQ(seen, (std::vector<std::string>{"reply 1", "reply 2", "reply 3", "event " + leaf, "reply 4", "event data"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Crashes, RingCrash, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& i) { return i.param == 1 ? "Once" : "Twice"; });
 
@@ -155,6 +189,13 @@ TEST(RingJournalState, FoldsRecordsAndDropsWhatIsWritten) {
   // The same message journaled again (left half on the ring) is kept once.
   st.apply({{"rsp", 100 + m1.size() + 4}, {"at", 100 + m1.size()}, {"msg", hex(m2)}});
   EXPECT_EQ(st.out.size(), 1u);
+  // The bytes of a request taken in part come in pieces ("in_more"), a whole request at most.
+  st.apply({{"cons", 52}, {"in_more", "0304"}});
+  EXPECT_EQ(st.in, std::string("\x01\x02\x03\x04"));
+  EXPECT_EQ(st.cons, 52u);
+  daemon::RingJournalState big;
+  big.apply({{"cons", 1}, {"in", hex(std::string(4000, 'x'))}});
+  EXPECT_THROW(big.apply({{"cons", 2}, {"in_more", hex(std::string(200, 'x'))}}), std::runtime_error);
   // Positions wrap around 2^32.
   daemon::RingJournalState w;
   w.apply({{"rsp", 0xfffffff0u}, {"at", 0xfffffff0u}, {"msg", hex(m1)}});
@@ -165,6 +206,7 @@ TEST(RingJournalState, FoldsRecordsAndDropsWhatIsWritten) {
   again.apply(st.to_json());
   EXPECT_EQ(again.cons, st.cons);
   EXPECT_EQ(again.in, st.in);
+  EXPECT_EQ(again.rsp, st.rsp);
   EXPECT_EQ(again.out, st.out);
   // Refused: what is not a ring index, not hex, not a message.
   for (const nlohmann::json& bad : {nlohmann::json{{"cons", -1}}, nlohmann::json{{"cons", 1ull << 32}},

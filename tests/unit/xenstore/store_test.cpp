@@ -387,6 +387,41 @@ TEST_F(StoreTest, ATransactionReadsWhatItFirstSaw) {
   EXPECT_TRUE(d0_.events.empty());
 }
 
+// A domain's transaction may access `transaction-nodes` nodes (it keeps a copy of each): past
+// that its requests are ENOSPC, its end still answered; dom0's transactions have no such limit.
+TEST(StoreTransactionNodes, ADomainsTransactionMayAccessSoManyNodes) {
+  Quotas q;
+  q.transaction_nodes = 5;
+  Store store(q);
+  FakeConn d0, d1;
+  const ConnId c0 = store.connect(0, d0);
+  ASSERT_TRUE(store.introduce(1, 100, 1));
+  const ConnId c1 = store.connect(1, d1);
+  std::uint32_t id = 0;
+  auto req = [&](ConnId c, FakeConn& f, MsgType t, const std::string& payload, std::uint32_t tx = 0) {
+    store.handle(c, {static_cast<std::uint32_t>(t), ++id, tx, static_cast<std::uint32_t>(payload.size())}, payload);
+    return f.replies.back();
+  };
+  ASSERT_EQ(req(c0, d0, MsgType::mkdir, z("/local/domain/1")), kOK);
+  ASSERT_EQ(req(c0, d0, MsgType::set_perms, z("/local/domain/1") + z("n1")), kOK);
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(req(c0, d0, MsgType::write, z("/local/domain/1/k" + std::to_string(i)) + "v"), kOK);
+  const auto tx = static_cast<std::uint32_t>(std::stoul(req(c1, d1, MsgType::transaction_start, z(""))));
+  int answered = 0;
+  for (int i = 0; i < 10; ++i) {
+    if (req(c1, d1, MsgType::read, z("/local/domain/1/k" + std::to_string(i)), tx) == "!ENOSPC") break;
+    ++answered;
+  }
+  EXPECT_EQ(answered, 5) << "five nodes accessed, then ENOSPC";
+  EXPECT_EQ(req(c1, d1, MsgType::transaction_end, z("F"), tx), kOK);
+  const auto t0 = static_cast<std::uint32_t>(std::stoul(req(c0, d0, MsgType::transaction_start, z(""))));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(req(c0, d0, MsgType::read, z("/d0/k" + std::to_string(i)), t0), "!ENOENT");
+  EXPECT_EQ(req(c0, d0, MsgType::transaction_end, z("T"), t0), kOK);
+  Quotas parsed;
+  EXPECT_TRUE(set_quota(parsed, "transaction-nodes", 7));
+  EXPECT_EQ(parsed.transaction_nodes, 7u);
+  EXPECT_NE(format_quotas(parsed).find("transaction-nodes 7\n"), std::string::npos);
+}
+
 TEST_F(StoreTest, UnrelatedChangesDoNotConflict) {
   EXPECT_EQ(write(c0_, d0_, "/u/a", "0"), kOK);
   EXPECT_EQ(write(c0_, d0_, "/v/b", "0"), kOK);

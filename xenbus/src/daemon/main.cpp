@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--pid-file", pid_file, "write the daemon's pid here");
   app.add_option("--quota", quota_args,
                  "KEY=N; keys: nodes node-size watches transactions outstanding path-max perms "
-                 "pending-events");
+                 "pending-events transaction-nodes");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   std::string journal_path;
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "xpv-xenstored: --quota '%s': expected KEY=N with N > 0 and KEY one of nodes, "
                    "node-size, watches, transactions, outstanding, path-max, perms, "
-                   "pending-events\n",
+                   "pending-events, transaction-nodes\n",
                    q.c_str());
       return 2;
     }

@@ -107,6 +107,7 @@ void RingConnection::restore(const nlohmann::json& saved) {
   if (used != in.size() || framer_.ready() || framer_.violated()) {
     throw std::runtime_error("saved ring input is not the start of one message");
   }
+  journaled_in_ = in.size();  // the journal's next snapshot has it (the daemon writes one at start)
   for (const auto& m : saved.at("out")) {
     std::string msg = unhex(m.get<std::string>());
     if (msg.size() < wire::kHeaderSize) throw std::runtime_error("saved ring output is not a message");
@@ -159,6 +160,7 @@ void RingConnection::recover(ConnId id, const RingJournalState& st) {
       if (used != st.in.size() || framer_.ready() || framer_.violated()) {
         throw std::runtime_error("the journaled ring input is not the start of one message");
       }
+      journaled_in_ = st.in.size();
     } else {
       spdlog::warn("xenstored: dom{}: request index {} is past the journal's {}; served from the page's", domid_,
                    page, st.cons);
@@ -168,7 +170,11 @@ void RingConnection::recover(ConnId id, const RingJournalState& st) {
   // it stopped if the page shows it begun. Watch events that were not journaled and not written
   // are gone (the recovery fires every watch once).
   const std::uint32_t written = intf_->rsp_prod;
-  for (const auto& [at, msg] : st.out) {
+  auto msgs = st.out;
+  std::stable_sort(msgs.begin(), msgs.end(), [written](const auto& a, const auto& b) {
+    return static_cast<std::int32_t>(a.first - written) < static_cast<std::int32_t>(b.first - written);
+  });
+  for (const auto& [at, msg] : msgs) {
     if (msg.size() < wire::kHeaderSize) throw std::runtime_error("a journaled ring message is shorter than a header");
     const auto done = static_cast<std::int32_t>(written - at);
     if (done >= 0 && static_cast<std::size_t>(done) >= msg.size()) continue;
@@ -190,7 +196,7 @@ void RingConnection::journal(nlohmann::json record) noexcept {
     record["domid"] = domid_;
     log->record(record.dump());
   } catch (const std::exception&) {
-    // Not recorded: a recovery serves this ring from the page, as without a record.
+    // Not recorded (out of memory): a recovery would take this ring from its previous record.
   }
   log->commit();
 }
@@ -259,7 +265,8 @@ bool RingConnection::consume_requests() noexcept {
   std::uint32_t cons = published;             // past the bytes given to the framer
   while (!failed_ && !closed_ && replies_queued_ < store_.quotas().outstanding) {
     std::uint32_t prod = load_acquire(intf_->req_prod);
-    if (prod - published > kXenstoreRingSize) {
+    // The domain's index may not be more than a ring ahead, nor behind what was taken.
+    if (prod - published > kXenstoreRingSize || prod - cons > prod - published) {
       violation(ring::kXenstoreErrorRingIdx, "request index out of range");
       return consumed;
     }
@@ -283,17 +290,21 @@ bool RingConnection::consume_requests() noexcept {
       handled_cons_ = cons;
       store_.handle(id_, framer_.header(), framer_.payload());
       framer_.consume();
+      journaled_in_ = 0;
       store_release(intf_->req_cons, cons);
       published = cons;
     }
   }
   if (cons != published && !failed_ && !closed_) {
     // The first bytes of a request whose rest is not on the ring yet: taken off (the domain may
-    // be waiting for room for the rest), once the journal has them.
+    // be waiting for room for the rest), once the journal has them — the bytes taken since the
+    // last record only, so that a request fed a byte at a time costs its size, not its square.
     const auto in = framer_.partial();
     journal({{"cons", cons},
-             {"in", hex(std::string_view(reinterpret_cast<const char*>(in.data()), in.size()))},
+             {"in_more", hex(std::string_view(reinterpret_cast<const char*>(in.data()) + journaled_in_,
+                                              in.size() - journaled_in_))},
              {"rsp", intf_->rsp_prod}});
+    journaled_in_ = in.size();
     store_release(intf_->req_cons, cons);
   }
   return consumed;
@@ -379,7 +390,12 @@ void RingJournalState::apply(const nlohmann::json& r) {
   if (r.contains("cons")) {
     has_cons = true;
     cons = index_field(r, "cons");
-    in = r.contains("in") ? hex_field(r, "in") : std::string();
+    if (r.contains("in_more")) {
+      in += hex_field(r, "in_more");
+      if (in.size() > wire::kHeaderSize + wire::kPayloadMax) throw std::runtime_error("'in' is longer than a message");
+    } else {
+      in = r.contains("in") ? hex_field(r, "in") : std::string();
+    }
   }
   if (r.contains("rsp")) {
     rsp = index_field(r, "rsp");
@@ -393,9 +409,12 @@ void RingJournalState::apply(const nlohmann::json& r) {
     std::string msg = hex_field(m, "msg");
     if (msg.size() < wire::kHeaderSize) throw std::runtime_error("'msg' is shorter than a message header");
     // A message is journaled once more when it is left half on the ring after a snapshot.
-    if (std::none_of(out.begin(), out.end(), [at](const auto& o) { return o.first == at; })) {
-      out.emplace_back(at, std::move(msg));
-    }
+    if (std::any_of(out.begin(), out.end(), [at](const auto& o) { return o.first == at; })) return;
+    // In the order of the response stream, which is not the order of the records: a watch event
+    // queued before a reply is journaled after it when it is left half on the ring.
+    auto from_rsp = [this](std::uint32_t a) { return static_cast<std::int32_t>(a - rsp); };
+    auto pos = std::find_if(out.begin(), out.end(), [&](const auto& o) { return from_rsp(o.first) > from_rsp(at); });
+    out.emplace(pos, at, std::move(msg));
   };
   if (r.contains("msg")) add(r);
   if (r.contains("out")) {

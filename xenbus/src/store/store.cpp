@@ -22,6 +22,7 @@ bool set_quota(Quotas& q, std::string_view key, std::uint64_t value) noexcept {
   else if (key == "path-max") q.path_max = v;
   else if (key == "perms") q.perms = v;
   else if (key == "pending-events") q.pending_events = v;
+  else if (key == "transaction-nodes") q.transaction_nodes = v;
   else return false;
   return true;
 }
@@ -29,9 +30,9 @@ bool set_quota(Quotas& q, std::string_view key, std::uint64_t value) noexcept {
 std::string format_quotas(const Quotas& q) {
   return fmt::format(
       "nodes {}\nnode-size {}\nwatches {}\ntransactions {}\noutstanding {}\npath-max {}\n"
-      "perms {}\npending-events {}\n",
+      "perms {}\npending-events {}\ntransaction-nodes {}\n",
       q.nodes, q.node_size, q.watches, q.transactions, q.outstanding, q.path_max, q.perms,
-      q.pending_events);
+      q.pending_events, q.transaction_nodes);
 }
 
 Store::Store(Quotas quotas, Hooks hooks) : quotas_(quotas), hooks_(std::move(hooks)) {
@@ -161,6 +162,13 @@ Store::Reply Store::dispatch(Conn& c, ConnId id, const wire::Header& h,
     auto tt = c.txns.find(h.tx_id);
     if (tt == c.txns.end()) return fail(h.tx_id < c.recovered_below ? Error::eagain : Error::enoent);
     t = &tt->second;
+    // A transaction keeps a copy of every node it accessed (Txn::seen): a domain's may access
+    // `transaction-nodes` of them (Xen's quota; checked before each request, so one request may
+    // go past it by the nodes it touches: a path's depth, or a subtree the domain may remove).
+    if (!c.privileged && t->touched.size() >= quotas_.transaction_nodes &&
+        static_cast<MsgType>(h.type) != MsgType::transaction_end) {
+      return fail(Error::enospc);
+    }
   }
   switch (static_cast<MsgType>(h.type)) {
     case MsgType::read: return op_read(t, c, a[0]);

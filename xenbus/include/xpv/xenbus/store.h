@@ -38,7 +38,8 @@
 
 namespace xpv::xenbus {
 
-// Xen xenstored's defaults (its -E -S -W -t -A -M and -Q outstanding= options).
+// Xen xenstored's defaults (its -E -S -W -t -A -M and -Q outstanding= / transaction-nodes=
+// options).
 struct Quotas {
   std::uint32_t nodes = 1000;         // nodes owned per unprivileged domain       → ENOSPC
   std::uint32_t node_size = 2048;     // value bytes per node, unprivileged        → ENOSPC
@@ -49,9 +50,11 @@ struct Quotas {
   std::uint32_t path_max = 2048;      // path length below a domain's home, unprivileged → EINVAL
   std::uint32_t perms = 5;            // permission entries per node, unprivileged → ENOSPC
   std::uint32_t pending_events = 1024;  // queued watch events per connection; beyond, dropped
+  std::uint32_t transaction_nodes = 1024;  // nodes one transaction may access, unprivileged → ENOSPC
 };
 // Sets one quota by its option name (nodes, node-size, watches, transactions, outstanding,
-// path-max, perms, pending-events). Returns false for an unknown key or a zero value.
+// path-max, perms, pending-events, transaction-nodes). Returns false for an unknown key or a
+// zero value.
 bool set_quota(Quotas& q, std::string_view key, std::uint64_t value) noexcept;
 std::string format_quotas(const Quotas& q);
 

@@ -36,7 +36,8 @@ namespace xpv::xenbus::daemon {
 // leaves none unanswered, and never leaves a message half-written on the ring.
 //
 //   {"op":"ring","domid":D, "cons":C,"in":HEX   (request index published; the bytes taken of a
-//                                                request not yet complete)
+//                                                request not yet complete — or "in_more": those
+//                                                taken since the last record)
 //                           "rsp":R              (the response index when recorded)
 //                           "at":A,"msg":HEX     (a message that starts at response position A)
 //                           "failed":true}       (the ring was disabled)      — each part optional
@@ -45,7 +46,7 @@ struct RingJournalState {
   std::uint32_t cons = 0;
   std::string in;
   std::uint32_t rsp = 0;
-  std::vector<std::pair<std::uint32_t, std::string>> out;  // (position, message), in order
+  std::vector<std::pair<std::uint32_t, std::string>> out;  // (position, message), by position
   bool failed = false;
 
   // Folds one "ring" record in; messages known to be wholly on the ring are dropped. Throws
@@ -124,6 +125,7 @@ class RingConnection final : public Connection,
   std::size_t out_off_ = 0;  // bytes of out_.front() already written
   std::size_t unwritten_ = 0;  // bytes of out_ not yet on the ring
   std::uint32_t handled_cons_ = 0;  // the request index just past the request being handled
+  std::size_t journaled_in_ = 0;    // bytes of the framer's partial request in the journal
   bool reply_journaled_ = false;    // journal_reply() recorded the reply deliver() gets next
   std::size_t replies_queued_ = 0;
   bool failed_ = false;
