@@ -188,13 +188,17 @@ void RingConnection::recover(ConnId id, const RingJournalState& st) {
   started_ = true;
 }
 
+std::string RingConnection::ring_record(nlohmann::json fields) const {
+  fields["op"] = "ring";
+  fields["domid"] = domid_;
+  return fields.dump();
+}
+
 void RingConnection::journal(nlohmann::json record) noexcept {
   ChangeLog* log = store_.change_log();
   if (!log) return;
   try {
-    record["op"] = "ring";
-    record["domid"] = domid_;
-    log->record(record.dump());
+    log->record(ring_record(std::move(record)));
   } catch (const std::exception&) {
     // Not recorded (out of memory): a recovery would take this ring from its previous record.
   }
@@ -349,7 +353,11 @@ void RingConnection::deliver(const wire::Header& h, std::string_view payload) {
   if (closed_ || failed_) return;
   bool reply = h.type != static_cast<std::uint32_t>(wire::MsgType::watch_event);
   if (!reply && out_.size() >= store_.quotas().pending_events) return;  // bounded; dropped
-  out_.push_back({wire::encode(h, payload), reply && std::exchange(reply_journaled_, false)});
+  if (reply && std::exchange(reply_journaled_, false)) {
+    out_.push_back({std::move(journaled_reply_), true});  // encoded once, by journal_reply()
+  } else {
+    out_.push_back({wire::encode(h, payload), false});
+  }
   unwritten_ += out_.back().msg.size();
   if (reply) ++replies_queued_;
   // Watch events for this domain raised by another connection's request: push them now.
@@ -359,14 +367,9 @@ void RingConnection::deliver(const wire::Header& h, std::string_view payload) {
 void RingConnection::journal_reply(ChangeLog& log, const wire::Header& h, std::string_view payload) {
   reply_journaled_ = false;
   if (closed_ || failed_) return;
-  nlohmann::json r{{"op", "ring"},
-                   {"domid", domid_},
-                   {"cons", handled_cons_},
-                   {"in", ""},
-                   {"rsp", intf_->rsp_prod},
-                   {"at", tail()},
-                   {"msg", hex(wire::encode(h, payload))}};
-  log.record(r.dump());
+  journaled_reply_ = wire::encode(h, payload);
+  log.record(ring_record(
+      {{"cons", handled_cons_}, {"in", ""}, {"rsp", intf_->rsp_prod}, {"at", tail()}, {"msg", hex(journaled_reply_)}}));
   reply_journaled_ = true;
 }
 

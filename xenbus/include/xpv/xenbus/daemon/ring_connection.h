@@ -106,7 +106,9 @@ class RingConnection final : public Connection,
   void violation(std::uint32_t error_code, const char* what) noexcept;
   void kick() noexcept;
   std::uint32_t tail() const noexcept;  // the response position the next queued message takes
-  // A "ring" record of this connection (journal_state's fields, any of them), committed now.
+  // A "ring" record of this connection (journal_state's fields, any of them): its text, and
+  // journal() records it and commits at once.
+  std::string ring_record(nlohmann::json fields) const;
   void journal(nlohmann::json record) noexcept;
 
   Store& store_;
@@ -127,6 +129,7 @@ class RingConnection final : public Connection,
   std::uint32_t handled_cons_ = 0;  // the request index just past the request being handled
   std::size_t journaled_in_ = 0;    // bytes of the framer's partial request in the journal
   bool reply_journaled_ = false;    // journal_reply() recorded the reply deliver() gets next
+  std::string journaled_reply_;     // ... encoded, for deliver() to queue
   std::size_t replies_queued_ = 0;
   bool failed_ = false;
   bool closed_ = false;
