@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <sys/resource.h>
+#include <thread>
 #include <unistd.h>
 
 #include "process.h"
@@ -416,6 +418,48 @@ TEST(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
   EXPECT_EQ(unwritable.err,
             "xpv-xenstored: journal " + nowhere + ": " + nowhere + ".tmp: No such file or directory\n");
   EXPECT_FALSE(std::filesystem::exists(sd.path() + "/s")) << "nothing left half-created";
+}
+
+// A journal that cannot be written for a while — here the file size limit, RLIMIT_FSIZE, put on
+// the running daemon with prlimit(2) — is given up (removed: it misses changes) while the daemon
+// serves on, and written again from a snapshot once it can be: a crash after that has every node,
+// those acknowledged while there was no journal included. (Before, the first failed write killed
+// the daemon with SIGXFSZ, and a journal given up for another reason stayed given up.)
+TEST(XenstoredJournal, AJournalThatCouldNotBeWrittenIsWrittenAgainOnceItCan) {
+  xpv::test::TempDir jd;
+  const std::string journal = jd.path() + "/xenstored.journal";
+  Daemon d(XPV_XENSTORED_BIN, {"--journal", journal});
+  const std::vector<std::string> env = d.env();
+  auto xs = [&](const std::string& tool, std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/bin/xenstore-" + tool);
+    return run(args, env);
+  };
+  ASSERT_EQ(xs("write", {"/before", "0"}).rc, 0);
+  ASSERT_TRUE(std::filesystem::exists(journal));
+
+  rlimit saved{};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_FSIZE, nullptr, &saved), 0) << std::strerror(errno);
+  const rlimit tiny{1, saved.rlim_max};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_FSIZE, &tiny, nullptr), 0) << std::strerror(errno);
+  for (int i = 0; i < 5; ++i) {
+    auto w = xs("write", {"/during/" + std::to_string(i), std::to_string(i)});
+    ASSERT_EQ(w.rc, 0) << "write " << i << " while the journal cannot grow: " << w.err;
+    EXPECT_FALSE(std::filesystem::exists(journal)) << "a journal that misses a change is not kept";
+  }
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_FSIZE, &saved, nullptr), 0) << std::strerror(errno);
+  bool again = false;
+  for (int i = 0; i < 400 && !again; ++i) {  // tries at once, then after 1, 2, 4 … s
+    again = std::filesystem::exists(journal);
+    if (!again) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(again) << "the journal was not written again within 40 s of the limit going";
+  ASSERT_EQ(xs("write", {"/after", "6"}).rc, 0);
+
+  d.crash();
+  d.start();
+  EXPECT_EQ(xs("read", {"/before", "/during/0", "/during/1", "/during/2", "/during/3", "/during/4", "/after"}).out,
+            "0\n0\n1\n2\n3\n4\n6\n");
+  EXPECT_EQ(d.stop(), 0);
 }
 
 TEST_F(XenstoreCompat, CleanShutdownRemovesSocket) {

@@ -69,6 +69,7 @@ struct TextLog : ChangeLog {
   std::vector<std::string> lines;
   void record(std::string_view change) override { lines.emplace_back(change); }
   void commit() noexcept override {}
+  void lost(std::string_view what) noexcept override { ADD_FAILURE() << "a change was lost: " << what; }
 };
 
 std::vector<std::string> node_dumps(const Store& s) {

@@ -6,6 +6,7 @@
 // refused naming it.
 #include <gtest/gtest.h>
 
+#include <new>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct FakeLog : ChangeLog {
     uncommitted = 0;
     ++commits;
   }
+  std::vector<std::string> lost_changes;
+  void lost(std::string_view what) noexcept override { lost_changes.emplace_back(what); }
 };
 
 // A Sink that checks, at each reply, that the journal holds everything recorded so far.
@@ -190,3 +193,28 @@ TEST(StoreJournal, ARecordThatCannotBeAppliedIsNamed) {
 }
 
 }  // namespace
+
+// A reply whose ring record cannot be made (out of memory in the transport's journal_reply): the
+// request's changes are committed without the record that says the request was handled, so the
+// log must be given up rather than recovered from (after a crash the request would be taken off
+// the ring and handled a second time). The reply still goes out.
+TEST(StoreJournal, AReplyThatCannotBeJournaledGivesTheLogUp) {
+  struct NoMemoryForTheRecord : CheckingConn {
+    void journal_reply(ChangeLog&, const wire::Header&, std::string_view) override { throw std::bad_alloc(); }
+  };
+  Store a;
+  FakeLog log;
+  a.set_change_log(&log);
+  NoMemoryForTheRecord p0;
+  p0.log = &log;
+  const ConnId c0 = a.connect(0, p0);
+  ASSERT_EQ(req(a, c0, p0, MsgType::write, z("/x") + "1"), kOK);
+  ASSERT_EQ(log.lost_changes, std::vector<std::string>{"out of memory while journaling a reply"});
+  EXPECT_EQ(p0.replies_with_uncommitted_changes, 0u);
+  EXPECT_EQ(a.find("/x")->value, "1");
+
+  CheckingConn p1;  // the default Sink journals nothing of its own: nothing is lost
+  const ConnId c1 = a.connect(0, p1);
+  ASSERT_EQ(req(a, c1, p1, MsgType::write, z("/y") + "2"), kOK);
+  EXPECT_EQ(log.lost_changes.size(), 1u);
+}

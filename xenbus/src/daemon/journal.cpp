@@ -105,21 +105,38 @@ std::map<DomId, RingJournalState> Journal::Contents::ring_states() const {
 }
 
 Journal::Journal(boost::asio::io_context& io, Store& store, std::string path, std::function<nlohmann::json()> rings)
-    : io_(io), store_(store), path_(std::move(path)), rings_(std::move(rings)) {
+    : io_(io), store_(store), path_(std::move(path)), rings_(std::move(rings)), retry_timer_(io) {
   if (auto err = write_snapshot()) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
   store_.set_change_log(this);
 }
 
 Journal::~Journal() {
   store_.set_change_log(nullptr);
+  try {
+    retry_timer_.cancel();  // its handler sees operation_aborted and touches nothing
+  } catch (...) {
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
 void Journal::record(std::string_view change) {
   if (failed_) return;
-  pending_ += change;
-  pending_.push_back('\n');
+  try {
+    pending_ += change;
+    pending_.push_back('\n');
+  } catch (const std::bad_alloc&) {
+    fail("out of memory recording a change");
+    return;
+  }
   ++changes_;
+}
+
+void Journal::lost(std::string_view what) noexcept {
+  try {
+    fail(std::string(what));
+  } catch (...) {  // the message itself could not be made
+    fail("a change could not be recorded");
+  }
 }
 
 void Journal::commit() noexcept {
@@ -176,18 +193,56 @@ std::optional<std::string> Journal::write_snapshot() {
 }
 
 void Journal::fail(const std::string& what) noexcept {
+  if (removed_ || failed_) return;  // given up already: a try to write it again is on its way
   failed_ = true;
+  ++failures_;
   pending_.clear();
   // A journal that misses changes must not be recovered from: better no recovery than a wrong one.
   ::unlink(path_.c_str());
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  spdlog::error("xenstored: journal {} given up ({}): it is removed, and a crash of this daemon can no longer be "
-                "recovered from",
+  spdlog::error("xenstored: journal {} given up ({}): it is removed, and a crash of this daemon cannot be "
+                "recovered from until it is written again",
                 path_, what);
+  // Not from here: the request being handled may not be finished (its ring index not published,
+  // its reply not queued), and a snapshot is only whole between requests.
+  retry_delay_ = std::chrono::milliseconds(0);
+  retry_after(retry_delay_);
+}
+
+void Journal::retry_after(std::chrono::milliseconds delay) noexcept {
+  try {
+    retry_timer_.expires_after(delay);
+    retry_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) retry();
+    });
+  } catch (const std::exception& e) {
+    spdlog::error("xenstored: journal {}: cannot schedule writing it again ({}); it stays given up", path_, e.what());
+  }
+}
+
+void Journal::retry() noexcept {
+  if (removed_ || !failed_) return;
+  if (auto err = write_snapshot()) {
+    constexpr std::chrono::milliseconds kMaxDelay{32000};
+    retry_delay_ = retry_delay_.count() == 0 ? std::chrono::milliseconds(1000) : std::min(2 * retry_delay_, kMaxDelay);
+    spdlog::warn("xenstored: journal {} still cannot be written ({}); next try in {} s", path_, *err,
+                 retry_delay_.count() / 1000);
+    retry_after(retry_delay_);
+    return;
+  }
+  failed_ = false;
+  retry_delay_ = std::chrono::milliseconds(0);
+  spdlog::warn("xenstored: journal {} written again (a snapshot of {} nodes): a crash can be recovered from again",
+               path_, store_.node_count());
 }
 
 void Journal::remove() noexcept {
+  removed_ = true;
+  try {
+    retry_timer_.cancel();
+  } catch (...) {
+  }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   failed_ = true;

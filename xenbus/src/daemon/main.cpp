@@ -229,6 +229,9 @@ int main(int argc, char** argv) {
     if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
     launcher.ready();
     ::signal(SIGPIPE, SIG_IGN);
+    // A journal past RLIMIT_FSIZE is a write that fails (EFBIG: the journal is given up and
+    // written again later), not a daemon killed with a core dump.
+    ::signal(SIGXFSZ, SIG_IGN);
     spdlog::info("xenstored: listening on {}", socket_path);
     io.run();
     if (journal) journal->remove();  // stopped on purpose: the next daemon starts empty

@@ -100,6 +100,8 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
   } catch (const std::bad_alloc&) {
     r = fail(Error::enomem);
     outbox_.clear();
+    // A change may have been made whose record was not: the journal cannot be trusted as it is.
+    if (log_) log_->lost("out of memory while handling a request");
   }
   handling_ = false;
   if (std::exchange(deferred_, false)) {  // answered later through answer()
@@ -122,7 +124,9 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
   try {
     if (log_) c.sink->journal_reply(*log_, out, body);
   } catch (const std::bad_alloc&) {
-    // Its record is missing: the transport does not count the reply as journaled.
+    // The request's changes without its ring's record would be handled again after a crash (the
+    // transport does not count the reply as journaled, so the request is not taken as handled).
+    log_->lost("out of memory while journaling a reply");
   }
   log_commit();  // before the reply: nothing is acknowledged that the journal does not hold
   try {

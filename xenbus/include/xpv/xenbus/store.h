@@ -109,6 +109,10 @@ class ChangeLog {
   // its Sink (and after a domain introduced or released outside a request), so that nothing is
   // acknowledged before it is in the journal.
   virtual void commit() noexcept = 0;
+  // A change could not be recorded (out of memory while making the record): what the log holds
+  // no longer adds up to the store, so it must not be recovered from as it is. The journal gives
+  // itself up and is written again from a snapshot of the store (daemon/journal.h).
+  virtual void lost(std::string_view what) noexcept = 0;
 };
 
 struct Node {

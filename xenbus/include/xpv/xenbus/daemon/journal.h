@@ -20,6 +20,12 @@
 //   FILE past max(4 MiB, twice its snapshot)   a new snapshot (FILE.tmp, renamed over FILE)
 //   SIGTERM / SIGINT        FILE removed: a daemon stopped on purpose starts empty next time
 //   live update             the next binary restores its state file and writes a new snapshot
+//   FILE cannot be written  (a write fails: ENOSPC, EFBIG past RLIMIT_FSIZE, EIO; or a change
+//   or a change is lost      could not be recorded for want of memory: ChangeLog::lost) FILE is
+//                           removed — a journal that misses a change must not be recovered from
+//                           — and written again from a new snapshot: at once after the request
+//                           that failed, then after 1 s, doubling up to 32 s, until that works.
+//                           Meanwhile a crash cannot be recovered from; nothing else changes.
 //
 // What a crash restart keeps: every node (values, permissions, generations), the domain table,
 // each domain's watches and transaction-id counter. What it cannot keep: socket clients' own
@@ -35,6 +41,8 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -78,11 +86,13 @@ class Journal final : public ChangeLog {
 
   void record(std::string_view change) override;
   void commit() noexcept override;
-  // A clean stop: the file goes, so that the next daemon starts empty.
+  void lost(std::string_view what) noexcept override;
+  // A clean stop: the file goes, so that the next daemon starts empty (and is not written again).
   void remove() noexcept;
 
   const std::string& path() const noexcept { return path_; }
-  bool failed() const noexcept { return failed_; }
+  bool failed() const noexcept { return failed_; }  // given up, not (yet) written again
+  std::uint64_t failures() const noexcept { return failures_; }  // times given up
   std::uint64_t changes() const noexcept { return changes_; }
   std::uint64_t snapshots() const noexcept { return snapshots_; }
   std::uint64_t bytes() const noexcept { return bytes_; }  // in the file now
@@ -91,7 +101,10 @@ class Journal final : public ChangeLog {
   void snapshot();  // write_snapshot(), giving the journal up if that fails
   // A new file with the store's snapshot, renamed over the old one; what went wrong, if anything.
   std::optional<std::string> write_snapshot();
+  // Gives the journal up (the file removed) and starts trying to write it again.
   void fail(const std::string& what) noexcept;
+  void retry_after(std::chrono::milliseconds delay) noexcept;
+  void retry() noexcept;
 
   boost::asio::io_context& io_;
   Store& store_;
@@ -105,6 +118,10 @@ class Journal final : public ChangeLog {
   std::uint64_t snapshot_bytes_ = 0;
   bool snapshot_posted_ = false;
   bool failed_ = false;
+  bool removed_ = false;  // remove(): never written again
+  std::uint64_t failures_ = 0;
+  boost::asio::steady_timer retry_timer_;
+  std::chrono::milliseconds retry_delay_{0};  // before the next try; 0: at once
 };
 
 }  // namespace xpv::xenbus::daemon
