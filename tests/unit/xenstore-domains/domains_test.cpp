@@ -391,6 +391,92 @@ TEST_F(Domains, ACrashRestartRecoversTheStoreAndTheDomainsRing) {
   EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == released + 1; }));
 }
 
+// A journal given up (a change lost, or a file that cannot be written) is removed at once and
+// written again from a snapshot — which holds what changed meanwhile — at the io_context's next
+// turn, or, while that fails, 1 s later and then at growing intervals. A store carried over (a
+// live update, a crash recovery) whose first snapshot cannot be written starts that way instead
+// of refusing; a fresh start still refuses.
+TEST(Journal, AJournalGivenUpIsWrittenAgainFromASnapshot) {
+  char tmpl[] = "/tmp/xpv-journal-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, path = dir + "/j";
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      std::filesystem::remove_all(dir + ".away", ec);
+    }
+  } cleanup{dir};
+  asio::io_context io;
+  xenbus::Store store;
+  struct : xenbus::Sink {
+    void deliver(const xenbus::wire::Header&, std::string_view) override {}
+  } sink;
+  const auto c = store.connect(0, sink);
+  auto put = [&](const std::string& p, const std::string& v) {
+    const std::string payload = z(p) + v;
+    store.handle(c, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(payload.size())},
+                 payload);
+  };
+  auto recovered = [&](const std::string& p) -> std::string {
+    const auto contents = xenbus::daemon::Journal::read(path);
+    xenbus::Store again;
+    again.recover(contents.snapshot, contents.changes);
+    const auto* n = again.find(p);
+    return n ? n->value : "<none>";
+  };
+  std::unique_ptr<xenbus::daemon::Journal> j;
+  auto written_again = [&] {  // bounded: the tries come at once, then 1, 2, 4 … s apart
+    for (int i = 0; i < 400 && j->failed(); ++i) {
+      io.restart();
+      io.run_for(std::chrono::milliseconds(100));
+    }
+    return !j->failed();
+  };
+  j = std::make_unique<xenbus::daemon::Journal>(io, store, path);
+  put("/a", "1");
+  j->lost("a test's lost change");
+  EXPECT_TRUE(j->failed());
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a journal that misses a change is not kept";
+  put("/b", "2");  // not recorded
+  io.poll();       // the next turn: written again
+  ASSERT_TRUE(written_again());
+  EXPECT_EQ(j->failures(), 1u);
+  EXPECT_EQ(recovered("/a"), "1");
+  EXPECT_EQ(recovered("/b"), "2");
+  put("/c", "3");
+  EXPECT_EQ(recovered("/c"), "3") << "journaled again after the snapshot";
+
+  // While the file cannot be written the daemon serves on; the next tries follow 1 s, 2 s … apart.
+  const std::string moved = dir + ".away";
+  std::filesystem::rename(dir, moved);
+  j->lost("a second one");
+  put("/d", "4");
+  io.restart();
+  io.run_for(std::chrono::milliseconds(300));  // the try at once fails; the next is 1 s later
+  EXPECT_TRUE(j->failed()) << "the directory is gone";
+  std::filesystem::rename(moved, dir);
+  ASSERT_TRUE(written_again()) << "not written again within 40 s of being writable";
+  EXPECT_EQ(recovered("/d"), "4");
+  EXPECT_EQ(j->failures(), 2u);
+  j.reset();
+
+  // The first snapshot: a fresh start refuses, a store carried over starts given up.
+  std::filesystem::rename(dir, moved);
+  EXPECT_THROW((void)xenbus::daemon::Journal(io, store, path), std::runtime_error);
+  j = std::make_unique<xenbus::daemon::Journal>(io, store, path, nullptr, true);
+  EXPECT_TRUE(j->failed());
+  io.restart();
+  io.run_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(j->failed());
+  std::filesystem::rename(moved, dir);
+  ASSERT_TRUE(written_again());
+  EXPECT_EQ(recovered("/d"), "4");
+  j->remove();
+  j.reset();
+}
+
 // The journal file itself: a last line cut short is left out (its request was never answered),
 // anything else that is not a journal line is refused naming the file and the line; a clean stop
 // removes the file; the journal starts a new snapshot once it has grown past its bound.

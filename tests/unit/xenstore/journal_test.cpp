@@ -192,8 +192,6 @@ TEST(StoreJournal, ARecordThatCannotBeAppliedIsNamed) {
   }
 }
 
-}  // namespace
-
 // A reply whose ring record cannot be made (out of memory in the transport's journal_reply): the
 // request's changes are committed without the record that says the request was handled, so the
 // log must be given up rather than recovered from (after a crash the request would be taken off
@@ -213,8 +211,11 @@ TEST(StoreJournal, AReplyThatCannotBeJournaledGivesTheLogUp) {
   EXPECT_EQ(p0.replies_with_uncommitted_changes, 0u);
   EXPECT_EQ(a.find("/x")->value, "1");
 
-  CheckingConn p1;  // the default Sink journals nothing of its own: nothing is lost
+  // A reply the transport could journal loses nothing.
+  CheckingConn p1;
   const ConnId c1 = a.connect(0, p1);
   ASSERT_EQ(req(a, c1, p1, MsgType::write, z("/y") + "2"), kOK);
   EXPECT_EQ(log.lost_changes.size(), 1u);
 }
+
+}  // namespace

@@ -104,16 +104,20 @@ std::map<DomId, RingJournalState> Journal::Contents::ring_states() const {
   return out;
 }
 
-Journal::Journal(boost::asio::io_context& io, Store& store, std::string path, std::function<nlohmann::json()> rings)
+Journal::Journal(boost::asio::io_context& io, Store& store, std::string path, std::function<nlohmann::json()> rings,
+                 bool carried_over)
     : io_(io), store_(store), path_(std::move(path)), rings_(std::move(rings)), retry_timer_(io) {
-  if (auto err = write_snapshot()) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
+  if (auto err = write_snapshot()) {
+    if (!carried_over) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
+    fail(*err);  // the store stays; the journal comes when it can be written
+  }
   store_.set_change_log(this);
 }
 
 Journal::~Journal() {
   store_.set_change_log(nullptr);
   try {
-    retry_timer_.cancel();  // its handler sees operation_aborted and touches nothing
+    retry_timer_.cancel();
   } catch (...) {
   }
   if (fd_ >= 0) ::close(fd_);
@@ -150,7 +154,8 @@ void Journal::commit() noexcept {
   if (!snapshot_posted_ && bytes_ > std::max(kMinSnapshotEvery, 2 * snapshot_bytes_)) {
     snapshot_posted_ = true;
     try {
-      boost::asio::post(io_, [this] {
+      boost::asio::post(io_, [this, alive = std::weak_ptr<int>(alive_)] {
+        if (alive.expired()) return;
         snapshot_posted_ = false;
         snapshot();
       });
@@ -213,8 +218,8 @@ void Journal::fail(const std::string& what) noexcept {
 void Journal::retry_after(std::chrono::milliseconds delay) noexcept {
   try {
     retry_timer_.expires_after(delay);
-    retry_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) retry();
+    retry_timer_.async_wait([this, alive = std::weak_ptr<int>(alive_)](const boost::system::error_code& ec) {
+      if (!ec && !alive.expired()) retry();
     });
   } catch (const std::exception& e) {
     spdlog::error("xenstored: journal {}: cannot schedule writing it again ({}); it stays given up", path_, e.what());

@@ -204,7 +204,13 @@ int main(int argc, char** argv) {
     // From here on every change is journaled (a fresh snapshot: of the restored or recovered
     // store, or of an empty one).
     std::optional<xpv::xenbus::daemon::Journal> journal;
-    if (!journal_path.empty()) journal.emplace(io, store, journal_path, [&domains] { return domains.journal_state(); });
+    // A journal past RLIMIT_FSIZE is a write that fails (EFBIG: the journal is given up and
+    // written again later), not a daemon killed with a core dump; from before its first snapshot.
+    ::signal(SIGXFSZ, SIG_IGN);
+    if (!journal_path.empty()) {
+      journal.emplace(io, store, journal_path, [&domains] { return domains.journal_state(); },
+                      restored.has_value() || recovering);
+    }
     xpv::xenbus::daemon::SocketServer& server = *server_slot;
     live_update.attach(server, domains);
 
@@ -229,9 +235,6 @@ int main(int argc, char** argv) {
     if (!pid_file.empty()) pid = xpv::daemon::PidFile(pid_file);
     launcher.ready();
     ::signal(SIGPIPE, SIG_IGN);
-    // A journal past RLIMIT_FSIZE is a write that fails (EFBIG: the journal is given up and
-    // written again later), not a daemon killed with a core dump.
-    ::signal(SIGXFSZ, SIG_IGN);
     spdlog::info("xenstored: listening on {}", socket_path);
     io.run();
     if (journal) journal->remove();  // stopped on purpose: the next daemon starts empty

@@ -200,7 +200,10 @@ void RingConnection::journal(nlohmann::json record) noexcept {
   try {
     log->record(ring_record(std::move(record)));
   } catch (const std::exception&) {
-    // Not recorded (out of memory): a recovery would take this ring from its previous record.
+    // Not recorded (out of memory), while this connection goes on as if it were (the index
+    // published, the bytes counted as journaled): the journal must be written again from a
+    // snapshot, which holds this ring as it is.
+    log->lost("out of memory recording a ring's state");
   }
   log->commit();
 }

@@ -132,7 +132,10 @@ void Store::handle(ConnId id, const wire::Header& h, std::string_view payload) n
   try {
     c.sink->deliver(out, body);
   } catch (const std::bad_alloc&) {
-    // The sink could not queue: nothing sensible to answer; the transport will notice.
+    // The sink could not queue it. A journaled reply is then in the journal but not in the
+    // transport's queue, and the next one would be journaled at its place: written again from a
+    // snapshot of what the transport really holds.
+    if (log_) log_->lost("out of memory queueing a reply");
   }
   flush_events();
 }

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -76,10 +77,12 @@ class Journal final : public ChangeLog {
   static Contents read(const std::string& path);
 
   // Writes a snapshot of `store` (and of the rings `rings` returns: Domains::journal_state) to
-  // `path` (0600; through path.tmp renamed over it) and becomes the store's change log. Throws
-  // std::runtime_error when the file cannot be written.
+  // `path` (0600; through path.tmp renamed over it) and becomes the store's change log. When the
+  // file cannot be written: on a fresh start (`carried_over` false) throws std::runtime_error;
+  // for a store carried over from a live update or a crash, which a refusal would lose, starts
+  // given up and tries again as after a failed write.
   Journal(boost::asio::io_context& io, Store& store, std::string path,
-          std::function<nlohmann::json()> rings = {});
+          std::function<nlohmann::json()> rings = {}, bool carried_over = false);
   ~Journal() override;  // stops recording; the file stays (only remove() takes it away)
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
@@ -121,6 +124,9 @@ class Journal final : public ChangeLog {
   bool removed_ = false;  // remove(): never written again
   std::uint64_t failures_ = 0;
   boost::asio::steady_timer retry_timer_;
+  // What the handlers this posts hold on to: a handler already queued when the Journal goes
+  // (which cancel() cannot take back) finds it expired and touches nothing.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
   std::chrono::milliseconds retry_delay_{0};  // before the next try; 0: at once
 };
 
