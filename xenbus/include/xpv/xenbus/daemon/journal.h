@@ -26,6 +26,7 @@
 //                           — and written again from a new snapshot: at once after the request
 //                           that failed, then after 1 s, doubling up to 32 s, until that works.
 //                           Meanwhile a crash cannot be recovered from; nothing else changes.
+//                           (A restored or recovered store whose first snapshot fails starts so.)
 //
 // What a crash restart keeps: every node (values, permissions, generations), the domain table,
 // each domain's watches and transaction-id counter. What it cannot keep: socket clients' own
