@@ -365,15 +365,21 @@ TEST_F(XenstoreCompat, ManyConcurrentClients) {
 // has every node it had acknowledged, with its permissions and the children's order; a clean
 // stop removes the journal, so the next daemon starts empty; a journal that is not one stops the
 // start with one line naming the file and the line.
-TEST(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
-  xpv::test::TempDir jd;
-  const std::string journal = jd.path() + "/xenstored.journal";
-  Daemon d(XPV_XENSTORED_BIN, {"--journal", journal});
-  const std::vector<std::string> env = d.env();
-  auto xs = [&](const std::string& tool, std::vector<std::string> args) {
+// The real daemon with a journal in a directory of the test's own; xs(TOOL, ARGS) runs Debian's
+// xenstore-TOOL against it.
+class XenstoredJournal : public ::testing::Test {
+ protected:
+  RunResult xs(const std::string& tool, std::vector<std::string> args) {
     args.insert(args.begin(), "/usr/bin/xenstore-" + tool);
     return run(args, env);
-  };
+  }
+  xpv::test::TempDir jd;
+  const std::string journal = jd.path() + "/xenstored.journal";
+  Daemon d{XPV_XENSTORED_BIN, {"--journal", journal}};
+  const std::vector<std::string> env = d.env();
+};
+
+TEST_F(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
   ASSERT_EQ(xs("write", {"/a/b", "hello", "/a/c", "x y", "/a/d", "gone soon", "/z", "1"}).rc, 0);
   ASSERT_EQ(xs("chmod", {"/a/b", "r5", "w6"}).rc, 0);
   ASSERT_EQ(xs("rm", {"/a/d"}).rc, 0);
@@ -425,15 +431,7 @@ TEST(XenstoredJournal, AKilledDaemonStartedAgainHasEverythingItAcknowledged) {
 // serves on, and written again from a snapshot once it can be: a crash after that has every node,
 // those acknowledged while there was no journal included. (Before, the first failed write killed
 // the daemon with SIGXFSZ, and a journal given up for another reason stayed given up.)
-TEST(XenstoredJournal, AJournalThatCouldNotBeWrittenIsWrittenAgainOnceItCan) {
-  xpv::test::TempDir jd;
-  const std::string journal = jd.path() + "/xenstored.journal";
-  Daemon d(XPV_XENSTORED_BIN, {"--journal", journal});
-  const std::vector<std::string> env = d.env();
-  auto xs = [&](const std::string& tool, std::vector<std::string> args) {
-    args.insert(args.begin(), "/usr/bin/xenstore-" + tool);
-    return run(args, env);
-  };
+TEST_F(XenstoredJournal, AJournalThatCouldNotBeWrittenIsWrittenAgainOnceItCan) {
   ASSERT_EQ(xs("write", {"/before", "0"}).rc, 0);
   ASSERT_TRUE(std::filesystem::exists(journal));
 

@@ -391,6 +391,20 @@ TEST_F(Domains, ACrashRestartRecoversTheStoreAndTheDomainsRing) {
   EXPECT_TRUE(eventually([&] { return recorder_.count("@releaseDomain") == released + 1; }));
 }
 
+// A Store and a dom0 connection on it whose replies are dropped; put() writes a node through it.
+struct Dom0Writer {
+  struct : xenbus::Sink {
+    void deliver(const xenbus::wire::Header&, std::string_view) override {}
+  } sink;
+  xenbus::Store store;
+  xenbus::ConnId c = store.connect(0, sink);
+  void put(const std::string& p, const std::string& v) {
+    const std::string payload = z(p) + v;
+    store.handle(c, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(payload.size())},
+                 payload);
+  }
+};
+
 // A journal given up (a change lost, or a file that cannot be written) is removed at once and
 // written again from a snapshot — which holds what changed meanwhile — at the io_context's next
 // turn, or, while that fails, 1 s later and then at growing intervals. A store carried over (a
@@ -409,16 +423,9 @@ TEST(Journal, AJournalGivenUpIsWrittenAgainFromASnapshot) {
     }
   } cleanup{dir};
   asio::io_context io;
-  xenbus::Store store;
-  struct : xenbus::Sink {
-    void deliver(const xenbus::wire::Header&, std::string_view) override {}
-  } sink;
-  const auto c = store.connect(0, sink);
-  auto put = [&](const std::string& p, const std::string& v) {
-    const std::string payload = z(p) + v;
-    store.handle(c, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(payload.size())},
-                 payload);
-  };
+  Dom0Writer w;
+  xenbus::Store& store = w.store;
+  auto put = [&](const std::string& p, const std::string& v) { w.put(p, v); };
   auto recovered = [&](const std::string& p) -> std::string {
     const auto contents = xenbus::daemon::Journal::read(path);
     xenbus::Store again;
@@ -485,17 +492,10 @@ TEST(Journal, ReadsWhatWasWrittenAndRefusesWhatWasNot) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl, path = dir + "/j";
   asio::io_context io;
-  xenbus::Store store;
+  Dom0Writer w;
+  xenbus::Store& store = w.store;
+  auto put = [&](const std::string& p, const std::string& v) { w.put(p, v); };
   auto j = std::make_unique<xenbus::daemon::Journal>(io, store, path);
-  struct : xenbus::Sink {
-    void deliver(const xenbus::wire::Header&, std::string_view) override {}
-  } sink;
-  const auto c = store.connect(0, sink);
-  auto put = [&](const std::string& p, const std::string& v) {
-    const std::string payload = z(p) + v;
-    store.handle(c, {static_cast<std::uint32_t>(MsgType::write), 1, 0, static_cast<std::uint32_t>(payload.size())},
-                 payload);
-  };
   put("/a", "1");
   put("/b", std::string(1000, 'b'));
   EXPECT_EQ(j->snapshots(), 1u);
@@ -561,7 +561,7 @@ TEST(Journal, ReadsWhatWasWrittenAndRefusesWhatWasNot) {
   put("/d", "4");  // no longer recorded
   EXPECT_FALSE(std::filesystem::exists(path));
   j.reset();
-  store.disconnect(c);
+  store.disconnect(w.c);
   std::filesystem::remove_all(dir);
 }
 
