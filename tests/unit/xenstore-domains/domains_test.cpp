@@ -419,7 +419,6 @@ TEST(Journal, AJournalGivenUpIsWrittenAgainFromASnapshot) {
     ~Cleanup() {
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
-      std::filesystem::remove_all(dir + ".away", ec);
     }
   } cleanup{dir};
   asio::io_context io;
@@ -456,30 +455,35 @@ TEST(Journal, AJournalGivenUpIsWrittenAgainFromASnapshot) {
   EXPECT_EQ(recovered("/c"), "3") << "journaled again after the snapshot";
 
   // While the file cannot be written the daemon serves on; the next tries follow 1 s, 2 s … apart.
-  const std::string moved = dir + ".away";
-  std::filesystem::rename(dir, moved);
+  const std::string blocker = path + ".tmp";  // a directory where the snapshot's file would go
+  std::filesystem::create_directory(blocker);
   j->lost("a second one");
   put("/d", "4");
   io.restart();
   io.run_for(std::chrono::milliseconds(300));  // the try at once fails; the next is 1 s later
-  EXPECT_TRUE(j->failed()) << "the directory is gone";
-  std::filesystem::rename(moved, dir);
+  EXPECT_TRUE(j->failed()) << "its snapshot cannot be written";
+  EXPECT_FALSE(std::filesystem::exists(path));
+  std::filesystem::remove(blocker);
   ASSERT_TRUE(written_again()) << "not written again within 40 s of being writable";
   EXPECT_EQ(recovered("/d"), "4");
   EXPECT_EQ(j->failures(), 2u);
   j.reset();
 
-  // The first snapshot: a fresh start refuses, a store carried over starts given up.
-  std::filesystem::rename(dir, moved);
+  // The first snapshot: a fresh start refuses; a store carried over starts given up, and keeps
+  // the journal it was recovered from (it still holds the store) until the first change.
+  std::filesystem::create_directory(blocker);
   EXPECT_THROW((void)xenbus::daemon::Journal(io, store, path), std::runtime_error);
   j = std::make_unique<xenbus::daemon::Journal>(io, store, path, nullptr, true);
   EXPECT_TRUE(j->failed());
   io.restart();
   io.run_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(j->failed());
-  std::filesystem::rename(moved, dir);
+  EXPECT_EQ(recovered("/d"), "4") << "kept while nothing changed";
+  put("/e", "5");
+  EXPECT_FALSE(std::filesystem::exists(path)) << "kept past a change it does not hold";
+  std::filesystem::remove(blocker);
   ASSERT_TRUE(written_again());
-  EXPECT_EQ(recovered("/d"), "4");
+  EXPECT_EQ(recovered("/e"), "5");
   j->remove();
   j.reset();
 }

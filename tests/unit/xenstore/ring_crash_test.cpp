@@ -176,19 +176,20 @@ TEST_P(RingCrash, AnEventJournaledAfterALaterReplyKeepsItsPlace) {
 // the request taken off in part.
 TEST_P(RingCrash, AJournalWrittenAgainFromASnapshotCarriesTheRingOn) {
   const std::string value(400, 'v');
-  const std::string away = dir_ + ".away";
+  const std::string blocker = dir_ + "/journal.tmp";  // where a snapshot is written first
   on_io([&] {
     dom0(MsgType::write, z("/local/domain/1/v") + value);
-    std::filesystem::rename(dir_, away);  // nowhere to write it again for now
+    std::filesystem::create_directory(blocker);  // so it cannot be written again for now
     journal_->lost("a test's lost change");
   });
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/journal"));
   for (std::uint32_t id = 1; id <= 8; ++id) send(MsgType::read, id, z("v"));
   const std::string big(1500, 'b');
   const std::string msg = wire::encode(MsgType::write, 9, 0, z("big") + big);
   ASSERT_TRUE(guest_->send_raw(msg.substr(0, 300)));
   ASSERT_TRUE(ring_full_and_requests_taken());
   EXPECT_TRUE(on_io([&] { return journal_->failed(); }));
-  std::filesystem::rename(away, dir_);
+  std::filesystem::remove(blocker);
   bool again = false;
   for (int i = 0; i < 400 && !again; ++i) {  // tried again 1, 2, 4 … s apart
     again = on_io([&] { return !journal_->failed(); });

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 namespace xpv::xenbus::daemon {
 
@@ -109,7 +110,9 @@ Journal::Journal(boost::asio::io_context& io, Store& store, std::string path, st
     : io_(io), store_(store), path_(std::move(path)), rings_(std::move(rings)), retry_timer_(io) {
   if (auto err = write_snapshot()) {
     if (!carried_over) throw std::runtime_error(fmt::format("journal {}: {}", path_, *err));
-    fail(*err);  // the store stays; the journal comes when it can be written
+    // The store stays; the journal comes when it can be written. Until something changes, the
+    // journal this store was recovered from (if any) still holds it: kept until then.
+    fail(*err, /*keep_file=*/true);
   }
   store_.set_change_log(this);
 }
@@ -124,7 +127,10 @@ Journal::~Journal() {
 }
 
 void Journal::record(std::string_view change) {
-  if (failed_) return;
+  if (failed_) {
+    if (std::exchange(stale_at_change_, false)) remove_file("a change it does not hold");
+    return;
+  }
   try {
     pending_ += change;
     pending_.push_back('\n');
@@ -136,11 +142,8 @@ void Journal::record(std::string_view change) {
 }
 
 void Journal::lost(std::string_view what) noexcept {
-  try {
-    fail(std::string(what));
-  } catch (...) {  // the message itself could not be made
-    fail("a change could not be recorded");
-  }
+  if (failed_ && std::exchange(stale_at_change_, false)) remove_file(what);
+  fail(what);
 }
 
 void Journal::commit() noexcept {
@@ -197,18 +200,35 @@ std::optional<std::string> Journal::write_snapshot() {
   }
 }
 
-void Journal::fail(const std::string& what) noexcept {
+void Journal::remove_file(std::string_view why) noexcept {
+  // A journal that misses changes must not be recovered from: better no recovery than a wrong one.
+  if (::unlink(path_.c_str()) != 0 && errno != ENOENT) {
+    // Still there (a read-only file system, EIO…): emptied through the descriptor instead, which
+    // read() refuses ("empty"), so that no recovery takes it.
+    const int err = errno;
+    if (fd_ < 0 || ::ftruncate(fd_, 0) != 0) {
+      spdlog::error("xenstored: journal {} ({}) can be neither removed ({}) nor emptied: a crash now would be "
+                    "recovered from a journal that misses changes",
+                    path_, why, std::strerror(err));
+    }
+  }
+}
+
+void Journal::fail(std::string_view what, bool keep_file) noexcept {
   if (removed_ || failed_) return;  // given up already: a try to write it again is on its way
   failed_ = true;
   ++failures_;
   pending_.clear();
-  // A journal that misses changes must not be recovered from: better no recovery than a wrong one.
-  ::unlink(path_.c_str());
+  if (keep_file) {
+    stale_at_change_ = true;
+  } else {
+    remove_file(what);
+  }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  spdlog::error("xenstored: journal {} given up ({}): it is removed, and a crash of this daemon cannot be "
+  spdlog::error("xenstored: journal {} given up ({}): {}, and a crash of this daemon cannot be "
                 "recovered from until it is written again",
-                path_, what);
+                path_, what, keep_file ? "it is removed at the first change" : "it is removed");
   // Not from here: the request being handled may not be finished (its ring index not published,
   // its reply not queued), and a snapshot is only whole between requests.
   retry_delay_ = std::chrono::milliseconds(0);
@@ -237,6 +257,7 @@ void Journal::retry() noexcept {
     return;
   }
   failed_ = false;
+  stale_at_change_ = false;  // renamed over
   retry_delay_ = std::chrono::milliseconds(0);
   spdlog::warn("xenstored: journal {} written again (a snapshot of {} nodes): a crash can be recovered from again",
                path_, store_.node_count());

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -106,6 +107,9 @@ int main(int argc, char** argv) {
 
   // What the next binary of a live update gets unless the update says otherwise: these very
   // arguments, without a previous update's state file.
+  // The journal's path is made absolute first: a daemon works from / (daemonize), and so does
+  // the next binary of a live update it execs.
+  if (!journal_path.empty()) journal_path = std::filesystem::absolute(journal_path).lexically_normal().string();
   std::vector<std::string> own_args;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -114,6 +118,16 @@ int main(int argc, char** argv) {
       continue;
     }
     if (a.starts_with("--live-update-state=")) continue;
+    if (a == "--journal" && i + 1 < argc) {
+      own_args.emplace_back(a);
+      own_args.push_back(journal_path);
+      ++i;
+      continue;
+    }
+    if (a.starts_with("--journal=")) {
+      own_args.push_back("--journal=" + journal_path);
+      continue;
+    }
     own_args.emplace_back(a);
   }
 

@@ -106,7 +106,9 @@ class Journal final : public ChangeLog {
   // A new file with the store's snapshot, renamed over the old one; what went wrong, if anything.
   std::optional<std::string> write_snapshot();
   // Gives the journal up (the file removed) and starts trying to write it again.
-  void fail(const std::string& what) noexcept;
+  // keep_file: a carried-over start's (stale_at_change_).
+  void fail(std::string_view what, bool keep_file = false) noexcept;
+  void remove_file(std::string_view why) noexcept;
   void retry_after(std::chrono::milliseconds delay) noexcept;
   void retry() noexcept;
 
@@ -123,6 +125,9 @@ class Journal final : public ChangeLog {
   bool snapshot_posted_ = false;
   bool failed_ = false;
   bool removed_ = false;  // remove(): never written again
+  // A carried-over start whose first snapshot failed: the file it was recovered from still
+  // matches the store, so it stays until the first change (then it is removed) or a snapshot.
+  bool stale_at_change_ = false;
   std::uint64_t failures_ = 0;
   boost::asio::steady_timer retry_timer_;
   // What the handlers this posts hold on to: a handler already queued when the Journal goes
