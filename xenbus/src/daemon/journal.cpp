@@ -128,7 +128,7 @@ Journal::~Journal() {
 
 void Journal::record(std::string_view change) {
   if (failed_) {
-    if (std::exchange(stale_at_change_, false)) remove_file("a change it does not hold");
+    fail("a change it does not hold");  // a file kept by a carried-over start goes now
     return;
   }
   try {
@@ -141,10 +141,7 @@ void Journal::record(std::string_view change) {
   ++changes_;
 }
 
-void Journal::lost(std::string_view what) noexcept {
-  if (failed_ && std::exchange(stale_at_change_, false)) remove_file(what);
-  fail(what);
-}
+void Journal::lost(std::string_view what) noexcept { fail(what); }
 
 void Journal::commit() noexcept {
   if (failed_ || pending_.empty()) return;
@@ -215,7 +212,11 @@ void Journal::remove_file(std::string_view why) noexcept {
 }
 
 void Journal::fail(std::string_view what, bool keep_file) noexcept {
-  if (removed_ || failed_) return;  // given up already: a try to write it again is on its way
+  if (removed_) return;
+  if (failed_) {  // given up already: a try to write it again is on its way
+    if (std::exchange(stale_at_change_, false)) remove_file(what);  // it misses a change now
+    return;
+  }
   failed_ = true;
   ++failures_;
   pending_.clear();

@@ -105,8 +105,9 @@ class Journal final : public ChangeLog {
   void snapshot();  // write_snapshot(), giving the journal up if that fails
   // A new file with the store's snapshot, renamed over the old one; what went wrong, if anything.
   std::optional<std::string> write_snapshot();
-  // Gives the journal up (the file removed) and starts trying to write it again.
-  // keep_file: a carried-over start's (stale_at_change_).
+  // Gives the journal up (the file removed) and starts trying to write it again; called while
+  // given up (a change the file misses), removes a file kept with keep_file (stale_at_change_:
+  // a carried-over start's).
   void fail(std::string_view what, bool keep_file = false) noexcept;
   void remove_file(std::string_view why) noexcept;
   void retry_after(std::chrono::milliseconds delay) noexcept;
