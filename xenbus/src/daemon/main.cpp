@@ -105,11 +105,20 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(*level);
 
-  // What the next binary of a live update gets unless the update says otherwise: these very
-  // arguments, without a previous update's state file.
   // The journal's path is made absolute first: a daemon works from / (daemonize), and so does
   // the next binary of a live update it execs.
-  if (!journal_path.empty()) journal_path = std::filesystem::absolute(journal_path).lexically_normal().string();
+  if (!journal_path.empty()) {
+    std::error_code ec;
+    auto abs = std::filesystem::absolute(journal_path, ec);
+    if (ec) {
+      std::fprintf(stderr, "xpv-xenstored: --journal '%s': cannot make it an absolute path: %s\n",
+                   journal_path.c_str(), ec.message().c_str());
+      return 2;
+    }
+    journal_path = abs.lexically_normal().string();
+  }
+  // What the next binary of a live update gets unless the update says otherwise: these very
+  // arguments, without a previous update's state file.
   std::vector<std::string> own_args;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
