@@ -4,7 +4,8 @@
 //
 //   host: xpv image build (cached) ── XPV_BENCH_IMAGE ──► xpv testbed --share S -- xpv bench hvm
 //   L1 (XPV_TESTBED set, this same file's inner()):
-//     xpv:  xpv up (xenstored, blkback, netback; run/log dirs in L1's tmpfs /tmp), then two boots of
+//     xpv:  xpv up (xenstored, blkback, netback; run dir in L1's tmpfs /tmp, logs in the share, so
+//           that they outlive an L1 that dies), then two boots of
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
@@ -560,7 +561,10 @@ std::string iperf_cmdline(const Inner& in) {
 
 Side measure_xpv(const Inner& in) {
   Side s;
-  const fs::path run = in.work / "xpv-run", log = in.work / "xpv-log";
+  // The daemons' and guests' logs are written straight into the share (the host's file system,
+  // over 9p), not into L1's tmpfs and copied at the end: an L1 that resets or panics takes its
+  // tmpfs with it, and a guest's console up to its last line is what says what happened.
+  const fs::path run = in.work / "xpv-run", log = in.logs / "xpv";
   fs::create_directories(run);
   fs::create_directories(log);
   setenv("XPV_RUN_DIR", run.c_str(), 1);
@@ -581,7 +585,6 @@ Side measure_xpv(const Inner& in) {
     });
   }
   (void)shell(q(in.xpv) + " down --force >> " + tslog + " 2>&1");
-  (void)shell("cp -r " + q(log.string()) + " " + q((in.logs / "xpv").string()) + " 2>/dev/null");
   return s;
 }
 
