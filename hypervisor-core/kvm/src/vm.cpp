@@ -885,6 +885,24 @@ std::uint32_t Vm::tsc_khz() const noexcept {
   return khz > 0 ? static_cast<std::uint32_t>(khz) : 0;
 }
 
+std::vector<std::pair<std::string, std::uint64_t>> exit_counters(const ExitStats& s) {
+  std::vector<std::pair<std::string, std::uint64_t>> out{{"exits", 0}};
+  for (std::size_t i = 0; i < s.by_reason.size(); ++i) {
+    if (s.by_reason[i] == 0) continue;
+    out.front().second += s.by_reason[i];
+    const std::string key = std::string("exit_") + exit_reason_name(i);
+    const auto it = std::find_if(out.begin(), out.end(), [&](const auto& kv) { return kv.first == key; });
+    if (it != out.end()) {
+      it->second += s.by_reason[i];  // "other": several reasons under one name
+    } else {
+      out.emplace_back(key, s.by_reason[i]);
+    }
+  }
+  out.emplace_back("pio_unclaimed", s.pio_unclaimed);
+  out.emplace_back("mmio_unclaimed", s.mmio_unclaimed);
+  return out;
+}
+
 ExitStats Vm::stats() const noexcept {
   ExitStats s;
   for (const auto& v : vcpus_) {

@@ -1,12 +1,16 @@
 // xpv-vmm — one HVM domain on KVM: boots a Linux kernel (bzImage or vmlinux) directly.
 //
 //   xpv-vmm --kernel K [--initrd I] [--cmdline S] [--vcpus N] [--memory MiB]
-//           [--console stdio|socket:PATH] [--stats]
+//           [--console stdio|socket:PATH] [--stats] [--stats-file PATH]
 //           [--xen --domid N --name NAME [--run-dir DIR] [--upcall vector|callback|intx]
 //            [--max-grant-frames N] [--pv-console stdio|socket:PATH [--pv-console-log FILE]]]
 //
 // --xen presents the Xen HVM platform (xen_domain.h): the guest's PV drivers find Xen, its
 // hypercalls trap to xpv, and dom0 services reach it through /run/xpv/dom<N>.sock.
+//
+// --stats-file PATH: the exit counters (and with --xen the hypercall and upcall counters), as a
+// statistics file (xpv/stats_file.h) rewritten about once a second while the guest runs and
+// removed when it stops; the toolstack passes RUN/stats/vmm<N>, which `xpv top` reads.
 //
 // Exit status: 0 guest powered off (or halted), 2 guest asked for a reboot, 3 triple fault,
 // 1 VMM error (bad arguments, bad image, KVM failure; one line on stderr saying which).
@@ -14,10 +18,19 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <thread>
 #include <memory>
 #include <span>
 #include <fstream>
@@ -31,6 +44,8 @@
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/uart.h"
 #include "xpv/kvm/vm.h"
+#include "xpv/replace_file.h"
+#include "xpv/stats_file.h"
 #include "xpv/vmm/xen_domain.h"
 
 namespace {
@@ -68,10 +83,48 @@ const char* shutdown_word(xpv::kvm::StopReason r) {
   }
 }
 
+// --stats-file: `read`'s counters written to `path` now and then about once a second, on a thread
+// of its own (the counters are atomics), until destroyed; then the file is removed, as a backend
+// withdraws a device's file. A file that cannot be written is said once and the guest runs on.
+class StatsFilePublisher {
+ public:
+  StatsFilePublisher(std::string path, std::function<xpv::stats::Counters()> read)
+      : path_(std::move(path)),
+        name_(std::filesystem::path(path_).filename().string()),
+        read_(std::move(read)),
+        thread_([this](std::stop_token stop) { loop(stop); }) {}
+  ~StatsFilePublisher() {
+    thread_.request_stop();
+    thread_.join();
+    (void)::unlink(path_.c_str());
+  }
+  StatsFilePublisher(const StatsFilePublisher&) = delete;
+  StatsFilePublisher& operator=(const StatsFilePublisher&) = delete;
+
+ private:
+  void loop(std::stop_token stop) {
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    bool said = false;
+    while (!stop.stop_requested()) {
+      if (const int e = xpv::replace_file(path_, xpv::stats::format(name_, "xpv-vmm", read_())); e != 0 && !said) {
+        said = true;
+        spdlog::warn("--stats-file {}: cannot write it: {}; no counters for `xpv top`", path_, std::strerror(e));
+      }
+      cv.wait_for(lock, stop, std::chrono::seconds(1), [] { return false; });
+    }
+  }
+
+  std::string path_, name_;
+  std::function<xpv::stats::Counters()> read_;
+  std::jthread thread_;
+};
+
 int run(int argc, char** argv) {
   CLI::App app{"xpv-vmm — a KVM VMM that boots Linux directly (bzImage or vmlinux)"};
   std::string kernel, initrd, console_spec = "stdio", console_log, pv_console_spec, pv_console_log;
-  std::string shutdown_file;
+  std::string shutdown_file, stats_file;
   std::string cmdline = "console=ttyS0 reboot=k panic=1 io_delay=none acpi=off";
   unsigned vcpus = 1, memory_mib = 512;
   bool stats = false;
@@ -86,6 +139,9 @@ int run(int argc, char** argv) {
   app.add_option("--console", console_spec, "stdio or socket:PATH")->capture_default_str();
   app.add_option("--console-log", console_log, "also append the guest's console output to this file");
   app.add_flag("--stats", stats, "print exit counters on stderr when the VM stops");
+  app.add_option("--stats-file", stats_file,
+                 "keep the exit (and with --xen hypercall and upcall) counters in this file while the guest runs, "
+                 "rewritten about once a second, removed when it stops (what `xpv top` shows)");
   app.add_flag("--xen", xen, "present the Xen HVM platform (hypercalls, event channels, grant frames, platform-pci)");
   app.add_option("--domid", xcfg.domid, "domain id (--xen)")->check(CLI::Range(1, 0x7fef));
   app.add_option("--name", xcfg.name, "domain name (--xen)");
@@ -217,7 +273,19 @@ int run(int argc, char** argv) {
   }
   console.start_input([&](std::span<const std::uint8_t> b) { return uart.receive(b); });
   if (pv_console) pv_console->start_input([&](std::span<const std::uint8_t> b) { return xendom->pv_console_input(b); });
+  std::optional<StatsFilePublisher> stats_publisher;
+  if (!stats_file.empty()) {
+    stats_publisher.emplace(stats_file, [&vm, &xendom] {
+      xpv::stats::Counters c = xpv::kvm::exit_counters(vm.stats());
+      if (xendom) {
+        const auto x = xendom->counters();
+        c.insert(c.end(), x.begin(), x.end());
+      }
+      return c;
+    });
+  }
   const auto reason = vm.run();
+  stats_publisher.reset();
   console.stop();
   if (pv_console) pv_console->stop();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

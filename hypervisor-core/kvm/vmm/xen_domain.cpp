@@ -488,7 +488,7 @@ std::uint64_t XenDomain::hypercalls() const noexcept {
   return n;
 }
 
-std::string XenDomain::describe_counters() const {
+std::vector<std::pair<std::string, std::uint64_t>> XenDomain::counters() const {
   // Names for what a Linux HVM guest calls; anything else by number.
   auto name = [](unsigned nr) -> std::string {
     switch (nr) {
@@ -509,24 +509,37 @@ std::string XenDomain::describe_counters() const {
                                             "reset", "init_control", "expand_array", "set_priority"};
   static constexpr const char* kSched[] = {"yield", "block", "shutdown", "poll", "remote_shutdown", "shutdown_code",
                                            "watchdog", "pin_override"};
-  std::string out = fmt::format("hypercalls={}", hypercalls());
+  std::vector<std::pair<std::string, std::uint64_t>> out{{"hypercalls", hypercalls()}};
   for (unsigned i = 0; i < 64; ++i) {
-    if (const auto n = platform_->calls(i); n != 0) out += fmt::format(" {}={}", name(i), n);
+    if (const auto n = platform_->calls(i); n != 0) out.emplace_back(name(i), n);
   }
   for (unsigned c = 0; c < xen::Platform::kSubOps; ++c) {
     if (const auto n = platform_->evtchn_calls(c); n != 0) {
-      out += fmt::format(" evtchn.{}={}", c < std::size(kEvtchn) ? kEvtchn[c] : std::to_string(c), n);
+      out.emplace_back(fmt::format("evtchn.{}", c < std::size(kEvtchn) ? kEvtchn[c] : std::to_string(c)), n);
     }
   }
   for (unsigned c = 0; c < xen::Platform::kSubOps; ++c) {
     if (const auto n = platform_->sched_calls(c); n != 0) {
-      out += fmt::format(" sched.{}={}", c < std::size(kSched) ? kSched[c] : std::to_string(c), n);
+      out.emplace_back(fmt::format("sched.{}", c < std::size(kSched) ? kSched[c] : std::to_string(c)), n);
     }
   }
-  out += fmt::format(" upcalls={} intx_eois={}", platform_->upcalls(), platform_->intx_eois());
+  out.emplace_back("upcalls", platform_->upcalls());
+  out.emplace_back("intx_eois", platform_->intx_eois());
   if (const auto n = host_->ballooned(); n != 0 || platform_->calls(xen::abi::kHcMemoryOp) > 0) {
-    out += fmt::format(" ballooned_pages={}", n);
-    if (const auto k = host_->not_freed(); k != 0) out += fmt::format(" (not freed on the host: {})", k);
+    out.emplace_back("ballooned_pages", n);
+    if (const auto k = host_->not_freed(); k != 0) out.emplace_back("ballooned_not_freed", k);
+  }
+  return out;
+}
+
+std::string XenDomain::describe_counters() const {
+  std::string out;
+  for (const auto& [key, n] : counters()) {
+    if (key == "ballooned_not_freed") {
+      out += fmt::format(" (not freed on the host: {})", n);
+    } else {
+      out += fmt::format("{}{}={}", out.empty() ? "" : " ", key, n);
+    }
   }
   return out;
 }

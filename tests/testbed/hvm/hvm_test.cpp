@@ -172,7 +172,7 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(s.find("XPV-TEST: console-attach 1"), std::string::npos) << "xpv console shows the guest\n" << s;
     // `xpv top --json` while the guest waited: its xpv-vmm's CPU time, its root disk's requests
     // (it booted from it and wrote a file) and its vif's packets (the pings and their answers),
-    // as xpv-blkback and xpv-netback published them.
+    // as xpv-blkback and xpv-netback published them, and xpv-vmm's exit and hypercall counters.
     {
       const std::string top_marker = "XPV-TEST: top ", raw = between(s, top_marker, "\n");
       const std::string top_line = raw.size() > top_marker.size() ? raw.substr(top_marker.size()) : std::string();
@@ -201,6 +201,13 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
       EXPECT_TRUE(vif.value("published", false)) << top_line;
       EXPECT_GE(vif.at("counters").value("rx_packets", 0ull), 3u) << top_line;
       EXPECT_GE(vif.at("counters").value("tx_packets", 0ull), 3u) << top_line;
+      // xpv-vmm's own counters (RUN/stats/vmm<N>): its exits, the port-I/O ones among them (the
+      // rewritten hypercall stubs trap there), and the hypercalls the guest made.
+      const auto& vmm = dom->at("vmm");
+      EXPECT_TRUE(vmm.value("published", false)) << top_line;
+      EXPECT_GT(vmm.at("counters").value("exits", 0ull), 0u) << top_line;
+      EXPECT_GT(vmm.at("counters").value("exit_io", 0ull), 0u) << top_line;
+      EXPECT_GT(vmm.at("counters").value("hypercalls", 0ull), 0u) << top_line;
     }
     // The Xen PV console (hvc0): the guest's init wrote its markers there too; its log and
     // `xpv console -t pv` show them.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "xpv/kvm/linux_boot.h"
 #include "xpv/kvm/pc_devices.h"
@@ -74,6 +77,26 @@ TEST(VmSmoke, RealModeStubWritesToTheUartAndHaltsAsPoweroff) {
   EXPECT_EQ(g.out, "OK");
   const auto s = g.vm.stats();
   EXPECT_EQ(s.by_reason[KVM_EXIT_IO], 2u);
+  // What xpv-vmm --stats-file publishes for `xpv top`: the same count under its name.
+  const auto c = exit_counters(s);
+  EXPECT_NE(std::ranges::find(c, std::pair<std::string, std::uint64_t>{"exit_io", 2}), c.end());
+}
+
+TEST(VmSmoke, ExitCountersNameEachReasonSumThemAndMergeTheUnnamed) {
+  ExitStats s;
+  s.by_reason[KVM_EXIT_IO] = 7;
+  s.by_reason[KVM_EXIT_HLT] = 3;
+  s.by_reason[KVM_EXIT_MMIO] = 5;
+  s.by_reason[40] = 1;  // no name: "other", with the next one
+  s.by_reason[41] = 2;
+  s.mmio_unclaimed = 4;
+  const std::vector<std::pair<std::string, std::uint64_t>> want{
+      {"exits", 18}, {"exit_io", 7}, {"exit_hlt", 3}, {"exit_mmio", 5}, {"exit_other", 3},
+      {"pio_unclaimed", 0}, {"mmio_unclaimed", 4}};
+  EXPECT_EQ(exit_counters(s), want);
+  // Nothing happened yet: the totals are there, at zero, and no reason is.
+  const std::vector<std::pair<std::string, std::uint64_t>> none{{"exits", 0}, {"pio_unclaimed", 0}, {"mmio_unclaimed", 0}};
+  EXPECT_EQ(exit_counters(ExitStats{}), none);
 }
 
 TEST(VmSmoke, LongModeStubEntersThroughTheBootProtocolState) {

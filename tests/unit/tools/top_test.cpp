@@ -121,6 +121,15 @@ TopSample sample(double t, double web1_cpu, std::uint64_t rd, pid_t blkback_pid,
             {"vbd1.51728", true, t - 0.5, {{"rd_req", 1}, {"wr_req", 0}, {"rd_sect", 8}, {"wr_sect", 0}}}};
   d.vifs = {{"vif1.0", true, t - 0.5, {{"tx_bytes", 4096}, {"rx_bytes", 10240}}}, {"vif1.1", false, 0, {}}};
   s.domains.push_back(d);
+  // An HVM guest whose xpv-vmm publishes its counters (the time stands in for its growth).
+  DomainSample h;
+  h.domid = 2;
+  h.name = "hvm2";
+  h.type = "hvm";
+  h.state = "running";
+  h.pid = 4712;
+  h.vmm = {"vmm2", true, t - 0.25, {{"exits", static_cast<std::uint64_t>(t * 1000)}, {"exit_io", 5}, {"upcalls", 9}}};
+  s.domains.push_back(h);
   s.daemons = {{"xpv-blkback", blkback_pid, blkback_cpu}, {"xpv-netback", 0, std::nullopt}};
   return s;
 }
@@ -131,8 +140,15 @@ TEST(Top, TheTableSumsEachDomainsDevicesAndMeasuresCpuOverTheInterval) {
   const std::string t = format_top(a, b);
   // 1 s of CPU in 2 s: 50 %; disks summed (1041 reads, 3 writes); vifs 4 KiB out, 10 KiB in, and
   // the one not connected counts as a NIC with nothing on it.
+  // No xpv-vmm counters for a process domain: "-" exits.
   EXPECT_NE(t.find("            web1    1 running         11   50.0      65536     1    2          4         10    2"
-                   "      1041         3       8328         24\n"),
+                   "      1041         3       8328         24         -\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("EXITS/s\n"), std::string::npos) << t;
+  // 2000 exits between xpv-vmm's publications 2 s apart.
+  EXPECT_NE(t.find("            hvm2    2 running          -      -          0     0    0          0          0    0"
+                   "         0         0          0          0      1000\n"),
             std::string::npos)
       << t;
   EXPECT_NE(t.find("dom0 services: xpv-blkback 25.0% CPU, xpv-netback not running\n"), std::string::npos) << t;
@@ -161,6 +177,21 @@ TEST(Top, JsonGivesCountersAndRatesBetweenTheBackendsPublications) {
   b.domains[0].vbds[0].published_at = a.domains[0].vbds[0].published_at;
   EXPECT_TRUE(top_json(a, b).at("domains").at(0).at("vbds").at(0).at("per_second").empty());
   EXPECT_TRUE(j.at("dom0_services").at(1).at("cpu_pct").is_null());
+  // xpv-vmm's counters, all of them, with their rates; a process domain has none.
+  EXPECT_FALSE(d.at("vmm").at("published").get<bool>());
+  const auto& vmm = j.at("domains").at(1).at("vmm");
+  EXPECT_EQ(vmm.at("counters").at("upcalls").get<std::uint64_t>(), 9u);
+  EXPECT_DOUBLE_EQ(vmm.at("per_second").at("exits").get<double>(), 1000.0);
+  EXPECT_DOUBLE_EQ(vmm.at("per_second").at("exit_io").get<double>(), 0.0);
+  // Only one publication seen (xpv-vmm just started): no rate, and "-" in the table.
+  TopSample fresh = a;
+  fresh.domains[1].vmm.published = false;
+  EXPECT_TRUE(top_json(fresh, b).at("domains").at(1).at("vmm").at("per_second").empty());
+  const std::string t = format_top(fresh, b);
+  EXPECT_NE(t.find("            hvm2    2 running          -      -          0     0    0          0          0    0"
+                   "         0         0          0          0         -\n"),
+            std::string::npos)
+      << t;
 }
 
 }  // namespace

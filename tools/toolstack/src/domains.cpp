@@ -156,6 +156,7 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   remove_domain_dir(dir);
   std::error_code ec;
   fs::remove(p.control_socket(d.domid), ec);
+  fs::remove(p.vmm_stats_file(d.domid), ec);  // its xpv-vmm removes it, unless it was killed
   // Its network namespace (the interfaces in it go with it), after the process that used it.
   const std::string ns = d.record && !d.record->netns.empty() ? d.record->netns : p.netns(d.domid);
   if ((d.record && !d.record->netns.empty()) || netback::netns_exists(ns)) {
@@ -281,8 +282,12 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
                                           // exit, hypercall and upcall counters in its log at stop
                                           "--stats",
                                           // what the guest holds after ballooning (`xpv list`)
-                                          "--memory-file", p.memory_file(n)};
+                                          "--memory-file", p.memory_file(n),
+                                          // the same counters every second while it runs (`xpv top`)
+                                          "--stats-file", p.vmm_stats_file(n)};
       argv.insert(argv.end(), more.begin(), more.end());
+      std::error_code ec;  // the backends make it too; xpv-vmm says so in its log if it is missing
+      std::filesystem::create_directories(std::filesystem::path(p.vmm_stats_file(n)).parent_path(), ec);
       if (!cfg.ramdisk.empty()) {
         argv.push_back("--initrd");
         argv.push_back(cfg.ramdisk);

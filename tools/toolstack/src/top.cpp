@@ -29,23 +29,45 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The statistics file RUN/stats/<name>, if one is published.
+DeviceSample published(const Paths& paths, std::string name) {
+  DeviceSample d;
+  d.name = std::move(name);
+  const std::string file = stats::stats_dir(paths.run_dir) + "/" + d.name;
+  struct stat st {};
+  if (auto text = read_file(file); text && ::stat(file.c_str(), &st) == 0) {
+    d.published = true;
+    d.published_at = static_cast<double>(st.st_mtim.tv_sec) + static_cast<double>(st.st_mtim.tv_nsec) / 1e9;
+    d.counters = stats::parse(*text);
+  }
+  return d;
+}
+
 // The devices under the backend directory of one kind for one domain, with their counters.
 std::vector<DeviceSample> devices(const Paths& paths, Xenstore* xs, const char* kind, std::uint16_t domid) {
   std::vector<DeviceSample> out;
   if (xs == nullptr) return out;
-  const std::string dir = stats::stats_dir(paths.run_dir);
   for (const std::string& devid : xs->list(fmt::format("/local/domain/0/backend/{}/{}", kind, domid))) {
     if (!xenbus::parse_uint(devid)) continue;
-    DeviceSample d;
-    d.name = fmt::format("{}{}.{}", kind, domid, devid);
-    const std::string file = dir + "/" + d.name;
-    struct stat st {};
-    if (auto text = read_file(file); text && ::stat(file.c_str(), &st) == 0) {
-      d.published = true;
-      d.published_at = static_cast<double>(st.st_mtim.tv_sec) + static_cast<double>(st.st_mtim.tv_nsec) / 1e9;
-      d.counters = stats::parse(*text);
+    out.push_back(published(paths, fmt::format("{}{}.{}", kind, domid, devid)));
+  }
+  return out;
+}
+
+// Per second between the writer's two publications the samples read (its file's mtimes: the
+// counters are up to a second older than the sample), for the counters both had; none when it
+// has not published again since the previous sample.
+std::map<std::string, double> rates(const DeviceSample& now, const DeviceSample* before) {
+  std::map<std::string, double> out;
+  if (before == nullptr || !before->published || !now.published || now.published_at <= before->published_at) {
+    return out;
+  }
+  const double span = now.published_at - before->published_at;
+  for (const auto& [k, v] : now.counters) {
+    if (k == "queues") continue;
+    if (auto it = before->counters.find(k); it != before->counters.end() && v >= it->second) {
+      out[k] = static_cast<double>(v - it->second) / span;
     }
-    out.push_back(std::move(d));
   }
   return out;
 }
@@ -120,6 +142,7 @@ TopSample sample_top(const Paths& paths, Xenstore* xs) {
     x.cpu_s = process_cpu_seconds(d.pid);
     x.vbds = devices(paths, xs, "vbd", d.domid);
     x.vifs = devices(paths, xs, "vif", d.domid);
+    x.vmm = published(paths, fmt::format("vmm{}", d.domid));
     s.domains.push_back(std::move(x));
   }
   std::vector<std::string> programs = backend_programs();
@@ -139,15 +162,19 @@ TopSample sample_top(const Paths& paths, Xenstore* xs) {
 
 std::string format_top(const TopSample& prev, const TopSample& cur) {
   auto pct = [](std::optional<double> v) { return v ? fmt::format("{:.1f}", *v) : std::string("-"); };
-  std::string out = fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10}\n",
+  std::string out = fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10} {:>9}\n",
                                 "NAME", "ID", "STATE", "CPU(sec)", "CPU(%)", "MEM(k)", "VCPUS", "NETS", "NETTX(k)",
-                                "NETRX(k)", "VBDS", "VBD_RD", "VBD_WR", "VBD_RSECT", "VBD_WSECT");
+                                "NETRX(k)", "VBDS", "VBD_RD", "VBD_WR", "VBD_RSECT", "VBD_WSECT", "EXITS/s");
   for (const DomainSample& d : cur.domains) {
-    out += fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10}\n",
+    const DomainSample* p = find_by(prev.domains, &DomainSample::domid, d.domid);
+    const auto r = rates(d.vmm, p ? &p->vmm : nullptr);
+    const auto exits = r.find("exits");
+    out += fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10} {:>9}\n",
                        d.name, d.domid, d.state, d.cpu_s ? fmt::format("{:.0f}", *d.cpu_s) : "-",
                        pct(domain_cpu_pct(prev, cur, d)), d.mem_kib, d.vcpus, d.vifs.size(),
                        sum(d.vifs, "tx_bytes") / 1024, sum(d.vifs, "rx_bytes") / 1024, d.vbds.size(),
-                       sum(d.vbds, "rd_req"), sum(d.vbds, "wr_req"), sum(d.vbds, "rd_sect"), sum(d.vbds, "wr_sect"));
+                       sum(d.vbds, "rd_req"), sum(d.vbds, "wr_req"), sum(d.vbds, "rd_sect"), sum(d.vbds, "wr_sect"),
+                       exits == r.end() ? std::string("-") : fmt::format("{:.0f}", exits->second));
   }
   std::string line;
   for (const DaemonSample& d : cur.daemons) {
@@ -161,27 +188,14 @@ std::string format_top(const TopSample& prev, const TopSample& cur) {
 nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
   const double dt = cur.time_s - prev.time_s;
   auto opt = [](std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  auto dev = [](const DeviceSample& d, const DeviceSample* before) {
+    nlohmann::json per_second = nlohmann::json::object();
+    for (const auto& [k, v] : rates(d, before)) per_second[k] = v;
+    return nlohmann::json{{"name", d.name}, {"published", d.published}, {"counters", d.counters}, {"per_second", per_second}};
+  };
   auto devs = [&](const std::vector<DeviceSample>& now, const std::vector<DeviceSample>* before) {
     nlohmann::json a = nlohmann::json::array();
-    for (const DeviceSample& d : now) {
-      nlohmann::json j = {{"name", d.name}, {"published", d.published}, {"counters", d.counters}};
-      // Per second between the backend's two publications the samples read (its file's mtimes:
-      // the counters are up to a second older than the sample), for the counters both had; none
-      // when the backend has not published again since the previous sample.
-      nlohmann::json rates = nlohmann::json::object();
-      if (const DeviceSample* p = before ? find_by(*before, &DeviceSample::name, d.name) : nullptr;
-          p != nullptr && p->published && d.published && d.published_at > p->published_at) {
-        const double span = d.published_at - p->published_at;
-        for (const auto& [k, v] : d.counters) {
-          if (k == "queues") continue;
-          if (auto it = p->counters.find(k); it != p->counters.end() && v >= it->second) {
-            rates[k] = static_cast<double>(v - it->second) / span;
-          }
-        }
-      }
-      j["per_second"] = rates;
-      a.push_back(j);
-    }
+    for (const DeviceSample& d : now) a.push_back(dev(d, before ? find_by(*before, &DeviceSample::name, d.name) : nullptr));
     return a;
   };
   nlohmann::json doms = nlohmann::json::array();
@@ -197,7 +211,8 @@ nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
                     {"mem_kib", d.mem_kib},
                     {"vcpus", d.vcpus},
                     {"vbds", devs(d.vbds, p ? &p->vbds : nullptr)},
-                    {"vifs", devs(d.vifs, p ? &p->vifs : nullptr)}});
+                    {"vifs", devs(d.vifs, p ? &p->vifs : nullptr)},
+                    {"vmm", dev(d.vmm, p ? &p->vmm : nullptr)}});
   }
   nlohmann::json daemons = nlohmann::json::array();
   for (const DaemonSample& d : cur.daemons) {

@@ -59,7 +59,8 @@ struct VmConfig {
   std::chrono::milliseconds halt_poll{200};  // how often the monitor samples halted vCPUs
 };
 
-// Exit counters, per KVM exit reason (KVM_EXIT_*), summed over vCPUs; `xpv top` shows them.
+// Exit counters, per KVM exit reason (KVM_EXIT_*), summed over vCPUs; `xpv top` shows them
+// (xpv-vmm --stats-file, exit_counters()).
 inline constexpr std::size_t kExitReasons = 64;
 struct ExitStats {
   std::array<std::uint64_t, kExitReasons> by_reason{};
@@ -67,6 +68,10 @@ struct ExitStats {
   std::uint64_t mmio_unclaimed = 0;
 };
 const char* exit_reason_name(std::size_t reason) noexcept;
+// The counters as the "key value" pairs of a statistics file (xpv/stats_file.h): `exits` (all),
+// then `exit_<name>` for each reason that occurred, by reason number (the reasons without a name
+// summed as `exit_other`), then `pio_unclaimed` and `mmio_unclaimed`.
+std::vector<std::pair<std::string, std::uint64_t>> exit_counters(const ExitStats& s);
 
 // A vCPU stopped in a port-I/O trap (see Vm::set_pio_trap): its registers and its view of guest-
 // virtual memory. Lives on the vCPU thread for the duration of one trap.

@@ -2,8 +2,10 @@
 // its process (an HVM domain's xpv-vmm, guest time included; a process domain's xpv-front) and
 // the share of a CPU it used over the last interval, its memory and vCPUs, and the counters of
 // its disks and network interfaces as the backends publish them (stats_file.h: RUN/stats/vbd<N>.<devid>,
-// vif<N>.<devid>, rewritten every second while a device is connected); under the table the
-// backend daemons' own CPU share (Xen's Domain-0 row carries that).
+// vif<N>.<devid>, rewritten every second while a device is connected), and an HVM domain's exits
+// per second as its xpv-vmm publishes its counters (RUN/stats/vmm<N>: exits by KVM exit reason,
+// hypercalls, upcalls; all of them in --json); under the table the backend daemons' own CPU share
+// (Xen's Domain-0 row carries that).
 //
 //   sample_top()  reads /proc, the run directory, xenstore's backend directories and the stats files
 //   format_top()  the table of one interval, from two samples (pure: unit-tested)
@@ -27,7 +29,7 @@ namespace xpv::toolstack {
 class Xenstore;
 
 struct DeviceSample {
-  std::string name;       // vbd<N>.<devid> / vif<N>.<devid>
+  std::string name;       // vbd<N>.<devid> / vif<N>.<devid> (vmm<N>: the domain's xpv-vmm)
   bool published = false; // its backend publishes counters (the device is connected to it)
   double published_at = 0; // the file's mtime (s since the epoch): when the counters were read
   std::map<std::string, std::uint64_t> counters;
@@ -41,6 +43,7 @@ struct DomainSample {
   pid_t pid = 0;
   std::optional<double> cpu_s;  // user + system time of the domain's process
   std::vector<DeviceSample> vbds, vifs;
+  DeviceSample vmm;  // xpv-vmm's counters (not published: a process domain, or none written yet)
 };
 
 struct DaemonSample {
@@ -65,7 +68,8 @@ std::optional<double> process_cpu_seconds(pid_t pid);
 std::optional<double> parse_proc_stat_cpu(const std::string& text, long ticks_per_second);
 
 // The table for the interval prev → cur: CPU(%) is the CPU time used over the wall time between the
-// two (a domain or daemon whose process changed or is missing in either gets "-").
+// two (a domain or daemon whose process changed or is missing in either gets "-"); EXITS/s is the
+// `exits` counter's rate between xpv-vmm's two publications the samples read ("-" without two).
 std::string format_top(const TopSample& prev, const TopSample& cur);
 nlohmann::json top_json(const TopSample& prev, const TopSample& cur);
 

@@ -25,6 +25,8 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "xpv/domain/domain.h"
 #include "xpv/kvm/pci_host.h"
@@ -84,7 +86,12 @@ class XenDomain {
   std::uint64_t hypercalls() const noexcept;
   // Whether guest writes of the hypercall-page MSR reach the VMM (this KVM can filter MSRs).
   bool hypercall_page_msr() const noexcept { return msr_trap_; }
-  // "hypercalls=N memory_op=… evtchn.send=… sched.poll=… upcalls=… intx_eois=…" (--stats).
+  // The platform's counters: hypercalls (all), then per hypercall, EVTCHNOP and SCHEDOP that
+  // occurred (memory_op, evtchn.send, sched.poll, ...), upcalls, intx_eois, and once the guest
+  // has a balloon ballooned_pages (and ballooned_not_freed when some could not be punched).
+  // Any thread (the counters are atomics): xpv-vmm --stats-file publishes them every second.
+  std::vector<std::pair<std::string, std::uint64_t>> counters() const;
+  // The same as one line, "hypercalls=N memory_op=… upcalls=… intx_eois=…" (--stats).
   std::string describe_counters() const;
   // Typed bytes for the PV console (see PvConsole::receive); 0 when there is none. Any thread.
   std::size_t pv_console_input(std::span<const std::uint8_t> bytes) noexcept;
