@@ -10,7 +10,8 @@
 //
 // --stats-file PATH: the exit counters (and with --xen the hypercall and upcall counters), as a
 // statistics file (xpv/stats_file.h) rewritten about once a second while the guest runs and
-// removed when it stops; the toolstack passes RUN/stats/vmm<N>, which `xpv top` reads.
+// removed when it stops (not when xpv-vmm is killed: `xpv destroy` removes it then); the
+// toolstack passes RUN/stats/vmm<N>, which `xpv top` reads.
 //
 // Exit status: 0 guest powered off (or halted), 2 guest asked for a reboot, 3 triple fault,
 // 1 VMM error (bad arguments, bad image, KVM failure; one line on stderr saying which).
@@ -276,11 +277,11 @@ int run(int argc, char** argv) {
   std::optional<StatsFilePublisher> stats_publisher;
   if (!stats_file.empty()) {
     stats_publisher.emplace(stats_file, [&vm, &xendom] {
+      // The platform's counters first: a hypercall is counted after its port-I/O exit, so the
+      // exits read after them are never fewer than the hypercalls they carried.
+      const xpv::stats::Counters x = xendom ? xendom->counters() : xpv::stats::Counters{};
       xpv::stats::Counters c = xpv::kvm::exit_counters(vm.stats());
-      if (xendom) {
-        const auto x = xendom->counters();
-        c.insert(c.end(), x.begin(), x.end());
-      }
+      c.insert(c.end(), x.begin(), x.end());
       return c;
     });
   }

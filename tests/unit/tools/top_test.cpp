@@ -128,7 +128,8 @@ TopSample sample(double t, double web1_cpu, std::uint64_t rd, pid_t blkback_pid,
   h.type = "hvm";
   h.state = "running";
   h.pid = 4712;
-  h.vmm = {"vmm2", true, t - 0.25, {{"exits", static_cast<std::uint64_t>(t * 1000)}, {"exit_io", 5}, {"upcalls", 9}}};
+  h.vmm = {"vmm2", true, t - 0.25,
+           {{"exits", static_cast<std::uint64_t>(t * 1000)}, {"exit_io", 5}, {"upcalls", 9}, {"ballooned_pages", 7}}};
   s.domains.push_back(h);
   s.daemons = {{"xpv-blkback", blkback_pid, blkback_cpu}, {"xpv-netback", 0, std::nullopt}};
   return s;
@@ -177,12 +178,18 @@ TEST(Top, JsonGivesCountersAndRatesBetweenTheBackendsPublications) {
   b.domains[0].vbds[0].published_at = a.domains[0].vbds[0].published_at;
   EXPECT_TRUE(top_json(a, b).at("domains").at(0).at("vbds").at(0).at("per_second").empty());
   EXPECT_TRUE(j.at("dom0_services").at(1).at("cpu_pct").is_null());
-  // xpv-vmm's counters, all of them, with their rates; a process domain has none.
-  EXPECT_FALSE(d.at("vmm").at("published").get<bool>());
+  // xpv-vmm's counters, all of them, with their rates; a process domain has no xpv-vmm.
+  EXPECT_TRUE(d.at("vmm").is_null()) << d.dump();
   const auto& vmm = j.at("domains").at(1).at("vmm");
   EXPECT_EQ(vmm.at("counters").at("upcalls").get<std::uint64_t>(), 9u);
   EXPECT_DOUBLE_EQ(vmm.at("per_second").at("exits").get<double>(), 1000.0);
   EXPECT_DOUBLE_EQ(vmm.at("per_second").at("exit_io").get<double>(), 0.0);
+  EXPECT_FALSE(vmm.at("per_second").contains("ballooned_pages")) << "a level, not a count";
+  // The domid now belongs to another xpv-vmm (the guest was restarted): its counters are not
+  // subtracted from the old one's.
+  TopSample restarted = b;
+  restarted.domains[1].pid = 4713;
+  EXPECT_TRUE(top_json(a, restarted).at("domains").at(1).at("vmm").at("per_second").empty());
   // Only one publication seen (xpv-vmm just started): no rate, and "-" in the table.
   TopSample fresh = a;
   fresh.domains[1].vmm.published = false;

@@ -156,7 +156,9 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   remove_domain_dir(dir);
   std::error_code ec;
   fs::remove(p.control_socket(d.domid), ec);
-  fs::remove(p.vmm_stats_file(d.domid), ec);  // its xpv-vmm removes it, unless it was killed
+  // Its xpv-vmm removes its counters when the guest stops, not when it is killed (SIGTERM above).
+  fs::remove(p.vmm_stats_file(d.domid), ec);
+  fs::remove(p.vmm_stats_file(d.domid) + ".tmp", ec);
   // Its network namespace (the interfaces in it go with it), after the process that used it.
   const std::string ns = d.record && !d.record->netns.empty() ? d.record->netns : p.netns(d.domid);
   if ((d.record && !d.record->netns.empty()) || netback::netns_exists(ns)) {

@@ -64,7 +64,7 @@ std::map<std::string, double> rates(const DeviceSample& now, const DeviceSample*
   }
   const double span = now.published_at - before->published_at;
   for (const auto& [k, v] : now.counters) {
-    if (k == "queues") continue;
+    if (k == "queues" || k == "ballooned_pages") continue;  // levels, not counts
     if (auto it = before->counters.find(k); it != before->counters.end() && v >= it->second) {
       out[k] = static_cast<double>(v - it->second) / span;
     }
@@ -92,6 +92,13 @@ template <class T, class K, class V>
 const T* find_by(const std::vector<T>& v, K T::*key, const V& value) {
   const auto it = std::ranges::find(v, value, key);
   return it == v.end() ? nullptr : &*it;
+}
+
+// The previous sample's xpv-vmm counters of the same process as `d`'s (a domid can be reused, a
+// guest restarted between two samples), or nullptr.
+const DeviceSample* same_vmm(const TopSample& prev, const DomainSample& d) {
+  const DomainSample* p = find_by(prev.domains, &DomainSample::domid, d.domid);
+  return p != nullptr && p->pid != 0 && p->pid == d.pid ? &p->vmm : nullptr;
 }
 
 std::optional<double> domain_cpu_pct(const TopSample& prev, const TopSample& cur, const DomainSample& d) {
@@ -142,7 +149,7 @@ TopSample sample_top(const Paths& paths, Xenstore* xs) {
     x.cpu_s = process_cpu_seconds(d.pid);
     x.vbds = devices(paths, xs, "vbd", d.domid);
     x.vifs = devices(paths, xs, "vif", d.domid);
-    x.vmm = published(paths, fmt::format("vmm{}", d.domid));
+    if (x.type == "hvm") x.vmm = published(paths, fmt::format("vmm{}", d.domid));  // only HVM has an xpv-vmm
     s.domains.push_back(std::move(x));
   }
   std::vector<std::string> programs = backend_programs();
@@ -166,8 +173,7 @@ std::string format_top(const TopSample& prev, const TopSample& cur) {
                                 "NAME", "ID", "STATE", "CPU(sec)", "CPU(%)", "MEM(k)", "VCPUS", "NETS", "NETTX(k)",
                                 "NETRX(k)", "VBDS", "VBD_RD", "VBD_WR", "VBD_RSECT", "VBD_WSECT", "EXITS/s");
   for (const DomainSample& d : cur.domains) {
-    const DomainSample* p = find_by(prev.domains, &DomainSample::domid, d.domid);
-    const auto r = rates(d.vmm, p ? &p->vmm : nullptr);
+    const auto r = rates(d.vmm, same_vmm(prev, d));
     const auto exits = r.find("exits");
     out += fmt::format("{:>16} {:>4} {:<8} {:>9} {:>6} {:>10} {:>5} {:>4} {:>10} {:>10} {:>4} {:>9} {:>9} {:>10} {:>10} {:>9}\n",
                        d.name, d.domid, d.state, d.cpu_s ? fmt::format("{:.0f}", *d.cpu_s) : "-",
@@ -212,7 +218,7 @@ nlohmann::json top_json(const TopSample& prev, const TopSample& cur) {
                     {"vcpus", d.vcpus},
                     {"vbds", devs(d.vbds, p ? &p->vbds : nullptr)},
                     {"vifs", devs(d.vifs, p ? &p->vifs : nullptr)},
-                    {"vmm", dev(d.vmm, p ? &p->vmm : nullptr)}});
+                    {"vmm", d.type == "hvm" ? dev(d.vmm, same_vmm(prev, d)) : nlohmann::json(nullptr)}});
   }
   nlohmann::json daemons = nlohmann::json::array();
   for (const DaemonSample& d : cur.daemons) {

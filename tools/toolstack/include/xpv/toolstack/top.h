@@ -43,7 +43,7 @@ struct DomainSample {
   pid_t pid = 0;
   std::optional<double> cpu_s;  // user + system time of the domain's process
   std::vector<DeviceSample> vbds, vifs;
-  DeviceSample vmm;  // xpv-vmm's counters (not published: a process domain, or none written yet)
+  DeviceSample vmm;  // an HVM domain's xpv-vmm counters (not published: none written yet)
 };
 
 struct DaemonSample {
@@ -69,7 +69,8 @@ std::optional<double> parse_proc_stat_cpu(const std::string& text, long ticks_pe
 
 // The table for the interval prev → cur: CPU(%) is the CPU time used over the wall time between the
 // two (a domain or daemon whose process changed or is missing in either gets "-"); EXITS/s is the
-// `exits` counter's rate between xpv-vmm's two publications the samples read ("-" without two).
+// `exits` counter's rate between xpv-vmm's two publications the samples read ("-" when both read
+// the same one, or xpv-vmm's process changed).
 std::string format_top(const TopSample& prev, const TopSample& cur);
 nlohmann::json top_json(const TopSample& prev, const TopSample& cur);
 
