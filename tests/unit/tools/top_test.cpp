@@ -105,29 +105,29 @@ TEST(Top, ProcStatCpuCountsFromTheLastParenthesis) {
   EXPECT_FALSE(process_cpu_seconds(0).has_value());
 }
 
+DomainSample running(std::uint16_t domid, const char* name, const char* type, pid_t pid) {
+  DomainSample d;
+  d.domid = domid;
+  d.name = name;
+  d.type = type;
+  d.state = "running";
+  d.pid = pid;
+  return d;
+}
+
 TopSample sample(double t, double web1_cpu, std::uint64_t rd, pid_t blkback_pid, double blkback_cpu) {
   TopSample s;
   s.time_s = t;
-  DomainSample d;
-  d.domid = 1;
-  d.name = "web1";
-  d.type = "process";
-  d.state = "running";
+  DomainSample d = running(1, "web1", "process", 4711);
   d.mem_kib = 65536;
   d.vcpus = 1;
-  d.pid = 4711;
   d.cpu_s = web1_cpu;
   d.vbds = {{"vbd1.51712", true, t - 0.5, {{"rd_req", rd}, {"wr_req", 3}, {"rd_sect", rd * 8}, {"wr_sect", 24}}},
             {"vbd1.51728", true, t - 0.5, {{"rd_req", 1}, {"wr_req", 0}, {"rd_sect", 8}, {"wr_sect", 0}}}};
   d.vifs = {{"vif1.0", true, t - 0.5, {{"tx_bytes", 4096}, {"rx_bytes", 10240}}}, {"vif1.1", false, 0, {}}};
   s.domains.push_back(d);
   // An HVM guest whose xpv-vmm publishes its counters (the time stands in for its growth).
-  DomainSample h;
-  h.domid = 2;
-  h.name = "hvm2";
-  h.type = "hvm";
-  h.state = "running";
-  h.pid = 4712;
+  DomainSample h = running(2, "hvm2", "hvm", 4712);
   h.vmm = {"vmm2", true, t - 0.25,
            {{"exits", static_cast<std::uint64_t>(t * 1000)}, {"exit_io", 5}, {"upcalls", 9}, {"ballooned_pages", 7}}};
   s.domains.push_back(h);
