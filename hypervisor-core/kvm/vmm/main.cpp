@@ -109,9 +109,19 @@ class StatsFilePublisher {
     std::unique_lock lock(m);
     bool said = false;
     while (!stop.stop_requested()) {
-      if (const int e = xpv::replace_file(path_, xpv::stats::format(name_, "xpv-vmm", read_())); e != 0 && !said) {
+      // Nothing here may end the process (an exception leaving a thread would): the guest runs
+      // on without its counters.
+      std::string error;
+      try {
+        if (const int e = xpv::replace_file(path_, xpv::stats::format(name_, "xpv-vmm", read_())); e != 0) {
+          error = std::strerror(e);
+        }
+      } catch (const std::exception& ex) {
+        error = ex.what();
+      }
+      if (!error.empty() && !said) {
         said = true;
-        spdlog::warn("--stats-file {}: cannot write it: {}; no counters for `xpv top`", path_, std::strerror(e));
+        spdlog::warn("--stats-file {}: cannot write it: {}; no counters for `xpv top`", path_, error);
       }
       cv.wait_for(lock, stop, std::chrono::seconds(1), [] { return false; });
     }
