@@ -885,8 +885,8 @@ std::uint32_t Vm::tsc_khz() const noexcept {
   return khz > 0 ? static_cast<std::uint32_t>(khz) : 0;
 }
 
-std::vector<std::pair<std::string, std::uint64_t>> exit_counters(const ExitStats& s) {
-  std::vector<std::pair<std::string, std::uint64_t>> out{{"exits", 0}};
+stats::Counters exit_counters(const ExitStats& s) {
+  stats::Counters out{{"exits", 0}};
   for (std::size_t i = 0; i < s.by_reason.size(); ++i) {
     if (s.by_reason[i] == 0) continue;
     out.front().second += s.by_reason[i];

@@ -19,7 +19,6 @@
 #include <fmt/core.h>
 #include <spdlog/spdlog.h>
 
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -84,7 +83,7 @@ const char* shutdown_word(xpv::kvm::StopReason r) {
   }
 }
 
-// --stats-file: `read`'s counters written to `path` now and then about once a second, on a thread
+// --stats-file: `read`'s counters written to `path` at once and then about once a second, on a thread
 // of its own (the counters are atomics), until destroyed; then the file is removed, as a backend
 // withdraws a device's file. A file that cannot be written is said once and the guest runs on.
 class StatsFilePublisher {

@@ -488,7 +488,7 @@ std::uint64_t XenDomain::hypercalls() const noexcept {
   return n;
 }
 
-std::vector<std::pair<std::string, std::uint64_t>> XenDomain::counters() const {
+stats::Counters XenDomain::counters() const {
   // Names for what a Linux HVM guest calls; anything else by number.
   auto name = [](unsigned nr) -> std::string {
     switch (nr) {
@@ -509,7 +509,7 @@ std::vector<std::pair<std::string, std::uint64_t>> XenDomain::counters() const {
                                             "reset", "init_control", "expand_array", "set_priority"};
   static constexpr const char* kSched[] = {"yield", "block", "shutdown", "poll", "remote_shutdown", "shutdown_code",
                                            "watchdog", "pin_override"};
-  std::vector<std::pair<std::string, std::uint64_t>> out{{"hypercalls", hypercalls()}};
+  stats::Counters out{{"hypercalls", hypercalls()}};
   for (unsigned i = 0; i < 64; ++i) {
     if (const auto n = platform_->calls(i); n != 0) out.emplace_back(name(i), n);
   }

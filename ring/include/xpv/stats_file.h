@@ -8,9 +8,9 @@
 //   wr_req 88
 //
 // xpv-vmm keeps one of the same form for its guest's exits and hypercalls (vmm<domid>, its
-// --stats-file). The daemon rewrites it about once a second (replace_file.h: a reader sees either the old or
-// the new text, never half of one) and removes it when the device disconnects
-// or the daemon stops. A daemon killed with -9 leaves its files behind until its successor
+// --stats-file). The daemon rewrites it about once a second (replace_file.h: a reader sees either
+// the old or the new text, never half of one) and removes it when the device disconnects or the
+// daemon stops. A daemon killed with -9 leaves its files behind until its successor
 // removes them at its start (Publisher::remove_leftovers); the file's mtime says how fresh it is.
 #pragma once
 

@@ -44,6 +44,7 @@
 #include "xpv/kvm/guest_ram.h"
 #include "xpv/kvm/io_bus.h"
 #include "xpv/kvm/linux_boot.h"
+#include "xpv/stats_file.h"
 
 namespace xpv::kvm {
 
@@ -71,7 +72,7 @@ const char* exit_reason_name(std::size_t reason) noexcept;
 // The counters as the "key value" pairs of a statistics file (xpv/stats_file.h): `exits` (all),
 // then `exit_<name>` for each reason that occurred, by reason number (the reasons without a name
 // summed as `exit_other`), then `pio_unclaimed` and `mmio_unclaimed`.
-std::vector<std::pair<std::string, std::uint64_t>> exit_counters(const ExitStats& s);
+stats::Counters exit_counters(const ExitStats& s);
 
 // A vCPU stopped in a port-I/O trap (see Vm::set_pio_trap): its registers and its view of guest-
 // virtual memory. Lives on the vCPU thread for the duration of one trap.

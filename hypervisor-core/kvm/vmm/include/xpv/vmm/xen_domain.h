@@ -25,8 +25,6 @@
 #include <span>
 #include <string>
 #include <thread>
-#include <utility>
-#include <vector>
 
 #include "xpv/domain/domain.h"
 #include "xpv/kvm/pci_host.h"
@@ -34,6 +32,7 @@
 #include "xpv/platform_pci/bars.h"
 #include "xpv/platform_pci/platform_device.h"
 #include "xpv/platform_pci/unplug_ports.h"
+#include "xpv/stats_file.h"
 #include "xpv/vmm/pv_console.h"
 #include "xpv/xen/platform.h"
 
@@ -90,7 +89,7 @@ class XenDomain {
   // occurred (memory_op, evtchn.send, sched.poll, ...), upcalls, intx_eois, and once the guest
   // has a balloon ballooned_pages (and ballooned_not_freed when some could not be punched).
   // Any thread (the counters are atomics): xpv-vmm --stats-file publishes them every second.
-  std::vector<std::pair<std::string, std::uint64_t>> counters() const;
+  stats::Counters counters() const;
   // The same as one line, "hypercalls=N memory_op=… upcalls=… intx_eois=…" (--stats).
   std::string describe_counters() const;
   // Typed bytes for the PV console (see PvConsole::receive); 0 when there is none. Any thread.
