@@ -236,6 +236,54 @@ tcp_detail() {
              printf "cwnd_kib=%s rtt_us=%s rttvar_us=%s retr=%s", c, t, tv, rt }' "$1" 2>/dev/null
 }
 
+# load_delta STAT0 INTR0 STAT1 INTR1: where the guest's CPU time and its NIC queue interrupts went
+# between two copies of /proc/stat and /proc/interrupts (0 before, 1 after), on one line: each
+# vCPU's share of its time in percent, "cpuN=usr:U,sys:S,irq:I,si:SI,idle:ID,steal:ST" (usr with
+# nice, idle with iowait, si = softirq: the receive path's NAPI and TSQ's tasklet), then each NIC
+# queue interrupt's count per vCPU, "NAME=C0/C1/..." (netfront's vifD-qN[-tx|-rx], virtio-net's
+# virtioM-input.N / -output.N). So a host can tell a starved sender whose vCPU was busy (and with
+# what) from one whose vCPU waited, and which vCPU carried which queue.
+load_delta() {
+  awk 'FNR == 1 { f++
+         if (f == 2 || f == 4) { n = 0; for (i = 1; i <= NF; i++) if ($i ~ /^CPU[0-9]+$/) n++; ncol[f] = n; next } }
+       (f == 1 || f == 3) && $1 ~ /^cpu[0-9]+$/ {
+         if (f == 3) cpu[++k] = $1
+         u[f, $1] = $2 + $3; sy[f, $1] = $4; id[f, $1] = $5 + $6; ir[f, $1] = $7; si[f, $1] = $8; st[f, $1] = $9
+       }
+       (f == 2 || f == 4) && $NF ~ /^(vif[0-9]+-q[0-9]+(-tx|-rx)?|virtio[0-9]+-(input|output)\.[0-9]+)$/ {
+         if (f == 4) q[++m] = $NF
+         for (i = 1; i <= ncol[f]; i++) cnt[f, $NF, i] = $(i + 1)
+       }
+       function pct(v, t) { return int(100 * v / t + 0.5) }
+       END {
+         sep = ""
+         for (j = 1; j <= k; j++) {
+           c = cpu[j]
+           du = u[3, c] - u[1, c]; ds = sy[3, c] - sy[1, c]; di = id[3, c] - id[1, c]
+           dr = ir[3, c] - ir[1, c]; dq = si[3, c] - si[1, c]; dt = st[3, c] - st[1, c]
+           t = du + ds + di + dr + dq + dt; if (t <= 0) t = 1
+           printf "%s%s=usr:%d,sys:%d,irq:%d,si:%d,idle:%d,steal:%d", sep, c, pct(du, t), pct(ds, t), pct(dr, t), pct(dq, t), pct(di, t), pct(dt, t)
+           sep = " "
+         }
+         for (j = 1; j <= m; j++) {
+           v = ""
+           for (i = 1; i <= ncol[4]; i++) v = v (i > 1 ? "/" : "") (cnt[4, q[j], i] - cnt[2, q[j], i])
+           printf "%s%s=%s", sep, q[j], v
+           sep = " "
+         }
+       }' "$1" "$2" "$3" "$4"
+}
+
+# load_mark: copies /proc/stat and /proc/interrupts (into LOGDIR, default /tmp) for load_since.
+load_mark() {
+  cat /proc/stat > "${LOGDIR:-/tmp}/load-stat"
+  cat /proc/interrupts > "${LOGDIR:-/tmp}/load-intr"
+}
+# load_since: load_delta from load_mark's copies to now.
+load_since() {
+  load_delta "${LOGDIR:-/tmp}/load-stat" "${LOGDIR:-/tmp}/load-intr" /proc/stat /proc/interrupts
+}
+
 # serve_pairs N DEADLINE: N times, two iperf3 servers at once (ports 5201 and 5202), each its own
 # process (and thread), so that two clients can drive both directions at the same time without
 # iperf3 --bidir's one loop; both are served before the next pair. Past DEADLINE (date +%s):
@@ -243,6 +291,7 @@ tcp_detail() {
 serve_pairs() {
   n=1
   while [ "$n" -le "$1" ]; do
+    load_mark
     iperf3 -s -1 -p 5201 $JSON > "${LOGDIR:-/tmp}/iperf3.log" 2>&1 &
     pid=$!
     iperf3 -s -1 -p 5202 $JSON > "${LOGDIR:-/tmp}/iperf3b.log" 2>&1 &
@@ -260,6 +309,7 @@ serve_pairs() {
       finish 124
     fi
     say "XPV-IPERF3-SERVED pair $n rc=$rc,$rc2"
+    say "XPV-LOAD pair=$n $(load_since)"
     if [ "$TCP_DETAIL" -ne 0 ]; then
       say "XPV-TCP pair=$n port=5201 $(tcp_detail "${LOGDIR:-/tmp}/iperf3.log")"
       say "XPV-TCP pair=$n port=5202 $(tcp_detail "${LOGDIR:-/tmp}/iperf3b.log")"
@@ -326,6 +376,7 @@ case "$RUN" in
     fi
     n=1
     while [ "$n" -le "$CLIENTS" ]; do
+      load_mark
       iperf3 -s -1 $JSON > /tmp/iperf3.log 2>&1 &
       pid=$!
       wait_listen 5201 || fatal "iperf3 -s is not listening on port 5201 after 10 s: $(tail -n 1 "${LOGDIR:-/tmp}/iperf3.log")"
@@ -334,6 +385,7 @@ case "$RUN" in
       rc=$?
       [ "$rc" -eq 124 ] && { say "XPV-IPERF3-TIMEOUT after $((n - 1)) clients"; finish 124; }
       say "XPV-IPERF3-SERVED $n rc=$rc"
+      say "XPV-LOAD client=$n $(load_since)"
       [ "$TCP_DETAIL" -ne 0 ] && say "XPV-TCP client=$n $(tcp_detail /tmp/iperf3.log)"
       say "XPV-NET-COUNTERS client=$n $(net_counters)"
       [ "$EOI_TRACE" -ne 0 ] && say "XPV-EOI client=$n $(eoi_counts)"

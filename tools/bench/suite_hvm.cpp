@@ -72,6 +72,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -505,6 +506,39 @@ DiskFigures run_bonnie(Vm& vm, const std::string& who) {
   return f;
 }
 
+// L1's counters of pages it moved or reclaimed behind its guests' backs (/proc/vmstat): THP
+// collapses (khugepaged), compaction and migration, reclaim. Every boot says how many it saw
+// (guarded()), so boots that die in the testbed (tools/testbed/README.md, "Known issue") can be
+// set against what L1's memory management did meanwhile. Empty where /proc/vmstat is unreadable.
+std::vector<std::pair<std::string, long long>> l1_page_moves() {
+  static const char* const kKeys[] = {"pgmigrate_success", "pgmigrate_fail",      "thp_fault_alloc",
+                                      "thp_collapse_alloc", "thp_split_page",     "compact_stall",
+                                      "compact_daemon_wake", "compact_migrate_scanned", "pgsteal_kswapd",
+                                      "pgsteal_direct"};
+  std::vector<std::pair<std::string, long long>> out;
+  std::ifstream in("/proc/vmstat");
+  std::string key;
+  long long v = 0;
+  while (in >> key >> v) {
+    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; }) != std::end(kKeys)) {
+      out.emplace_back(key, v);
+    }
+  }
+  return out;
+}
+
+// "name=delta ..." for the counters that moved between two l1_page_moves(), or "none".
+std::string page_moves_between(const std::vector<std::pair<std::string, long long>>& before,
+                               const std::vector<std::pair<std::string, long long>>& after) {
+  std::string s;
+  for (const auto& [k, v] : after) {
+    auto b = std::find_if(before.begin(), before.end(), [&](const auto& e) { return e.first == k; });
+    const long long d = v - (b == before.end() ? 0 : b->second);
+    if (d != 0) s += (s.empty() ? "" : " ") + k + "=" + std::to_string(d);
+  }
+  return s.empty() ? "none" : s;
+}
+
 // One boot and its workload; a failed one (an exception, or figures carrying an error) gets a
 // second, fresh boot: L2 guests in the testbed sometimes stall (QEMU's too) or die (xpv's; see
 // tools/testbed/README.md, "Known issue"). f(attempt) must name its VM after the attempt so a
@@ -515,12 +549,15 @@ auto guarded(const std::string& who, F&& f) -> decltype(f(1)) {
   std::string first;
   for (int attempt = 1;; ++attempt) {
     decltype(f(1)) r;
+    const auto moves = l1_page_moves();
     try {
       r = f(attempt);
     } catch (const std::exception& e) {
       r = decltype(f(1)){};
       r.error = e.what();
     }
+    say(who + " boot " + std::to_string(attempt) + (r.error.empty() ? " ran" : " failed") +
+        "; L1's page moves meanwhile: " + page_moves_between(moves, l1_page_moves()));
     if (r.error.empty() || attempt == 2) {
       r.retried = first;
       return r;

@@ -443,6 +443,52 @@ TEST(Image, TheGuestSaysWhatItsIperf3SenderSawEachSecond) {
   EXPECT_EQ(r.out, "receiver");
 }
 
+TEST(Image, TheGuestSaysWhereItsCpuTimeAndNicInterruptsWentBetweenTwoSnapshots) {
+  // rootfs-init.sh's load_delta, run by busybox sh and awk against two made-up copies of
+  // /proc/stat and /proc/interrupts: each vCPU's share of its own time (user+nice, system, irq,
+  // softirq, idle+iowait, steal: rounded percent of that vCPU's delta, not of the machine's), then
+  // each NIC queue interrupt's delta per vCPU, netfront's and virtio-net's names only, in the
+  // order of the later file; an interrupt that appeared only later counts from 0.
+  if (sh("command -v busybox", "/tmp").rc != 0) GTEST_SKIP() << "needs busybox (scripts/setup installs it)";
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const fs::path bin = busybox_awk_bin(t.path());
+  //                                           user nice system idle iowait irq softirq steal guest guest_nice
+  std::ofstream(t.path() / "stat0") << "cpu  300 0 300 300 0 0 0 0 0 0\n"
+                                       "cpu0 100 0 200 100 0 10 50 0 0 0\n"
+                                       "cpu1 200 0 100 200 0 0 0 0 0 0\n"
+                                       "intr 12345 0 0\nctxt 999\n";
+  std::ofstream(t.path() / "stat1") << "cpu  900 0 900 900 0 0 0 0 0 0\n"
+                                       "cpu0 110 10 230 100 0 20 130 0 0 0\n"    // usr +20 sys +30 irq +10 si +80: of 140
+                                       "cpu1 300 50 150 250 50 0 0 100 0 0\n"    // usr +150 sys +50 idle +100 steal +100: of 400
+                                       "intr 22345 0 0\nctxt 1999\n";
+  std::ofstream(t.path() / "intr0") << "           CPU0       CPU1       \n"
+                                       "  1:          9          0   IO-APIC   1-edge      i8042\n"
+                                       " 38:        100          0  xen-dyn    -edge      vif0-q0-tx\n"
+                                       " 39:       1000          5  xen-dyn    -edge      vif0-q0-rx\n"
+                                       " 41:          0         20  xen-dyn    -edge      blkif\n"
+                                       "NMI:          0          0   Non-maskable interrupts\n";
+  std::ofstream(t.path() / "intr1") << "           CPU0       CPU1       \n"
+                                       "  1:         19          0   IO-APIC   1-edge      i8042\n"
+                                       " 38:        150          0  xen-dyn    -edge      vif0-q0-tx\n"
+                                       " 39:       3000          5  xen-dyn    -edge      vif0-q0-rx\n"
+                                       " 40:          0        700  xen-dyn    -edge      vif0-q1-rx\n"
+                                       " 41:          0        900  xen-dyn    -edge      blkif\n"
+                                       " 42:          1          2  PCI-MSI 1-edge      virtio1-input.0\n"
+                                       "NMI:          3          3   Non-maskable interrupts\n";
+  const fs::path fn = cut_functions(t.path(), "load.sh", {"load_delta"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh has no load_delta()";
+  auto p = [&](const char* f) { return (t.path() / f).string(); };
+  const auto r = sh("PATH=" + bin.string() + ":$PATH busybox sh -c " +
+                        quote(". " + fn.string() + "; load_delta " + p("stat0") + " " + p("intr0") + " " + p("stat1") + " " + p("intr1")),
+                    t.path());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "cpu0=usr:14,sys:21,irq:7,si:57,idle:0,steal:0 cpu1=usr:38,sys:13,irq:0,si:0,idle:25,steal:25 "
+            "vif0-q0-tx=50/0 vif0-q0-rx=2000/0 vif0-q1-rx=0/700 virtio1-input.0=1/2");
+  EXPECT_EQ(r.err, "");
+}
+
 TEST(Image, TheGuestSaysWhereItsBalloonIs) {
   // rootfs-init.sh's mem_state, run by busybox sh and awk against a made-up xen_memory sysfs
   // directory and meminfo: MemTotal and the balloon's current and target size; a balloon still
@@ -542,8 +588,9 @@ TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
   const fs::path bin = t.path() / "bin";
   fs::create_directories(bin);
   for (const char* applet : {"netstat", "usleep"}) fs::create_symlink("/usr/bin/busybox", bin / applet);
-  const fs::path fn = cut_functions(t.path(), "funcs.sh", {"wait_listen", "wait_until", "serve_pairs"});
-  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh lacks wait_listen(), wait_until() or serve_pairs()";
+  const fs::path fn =
+      cut_functions(t.path(), "funcs.sh", {"wait_listen", "wait_until", "load_delta", "load_mark", "load_since", "serve_pairs"});
+  ASSERT_FALSE(fn.empty()) << "rootfs-init.sh lacks wait_listen(), wait_until(), load_*() or serve_pairs()";
   const std::string dir = t.path().string();
   // say/finish/fatal as the image has them, writing to a file; `finish` ends the serving shell.
   const std::string prelude = "export PATH=" + bin.string() + ":$PATH LOGDIR=" + dir + "; busybox ip link set lo up; " +
@@ -559,7 +606,11 @@ TEST(Image, TheGuestServesTwoIperf3ProcessesAtOnceForEachPair) {
                 "wait $a; wait $b; wait $srv";
   const auto r = sh("timeout 60 unshare -n busybox sh -c " + quote(served), t.path());
   ASSERT_EQ(r.rc, 0) << r.err << markers();
-  EXPECT_EQ(markers(), "XPV-IPERF3-LISTENING 5201+5202 pair=1\nXPV-IPERF3-SERVED pair 1 rc=0,0\nRETURNED\n");
+  // After the pair, where this machine's CPUs spent the time (load_delta's own test has the format).
+  EXPECT_TRUE(std::regex_match(markers(), std::regex("XPV-IPERF3-LISTENING 5201\\+5202 pair=1\nXPV-IPERF3-SERVED pair 1 rc=0,0\n"
+                                                     "XPV-LOAD pair=1 cpu0=usr:[0-9]+,sys:[0-9]+,irq:[0-9]+,si:[0-9]+,idle:[0-9]+,steal:[0-9]+( .*)?\n"
+                                                     "RETURNED\n")))
+      << markers();
   for (const char* f : {"up.json", "down.json"}) {
     nlohmann::json j;
     ASSERT_NO_THROW(j = nlohmann::json::parse(slurp(t.path() / f))) << f << ": " << slurp(t.path() / f);
