@@ -194,11 +194,12 @@ std::string RingConnection::ring_record(nlohmann::json fields) const {
   return fields.dump();
 }
 
-void RingConnection::journal(nlohmann::json record) noexcept {
+template <class Build>
+void RingConnection::journal(Build&& build) noexcept {
   ChangeLog* log = store_.change_log();
   if (!log) return;
   try {
-    log->record(ring_record(std::move(record)));
+    log->record(ring_record(build()));
   } catch (const std::exception&) {
     // Not recorded (out of memory), while this connection goes on as if it were (the index
     // published, the bytes counted as journaled): the journal must be written again from a
@@ -245,7 +246,7 @@ void RingConnection::kick() noexcept {
 
 void RingConnection::violation(std::uint32_t error_code, const char* what) noexcept {
   failed_ = true;
-  journal({{"failed", true}});
+  journal([] { return nlohmann::json{{"failed", true}}; });
   store_release(intf_->error, error_code);
   spdlog::warn("xenstored: dom{}: ring {}; ring disabled", domid_, what);
   kick();
@@ -307,10 +308,12 @@ bool RingConnection::consume_requests() noexcept {
     // be waiting for room for the rest), once the journal has them — the bytes taken since the
     // last record only, so that a request fed a byte at a time costs its size, not its square.
     const auto in = framer_.partial();
-    journal({{"cons", cons},
-             {"in_more", hex(std::string_view(reinterpret_cast<const char*>(in.data()) + journaled_in_,
-                                              in.size() - journaled_in_))},
-             {"rsp", intf_->rsp_prod}});
+    journal([&] {
+      return nlohmann::json{{"cons", cons},
+                            {"in_more", hex(std::string_view(reinterpret_cast<const char*>(in.data()) + journaled_in_,
+                                                             in.size() - journaled_in_))},
+                            {"rsp", intf_->rsp_prod}};
+    });
     journaled_in_ = in.size();
     store_release(intf_->req_cons, cons);
   }
@@ -335,7 +338,9 @@ bool RingConnection::produce_responses() noexcept {
                                 static_cast<std::uint32_t>(msg.size() - out_off_)});
     if (out_off_ + n < msg.size() && !front.journaled) {
       // Part of a message stays off the ring: a recovery must be able to finish it.
-      journal({{"rsp", prod}, {"at", prod - static_cast<std::uint32_t>(out_off_)}, {"msg", hex(msg)}});
+      journal([&] {
+        return nlohmann::json{{"rsp", prod}, {"at", prod - static_cast<std::uint32_t>(out_off_)}, {"msg", hex(msg)}};
+      });
       front.journaled = true;
     }
     std::memcpy(intf_->rsp + off, msg.data() + out_off_, n);

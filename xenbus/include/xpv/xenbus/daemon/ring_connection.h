@@ -106,10 +106,14 @@ class RingConnection final : public Connection,
   void violation(std::uint32_t error_code, const char* what) noexcept;
   void kick() noexcept;
   std::uint32_t tail() const noexcept;  // the response position the next queued message takes
-  // A "ring" record of this connection (journal_state's fields, any of them): its text, and
-  // journal() records it and commits at once.
+  // A "ring" record of this connection (journal_state's fields, any of them): its text.
   std::string ring_record(nlohmann::json fields) const;
-  void journal(nlohmann::json record) noexcept;
+  // Records the "ring" record whose fields build() returns, and commits at once. The fields are
+  // built inside, so that running out of memory while building them, as while recording them,
+  // only loses the record (ChangeLog::lost: the journal is written again from a snapshot) and
+  // never escapes the noexcept data path that called it (std::terminate).
+  template <class Build>
+  void journal(Build&& build) noexcept;
 
   Store& store_;
   ring::XenstoreDomainInterface* intf_;
