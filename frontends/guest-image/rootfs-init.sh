@@ -240,9 +240,10 @@ tcp_detail() {
 # between two copies of /proc/stat and /proc/interrupts (0 before, 1 after), on one line: each
 # vCPU's share of its time in percent, "cpuN=usr:U,sys:S,irq:I,si:SI,idle:ID,steal:ST" (usr with
 # nice, idle with iowait, si = softirq: the receive path's NAPI and TSQ's tasklet), then each NIC
-# queue interrupt's count per vCPU, "NAME=C0/C1/..." (netfront's vifD-qN[-tx|-rx], virtio-net's
-# virtioM-input.N / -output.N). So a host can tell a starved sender whose vCPU was busy (and with
-# what) from one whose vCPU waited, and which vCPU carried which queue.
+# queue interrupt's count per vCPU, "NAME=C0/C1/..." (netfront's vifD-qN-tx / -rx — split event
+# channels, which xpv-netback always offers —, virtio-net's virtioM-input.N / -output.N). So a
+# host can tell a starved sender whose vCPU was busy (and with what) from one whose vCPU waited,
+# and which vCPU carried which queue.
 load_delta() {
   awk 'FNR == 1 { f++
          if (f == 2 || f == 4) { n = 0; for (i = 1; i <= NF; i++) if ($i ~ /^CPU[0-9]+$/) n++; ncol[f] = n; next } }
@@ -250,7 +251,7 @@ load_delta() {
          if (f == 3) cpu[++k] = $1
          u[f, $1] = $2 + $3; sy[f, $1] = $4; id[f, $1] = $5 + $6; ir[f, $1] = $7; si[f, $1] = $8; st[f, $1] = $9
        }
-       (f == 2 || f == 4) && $NF ~ /^(vif[0-9]+-q[0-9]+(-tx|-rx)?|virtio[0-9]+-(input|output)\.[0-9]+)$/ {
+       (f == 2 || f == 4) && $NF ~ /^(vif[0-9]+-q[0-9]+-(tx|rx)|virtio[0-9]+-(input|output)\.[0-9]+)$/ {
          if (f == 4) q[++m] = $NF
          for (i = 1; i <= ncol[f]; i++) cnt[f, $NF, i] = $(i + 1)
        }
@@ -267,7 +268,7 @@ load_delta() {
          }
          for (j = 1; j <= m; j++) {
            v = ""
-           for (i = 1; i <= ncol[4]; i++) v = v (i > 1 ? "/" : "") (cnt[4, q[j], i] - cnt[2, q[j], i])
+           for (i = 1; i <= ncol[4]; i++) v = (i > 1 ? v "/" : "") (cnt[4, q[j], i] - cnt[2, q[j], i])
            printf "%s%s=%s", sep, q[j], v
            sep = " "
          }

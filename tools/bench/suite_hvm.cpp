@@ -527,9 +527,11 @@ std::vector<std::pair<std::string, long long>> l1_page_moves() {
   return out;
 }
 
-// "name=delta ..." for the counters that moved between two l1_page_moves(), or "none".
+// "name=delta ..." for the counters that moved between two l1_page_moves(), "none" if none did,
+// "unknown" if /proc/vmstat could not be read.
 std::string page_moves_between(const std::vector<std::pair<std::string, long long>>& before,
                                const std::vector<std::pair<std::string, long long>>& after) {
+  if (before.empty() || after.empty()) return "unknown (no /proc/vmstat)";
   std::string s;
   for (const auto& [k, v] : after) {
     auto b = std::find_if(before.begin(), before.end(), [&](const auto& e) { return e.first == k; });

@@ -146,7 +146,11 @@ void Journal::lost(std::string_view what) noexcept { fail(what); }
 void Journal::commit() noexcept {
   if (failed_ || pending_.empty()) return;
   if (!write_all(fd_, pending_)) {
-    fail(fmt::format("write: {}", std::strerror(errno)));
+    // Formatted on the stack: this is noexcept, and memory may be what ran out.
+    const int e = errno;
+    char what[160];
+    const auto r = fmt::format_to_n(what, sizeof what, "write: {}", std::strerror(e));
+    fail(std::string_view(what, std::min(r.size, sizeof what)));
     return;
   }
   bytes_ += pending_.size();
