@@ -149,7 +149,9 @@ TopSample sample_top(const Paths& paths, Xenstore* xs) {
     x.cpu_s = process_cpu_seconds(d.pid);
     x.vbds = devices(paths, xs, "vbd", d.domid);
     x.vifs = devices(paths, xs, "vif", d.domid);
-    if (x.type == "hvm") x.vmm = published(paths, fmt::format("vmm{}", d.domid));  // only HVM has an xpv-vmm
+    if (x.type == "hvm") {  // only HVM has an xpv-vmm; its file is where `xpv create` told it to write
+      x.vmm = published(paths, std::filesystem::path(paths.vmm_stats_file(d.domid)).filename().string());
+    }
     s.domains.push_back(std::move(x));
   }
   std::vector<std::string> programs = backend_programs();
