@@ -9,6 +9,9 @@
 # daemons, started for that boot): an A/B of two xpv builds in one L1, e.g. ORDER xyxy.
 # z = the xpv guest with XPV_Z_APPEND added to its kernel command line (e.g.
 # XPV_Z_APPEND=xen_netfront.max_queues=1): an A/B of a guest setting, ORDER xzxz.
+# n = the xpv guest with xpv-netback's data-plane threads (vif*) reniced to XPV_N_NICE (default
+# -5) once the guest listens, and v = the QEMU guest with its vhost threads reniced the same way:
+# what the backend's share of L1's CPU does, ORDER xnqv.
 # XPV_LOAD_INTERVAL=0.1 makes iperf3 report every 0.1 s (default 1).
 # In each boot, iperf3 from L1 to the guest for 20 s host->guest, then 20 s guest->host (-R);
 # 3 s into each run and 5 s after that, every L1 thread's CPU time (utime + stime from /proc,
@@ -32,7 +35,20 @@ for f in vmlinuz initrd.cpio root.ext4; do
   [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
 done
 [ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
-case "$ORDER" in ''|*[!xqyz]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y, z and q"; exit 2 ;; esac
+case "$ORDER" in ''|*[!xqyznv]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y, z, n, q and v"; exit 2 ;; esac
+NICE=${XPV_N_NICE:--5}
+case "$NICE" in ''|-|*[!0-9-]*|?*-*) echo "$me: XPV_N_NICE '$NICE' is not a nice value"; exit 2 ;; esac
+RENICE=  # the comm pattern of the backend threads to renice to $NICE in this boot (n, v)
+renice_backend() { # the backend threads whose comm matches $RENICE, reniced to $NICE
+  [ -n "$RENICE" ] || return 0
+  for t in /proc/[0-9]*/task/[0-9]*; do
+    read -r c 2>/dev/null < $t/comm || continue
+    case $c in
+      $RENICE) if renice "$NICE" -p ${t##*/} > /dev/null; then echo "reniced $c (${t##*/}) to $NICE"
+               else echo "renicing $c (${t##*/}) to $NICE failed"; fi >> $OUT/renice.txt ;;
+    esac
+  done
+}
 case "$ORDER" in *z*) [ -n "${XPV_Z_APPEND:-}" ] || { echo "$me: ORDER has z: set XPV_Z_APPEND to the kernel parameters z adds"; exit 2; } ;; esac
 case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
 [ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
@@ -48,12 +64,13 @@ waitfor() { # file marker: bounded at 200 s
   i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
   echo "no '$2' in $1 within 200 s"; return 1
 }
-snap() { # every L1 thread as "tid comm ticks runs" (comm's blanks as _; runs: the times it was
-  # put on a CPU, schedstat's third field), then /proc/stat's cpu and ctxt lines
+snap() { # every L1 thread as "tid comm ticks runs wait" (comm's blanks as _; runs: the times it
+  # was put on a CPU, schedstat's third field; wait: the ns it spent runnable on a run queue
+  # without a CPU, schedstat's second), then /proc/stat's cpu and ctxt lines
   for t in /proc/[0-9]*/task/[0-9]*; do
     read -r st < $t/stat && read -r ss < $t/schedstat && echo "$st
 S $ss"
-  done 2>/dev/null | awk '$1 == "S" { print tid, c, ticks, $4; next }
+  done 2>/dev/null | awk '$1 == "S" { print tid, c, ticks, $4, $3; next }
     { s = $0; sub(/^[^(]*\(/, "", s); c = s; sub(/\).*/, "", c); gsub(/ /, "_", c)
       sub(/^.*\) /, "", s); split(s, f, " "); tid = $1; ticks = f[12] + f[13] }'
   grep -E '^(cpu|ctxt) ' /proc/stat
@@ -81,7 +98,7 @@ boot_end() { # name console how: one line in boots.txt — did the guest get to 
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
-  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi
+  if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then renice_backend; measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
   how=$(grep -h -o 'guest stopped: [^(]*' $W/log/xpv-vmm-load$1.log 2>/dev/null | head -n 1)
   boot_end ${2:-x}$1 $W/log/console-load$1.log "xpv-vmm: ${how:-the guest still ran}"
@@ -101,16 +118,22 @@ boot_y() { # n: the same guest under the second build's xpv and daemons
 boot_z() { # n: the same xpv guest with XPV_Z_APPEND added to its kernel command line
   za=$ARGS; ARGS="$ARGS $XPV_Z_APPEND"; boot_x $1 z; ARGS=$za
 }
-boot_q() { # n
+boot_n() { # n: the xpv guest, xpv-netback's data-plane threads reniced
+  RENICE='vif*'; boot_x $1 n; RENICE=
+}
+boot_v() { # n: the QEMU guest, its vhost threads reniced
+  RENICE='vhost-*'; boot_q $1 v; RENICE=
+}
+boot_q() { # n [name letter, default q]
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
   qemu_guest load$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
   qemu=$!
-  if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then measure q$1 $OUT/console-qemu$1.log; else rc=1; fi
+  if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then renice_backend; measure ${2:-q}$1 $OUT/console-qemu$1.log; else rc=1; fi
   waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"
   sleep 3
   if kill -0 $qemu 2>/dev/null; then how="QEMU: the guest still ran"
   else how="QEMU had exited (with -no-reboot: the guest reset itself, a triple fault or a reboot)"; fi
-  boot_end q$1 $OUT/console-qemu$1.log "$how"
+  boot_end ${2:-q}$1 $OUT/console-qemu$1.log "$how"
   kill $qemu 2>/dev/null; wait $qemu
   ip link del xpvtap0
 }
@@ -124,14 +147,15 @@ summary() { # name
     FNR == 1 { file++ }
     /^cpu / { for (i = 2; i <= NF; i++) st[file, i] = $i; next }
     /^ctxt / { ctxt[file] = $2; next }
-    { if (file == 1) { t0[$1] = $3; r0[$1] = $4 } else { comm[$1] = $2; t1[$1] = $3; r1[$1] = $4 } }
+    { if (file == 1) { t0[$1] = $3; r0[$1] = $4; w0[$1] = $5 } else { comm[$1] = $2; t1[$1] = $3; r1[$1] = $4; w1[$1] = $5 } }
     END {
       tot = 0; for (i = 2; i <= 11; i++) tot += st[2, i] - st[1, i]
       idle = (st[2, 5] - st[1, 5]) + (st[2, 6] - st[1, 6]); guest = st[2, 10] - st[1, 10]
       for (t in t1) {
         d = t1[t] - (t in t0 ? t0[t] : 0); c = comm[t]; r = r1[t] - (t in r0 ? r0[t] : 0)
-        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) { vcpu += d; rv += r; if (d > 0) pv = pv " " d }
-        else if (c == "xpv-netback" || c ~ /^vhost-/) { be += d; rb += r; if (d > 0) pb = pb " " d }
+        w = (w1[t] - (t in w0 ? w0[t] : 0)) / 1e6
+        if (c ~ /^vcpu[0-9]/ || c ~ /^CPU_[0-9]+\/KVM/) { vcpu += d; rv += r; if (d > 0) { pv = pv " " d; wv = wv " " int(w) } }
+        else if (c == "xpv-netback" || c ~ /^vif[0-9]+\.[0-9]+-q[0-9]/ || c ~ /^vhost-/) { be += d; rb += r; if (d > 0) { pb = pb " " d; wb = wb " " int(w) } }
         else if (c ~ /^xpv-vmm/ || c ~ /^qemu/ || c ~ /^xen-/ || c ~ /^worker/ || c ~ /^call_rcu/) vmm += d
         else if (c == "iperf3") ip += d
       }
@@ -144,6 +168,9 @@ summary() { # name
       # and each vCPU and backend thread ticks (a direction held back by one busy thread shows)
       printf "        runs per s: vcpu %d backend %d | L1 context switches per s %d | ticks per thread: vcpu%s backend%s\n",
         rv / secs, rb / secs, (ctxt[2] - ctxt[1]) / secs, pv, pb
+      # How long each of them was runnable but waited for one of L1s CPUs (schedstat): a thread
+      # that waits holds up whatever it serves, however few ticks it needs
+      printf "        ms waiting for a CPU per thread (window %.1f s): vcpu%s backend%s\n", secs, wv, wb
     }' $OUT/snap0-$1.txt $OUT/snap1-$1.txt
   # Where a window stalled: iperf3's rate per second, the sender's retransmits, the drops of L1's
   # end of the link (xpv's vif, QEMU's xpvtap0) over the run, and the guest's own counters
@@ -156,7 +183,7 @@ summary() { # name
   drops=$(awk -F'[: ]+' 'FNR == 1 { file++ } $2 ~ /^(vif|xpvtap)/ { rx[file] = $6; tx[file] = $14 }
                          END { printf "rx %d tx %d", rx[2] - rx[1], tx[2] - tx[1] }' $OUT/dev0-$1.txt $OUT/dev1-$1.txt 2>/dev/null)
   vm=${1%%-*}; boot=${vm#?}
-  case $vm in q*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
+  case $vm in [qv]*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
   client=client=1; case $1 in *-g2h) client=client=2 ;; *-pair) client=pairs=1 ;; esac
   guest=$(marker_delta XPV-NET-COUNTERS "$client" "$con")
   eoi=$(marker_delta XPV-EOI "$client" "$con")

@@ -43,6 +43,18 @@ bool rx_fill_adaptive() {
   return false;
 }
 
+// XPV_NETBACK_RX_DRAIN=all in the daemon's environment: while the guest has not posted buffers
+// for the next packet, every queue drains its TAP into its flow queue (flow order, a second copy)
+// instead of reading only that packet and leaving the rest in the TAP as vhost-net does (`head`,
+// the default). A switch for A/B measurements (backends/README.md "Fairness").
+bool rx_drain_all() {
+  const char* env = std::getenv("XPV_NETBACK_RX_DRAIN");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "head") return false;
+  if (std::string_view(env) == "all") return true;
+  spdlog::warn("netback: XPV_NETBACK_RX_DRAIN={:?} is neither 'head' nor 'all'; reading the head only", env);
+  return false;
+}
+
 }  // namespace
 
 std::optional<std::pair<std::uint64_t, std::uint64_t>> parse_rate_node(const std::string& s) noexcept {
@@ -433,6 +445,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
     s.queue.rx_fill_adaptive = rx_fill_adaptive();
+    s.queue.rx_drain = rx_drain_all();
     s.queue.share = &share_;
     s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;

@@ -55,6 +55,9 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
       rx_queue_(cfg.rx_queue, kMaxRxBytes),
       rx_fill_(rx_.size(), kRxFillMinSlots, cfg.rx_fill_adaptive, cfg.rx_fill_period_us) {
   counters_.rx_fill_limit.store(rx_fill_.limit(), std::memory_order_relaxed);
+  // What the fill limit holds back is meant to wait in flow order (rx_fill_limit.h), not in the
+  // TAP's arrival order: with it, the backlog is always drained into rx_queue_.
+  if (cfg_.rx_fill_adaptive) cfg_.rx_drain = true;
   if (!tx_evtchn_) throw std::invalid_argument("netback: no event channel");
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
@@ -317,8 +320,11 @@ bool NetbackQueue::rx_has_work() noexcept {
     }
     // Not yet enough for the head packet: stay asleep until more come or time runs out (then
     // what is queued is dropped), but keep draining the TAP (the backlog belongs in rx_queue_,
-    // see the header). Timed out with nothing queued and nothing to read: no work.
-    return *n >= rx_need_ || tap_readable_ || (timed_out && !rx_queue_.empty());
+    // see the header) unless the config leaves it there; with nothing queued (all of it dropped
+    // at the stall's timeout) the TAP is what we wait for. Timed out with nothing queued and
+    // nothing to read: no work.
+    const bool head = !rx_queue_.empty();
+    return (head && *n >= rx_need_) || ((cfg_.rx_drain || !head) && tap_readable_) || (timed_out && head);
   }
   return !rx_queue_.empty() || tap_readable_;
 }
@@ -478,8 +484,8 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
       return Step::dropped;
     }
     // Take what waits in the TAP into the flow queue, so that the backlog is scheduled by flow
-    // and not in the TAP's arrival order.
-    rx_ingest(kDrainBatch);
+    // and not in the TAP's arrival order (unless the config leaves it in the TAP).
+    if (cfg_.rx_drain) rx_ingest(kDrainBatch);
     return Step::blocked;
   }
   rx_stalled_ = false;
@@ -577,6 +583,7 @@ void NetbackQueue::push_and_notify() noexcept {
 
 bool NetbackQueue::poll_once() noexcept {
   tap_readable_ = true;  // no poll() told us: just try (one EAGAIN at worst)
+  tx_looked_us_ = now_us();  // as after poll(): the time between calls is not ours
   return pass();
 }
 
@@ -646,6 +653,19 @@ bool NetbackQueue::pass() noexcept {
   busy_ = false;
   for (int t = 0; t < kTurnsPerPoll && !disabled(); ++t) {
     const bool tx_ready = tx_has_work();
+    const std::uint64_t look = now_us();
+    if (tx_ready && !tx_seen_) {
+      // New tx requests: at most this long they waited for us (counters, queue.h).
+      const std::uint64_t after = look - std::min(tx_looked_us_, look);
+      counters_.tx_found.fetch_add(1, std::memory_order_relaxed);
+      counters_.tx_found_after_us.fetch_add(after, std::memory_order_relaxed);
+      if (after >= 1000) counters_.tx_found_after_1ms.fetch_add(1, std::memory_order_relaxed);
+      if (after > counters_.tx_found_after_max_us.load(std::memory_order_relaxed)) {
+        counters_.tx_found_after_max_us.store(after, std::memory_order_relaxed);
+      }
+    }
+    tx_seen_ = tx_ready || tx_rate_blocked_;  // a credit window that reopens is not news
+    tx_looked_us_ = look;
     const bool rx_ready = !disabled() && rx_has_work();
     if (disabled()) break;
     bool tx_go = tx_ready, rx_go = rx_ready;
@@ -669,6 +689,14 @@ bool NetbackQueue::pass() noexcept {
     turn_bytes_ = 0;
     const bool more = *d == Dir::tx ? tx_turn() : rx_turn();
     sched_.end_turn(more);
+    const std::uint64_t turn_end = now_us();
+    (*d == Dir::tx ? counters_.tx_turn_us : counters_.rx_turn_us)
+        .fetch_add(turn_end - look, std::memory_order_relaxed);
+    if (*d == Dir::tx && !more && !tx_rate_blocked_ && !tx_held_) {
+      // The turn emptied the tx ring: what comes next is new, and waits from now.
+      tx_seen_ = false;
+      tx_looked_us_ = turn_end;
+    }
     if (share != nullptr) {
       FairShare::Account* a = share_acc_[*d == Dir::tx ? 0 : 1];
       share->charge(a, turn_bytes_);
@@ -688,7 +716,7 @@ bool NetbackQueue::pass() noexcept {
     }
     if (*more) busy_ = true;
   }
-  if (rx_stalled_) {
+  if (rx_stalled_ && !rx_queue_.empty()) {
     // Waiting for rx buffers: the usual final check (req_event = req_cons + 1) would be already
     // passed while some buffers are posted but not enough, and we would spin. Ask instead to be
     // notified at the next buffer after those posted now (Linux netback does the same), then
@@ -712,6 +740,7 @@ bool NetbackQueue::pass() noexcept {
 
 void NetbackQueue::run() noexcept {
   try {
+    tx_looked_us_ = now_us();
     while (pass()) {
       pollfd fds[4];
       int n = 0;
@@ -721,8 +750,10 @@ void NetbackQueue::run() noexcept {
       if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
       // The TAP is read whenever it has packets: while the guest is behind they go into the
       // bounded flow queue (see the header), never pile up in the TAP's FIFO.
-      const int tap_at = n;
-      fds[n++] = {tap_, POLLIN, 0};
+      // Unless the config leaves the backlog in the TAP while a packet waits for buffers: then
+      // only the frontend's buffers (or the stall's timeout) wake us.
+      const int tap_at = cfg_.rx_drain || !rx_stalled_ || rx_queue_.empty() ? n : -1;
+      if (tap_at >= 0) fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
       const std::uint64_t now = now_us();
       if (!busy_ && cfg_.share != nullptr) {
@@ -748,10 +779,14 @@ void NetbackQueue::run() noexcept {
         break;
       }
       counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
+      // Maybe asleep until now: not time the tx ring waited for us (a poll that could not
+      // sleep, with work left, ends nothing).
+      if (timeout != 0) tx_looked_us_ = now_us();
       if (fds[0].revents) break;
       if (fds[1].revents) (void)tx_evtchn_->consume();
       if (rx_at >= 0 && fds[rx_at].revents) (void)rx_evtchn_->consume();
-      if (fds[tap_at].revents) tap_readable_ = true;
+      // Not watched: maybe readable (one EAGAIN at worst, once the frontend's buffers came).
+      if (tap_at < 0 || fds[tap_at].revents) tap_readable_ = true;
     }
     if (!disabled()) push_and_notify();
   } catch (...) {

@@ -4,6 +4,7 @@
 // TAP it moves whole frames, each with its 10-byte vnet header, and the test holds the other end.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -119,7 +120,12 @@ VnetHdr tcpv4_gso_hdr() {
   return h;
 }
 
+class NetbackQueueTest;
+void stall_then_buffers_without_packets(NetbackQueueTest& t, bool drain);
+
 class NetbackQueueTest : public ::testing::Test {
+  friend void stall_then_buffers_without_packets(NetbackQueueTest& t, bool drain);
+
  protected:
   void SetUp() override {
     int sv[2];
@@ -481,6 +487,50 @@ TEST_F(NetbackQueueTest, RxPastTheStallTimeWithNothingToDoSleeps) {
   EXPECT_EQ(r[0].status, 1000);
 }
 
+// After a stall's timeout dropped what waited, buffers that come with nothing to put in them are
+// no work: the thread sleeps until a packet comes (it used to spin, the stall still on, for as
+// long as the TAP stayed empty), in both ways of buffering the backlog.
+void stall_then_buffers_without_packets(NetbackQueueTest& t, bool drain) {
+  NetbackConfig cfg;
+  cfg.rx_stall_ms = 0;
+  cfg.rx_drain = drain;
+  t.start(cfg);
+  t.host_write({}, tcp_frame(6000));  // 2 slots; 1 posted
+  t.fe_.post_rx(0, t.fe_.grant(100, false));
+  t.fe_.rx_push();
+  std::thread th([&t] { t.queue_->run(); });
+  for (int i = 0; i < 500 && t.queue_->counters().rx_dropped.load() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.fe_.post_rx(1, t.fe_.grant(101, false));
+  t.fe_.post_rx(2, t.fe_.grant(102, false));
+  t.fe_.rx_push();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::uint64_t before = t.queue_->counters().wakeups.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::uint64_t during = t.queue_->counters().wakeups.load() - before;
+  t.host_write({}, tcp_frame(1000));
+  std::vector<NetifRxResponse> r;
+  for (int i = 0; i < 500 && r.empty(); ++i) {
+    r = t.fe_.rx_responses();
+    if (r.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  t.queue_->stop();
+  th.join();
+  EXPECT_EQ(t.queue_->counters().rx_dropped.load(), 1u);
+  EXPECT_LE(during, 5u) << "the thread woke " << during << " times in 300 ms with nothing to do";
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status, 1000);
+}
+
+TEST_F(NetbackQueueTest, RxBuffersAfterTheStallTimeoutWithNothingToReadAreNoWork) {
+  stall_then_buffers_without_packets(*this, /*drain=*/true);
+}
+
+TEST_F(NetbackQueueTest, RxBuffersAfterTheStallTimeoutWithNothingToReadAreNoWorkWithoutDraining) {
+  stall_then_buffers_without_packets(*this, /*drain=*/false);
+}
+
 TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 60000;
@@ -502,12 +552,13 @@ TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
 }
 
-// A guest that receives more slowly than the host sends: the backlog must not be the TAP's FIFO,
-// where the ACKs of the guest's own sending flow would wait behind every bulk packet. Netback
-// drains the TAP while the guest has no buffers, and when buffers come the packet of the sparse
-// flow goes out before the bulk backlog — the whole `--bidir` fairness story in one queue.
+// With rx_drain (XPV_NETBACK_RX_DRAIN=all), a guest that receives more slowly than the host sends
+// does not have its backlog in the TAP's FIFO, where the ACKs of the guest's own sending flow
+// would wait behind every bulk packet: netback drains the TAP while the guest has no buffers, and
+// when buffers come the packet of the sparse flow goes out before the bulk backlog.
 TEST_F(NetbackQueueTest, RxASparseFlowOvertakesABulkBacklogWhileTheGuestIsBehind) {
   NetbackConfig cfg;
+  cfg.rx_drain = true;  // XPV_NETBACK_RX_DRAIN=all; the default leaves the backlog in the TAP
   cfg.rx_queue.seed = 1;  // fixed: two flows share a bucket for one seed in 1024
   start(cfg);
   auto with_port = [](std::vector<std::uint8_t> f, std::uint16_t sport) {
@@ -550,6 +601,48 @@ TEST_F(NetbackQueueTest, RxASparseFlowOvertakesABulkBacklogWhileTheGuestIsBehind
   EXPECT_EQ(fe_.rx_responses().size(), 27u);
   EXPECT_EQ(queue_->counters().rx_packets.load(), 31u);
   EXPECT_EQ(queue_->counters().rx_queued.load(), 31u);
+  EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
+}
+
+// rx_drain off (the default, XPV_NETBACK_RX_DRAIN=head): while the guest is behind only the head packet is
+// read from the TAP; the rest waits there in arrival order, as under vhost-net, and is read
+// straight into the guest's buffers once enough are posted — one copy, no flow order.
+TEST_F(NetbackQueueTest, RxWithoutDrainingLeavesTheBacklogInTheTapInArrivalOrder) {
+  NetbackConfig cfg;
+  cfg.rx_drain = false;
+  start(cfg);
+  const auto bulk = tcp_frame(1400);
+  const auto ack = tcp_frame(66);
+  for (int i = 0; i < 30; ++i) host_write({}, bulk);
+  host_write({}, ack);
+  ASSERT_TRUE(queue_->poll_once());  // no buffers: the head packet is read, the rest stays
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_TRUE(fe_.rx_responses().empty());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 0u);
+  // 29 bulk frames and the ACK are still in the TAP (FIONREAD: the bytes it holds).
+  int left = 0;
+  ASSERT_EQ(::ioctl(tap_.get(), FIONREAD, &left), 0);
+  EXPECT_EQ(left, static_cast<int>(29 * (sizeof(VnetHdr) + bulk.size()) + sizeof(VnetHdr) + ack.size()))
+      << "the TAP was drained";
+  // Four buffers: the head packet and the next three, in arrival order (the ACK is the 31st).
+  for (std::uint16_t i = 0; i < 4; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
+  fe_.rx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  auto r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 4u);
+  for (const auto& rsp : r) EXPECT_EQ(rsp.status, 1400);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 4u);  // fewer than kRxDirectSlots posted: via the queue
+  // Enough buffers for the direct path: the rest follows straight, the ACK last.
+  for (std::uint16_t i = 4; i < 64; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
+  fe_.rx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  r = fe_.rx_responses();
+  ASSERT_EQ(r.size(), 27u);
+  EXPECT_EQ(r.back().status, 66);
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 31u);
+  // The four, and the fifth packet, read as the head while the guest was short again; the rest
+  // went straight into the guest's pages.
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 5u);
   EXPECT_EQ(queue_->counters().rx_dropped.load() + queue_->counters().rx_overflow.load(), 0u);
 }
 
@@ -706,6 +799,32 @@ TEST_F(NetbackQueueTest, BothDirectionsTakeTurns) {
   // 3 packets of 1000 bytes per 3000-byte turn: T R T R.
   EXPECT_EQ(queue_->counters().tx_turns.load(), 2u);
   EXPECT_EQ(queue_->counters().rx_turns.load(), 3u);  // the third finds the TAP empty
+  // The tx ring was found with requests once: it still had some at the look between its turns.
+  EXPECT_EQ(queue_->counters().tx_found.load(), 1u);
+}
+
+TEST_F(NetbackQueueTest, NewTxRequestsAreCountedOnceEachTimeTheyAppear) {
+  start();
+  const auto frame = tcp_frame(1000);
+  auto s = slots_for(frame, 16, 0)[0];
+  auto send = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      fe_.tx(s);
+      ++s.id;
+    }
+    fe_.tx_push();
+  };
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_found.load(), 0u);
+  send(1);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_found.load(), 1u);
+  ASSERT_TRUE(queue_->poll_once());  // nothing new
+  EXPECT_EQ(queue_->counters().tx_found.load(), 1u);
+  send(3);  // three packets, found at one look
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_found.load(), 2u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 4u);
 }
 
 TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {

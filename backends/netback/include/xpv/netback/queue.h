@@ -16,7 +16,10 @@
 // Flow-fair, bounded buffering (the XSA-392 lesson): while the frontend has not posted buffers for
 // the next packet, netback keeps reading the TAP into an RxFlowQueue (rx_flow_queue.h) instead of
 // leaving the backlog in the TAP's FIFO, where the packets of a sparse flow (the ACKs of the
-// guest's own sending stream) would wait behind megabytes of a bulk one. That queue is bounded
+// guest's own sending stream) would wait behind megabytes of a bulk one — when
+// NetbackConfig::rx_drain is on. By default it is off: only the packet at the head is read (and
+// waits there for buffers of its size) and the rest waits in the TAP, as under vhost-net, since
+// the second copy cost more than the flow order was measured to give. That queue is bounded
 // (RxFlowConfig::pool_bytes); making room drops from the fattest flow (counted in rx_overflow).
 // Packets are delivered from it by deficit round robin over flows, new flows first; with buffers
 // posted and nothing queued, packets go straight from the TAP into the guest's pages. Once the
@@ -89,6 +92,12 @@ struct NetbackConfig {
   // (false, the default), or adaptive (the daemon's XPV_NETBACK_RX_FILL=adaptive; an experiment:
   // measured in backends/README.md "Fairness", not yet shown to be a gain).
   bool rx_fill_adaptive = false;
+  // While the frontend has not posted buffers for the next packet: read only that packet and
+  // leave the rest in the TAP's FIFO, as vhost-net does (false, the default: one copy for nearly
+  // every packet), or read the TAP's backlog into rx_queue (true, the daemon's
+  // XPV_NETBACK_RX_DRAIN=all: flow order, a second copy for what waits there). Measured in
+  // backends/README.md "Fairness". Always on with rx_fill_adaptive.
+  bool rx_drain = false;
   std::uint64_t rx_fill_period_us = RxFillLimit::kPeriodUs;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
@@ -113,6 +122,16 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
   std::atomic<std::uint64_t> resume_tx_dropped{0};   // resume: tx packets answered, not sent
   std::atomic<std::uint64_t> resume_rx_returned{0};  // resume: rx buffers returned unused
+  // Where the thread's time goes, and how long new guest-tx requests can have waited for it
+  // while it was busy: the time from a look at the tx ring that found nothing (or the end of a
+  // tx turn that emptied it, or poll's return after it could sleep) to the next look that found
+  // requests. Time asleep in poll is not counted, nor the delay from being woken to getting a
+  // CPU (schedstat's run delay has that); time runnable without a CPU while busy is.
+  std::atomic<std::uint64_t> tx_turn_us{0}, rx_turn_us{0};
+  std::atomic<std::uint64_t> tx_found{0};            // looks that found new tx requests
+  std::atomic<std::uint64_t> tx_found_after_us{0};   // their summed time since the last look
+  std::atomic<std::uint64_t> tx_found_after_max_us{0};
+  std::atomic<std::uint64_t> tx_found_after_1ms{0};  // of them, after 1 ms or more
 };
 
 class NetbackQueue {
@@ -221,6 +240,8 @@ class NetbackQueue {
   std::vector<RxHeld> rx_held_;
   std::vector<iovec> rx_iov_;
   bool busy_ = false;             // poll_once left work behind: do not sleep
+  bool tx_seen_ = false;          // the last look at the tx ring found requests
+  std::uint64_t tx_looked_us_ = 0;  // when the tx ring was last looked at (or poll returned)
   ring::RingIdx tx_resume_ = 0, rx_resume_ = 0;  // slots left to answer unused (resume)
 };
 
