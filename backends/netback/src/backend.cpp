@@ -32,28 +32,25 @@ std::optional<std::uint64_t> parse_uint(const std::string& s, std::uint64_t max)
   return v;
 }
 
-// XPV_NETBACK_RX_FILL=adaptive in the daemon's environment: every queue bounds how far ahead of
-// the guest it fills its rx ring (rx_fill_limit.h); otherwise the whole ring, as Linux netback.
-// An experiment's switch, for A/B measurements (backends/README.md "Fairness").
-bool rx_fill_adaptive() {
-  const char* env = std::getenv("XPV_NETBACK_RX_FILL");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "ring") return false;
-  if (std::string_view(env) == "adaptive") return true;
-  spdlog::warn("netback: XPV_NETBACK_RX_FILL={:?} is neither 'adaptive' nor 'ring'; filling the whole ring", env);
+// A switch in the daemon's environment for A/B measurements (backends/README.md "Fairness"):
+// unset, empty or `off` keeps the default; `on` selects the variant; anything else is logged and
+// keeps the default.
+bool env_switch(const char* var, std::string_view off, std::string_view on) {
+  const char* env = std::getenv(var);
+  if (env == nullptr || *env == '\0' || off == env) return false;
+  if (on == env) return true;
+  spdlog::warn("netback: {}={:?} is neither '{}' nor '{}'; keeping '{}'", var, env, off, on, off);
   return false;
 }
 
-// XPV_NETBACK_RX_DRAIN=all in the daemon's environment: while the guest has not posted buffers
-// for the next packet, every queue drains its TAP into its flow queue (flow order, a second copy)
-// instead of reading only that packet and leaving the rest in the TAP as vhost-net does (`head`,
-// the default). A switch for A/B measurements (backends/README.md "Fairness").
-bool rx_drain_all() {
-  const char* env = std::getenv("XPV_NETBACK_RX_DRAIN");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "head") return false;
-  if (std::string_view(env) == "all") return true;
-  spdlog::warn("netback: XPV_NETBACK_RX_DRAIN={:?} is neither 'head' nor 'all'; reading the head only", env);
-  return false;
-}
+// XPV_NETBACK_RX_FILL=adaptive: every queue bounds how far ahead of the guest it fills its rx
+// ring (rx_fill_limit.h); `ring` (the default) fills the whole ring, as Linux netback.
+bool rx_fill_adaptive() { return env_switch("XPV_NETBACK_RX_FILL", "ring", "adaptive"); }
+
+// XPV_NETBACK_RX_DRAIN=all: while the guest has not posted buffers for the next packet, every
+// queue drains its TAP into its flow queue (flow order, a second copy) instead of reading only
+// that packet and leaving the rest in the TAP as vhost-net does (`head`, the default).
+bool rx_drain_all() { return env_switch("XPV_NETBACK_RX_DRAIN", "head", "all"); }
 
 }  // namespace
 
