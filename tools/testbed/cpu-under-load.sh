@@ -44,8 +44,8 @@ renice_backend() { # the backend threads whose comm matches $RENICE, reniced to 
   for t in /proc/[0-9]*/task/[0-9]*; do
     read -r c 2>/dev/null < $t/comm || continue
     case $c in
-      $RENICE) if renice "$NICE" -p ${t##*/} > /dev/null; then echo "reniced $c (${t##*/}) to $NICE"
-               else echo "renicing $c (${t##*/}) to $NICE failed"; fi >> $OUT/renice.txt ;;
+      $RENICE) if e=$(renice "$NICE" -p ${t##*/} 2>&1); then echo "reniced $c (${t##*/}) to $NICE"
+               else echo "renicing $c (${t##*/}) to $NICE failed: $e"; fi >> $OUT/renice.txt ;;
     esac
   done
 }

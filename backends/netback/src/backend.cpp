@@ -451,8 +451,11 @@ void Backend::connect(Device& d, bool resume) {
       asio::post(io_, [this, key, generation, q] { guarded([&] { on_queue_exit(key, generation, q); }); });
     });
     d.generation = generation;
-    spdlog::info("{}: {} queue(s), {} event channels, sg {}, gso v4 {} v6 {}, csum offload {}", d.name, nq,
-                 rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum);
+    spdlog::info("{}: {} queue(s), {} event channels, sg {}, gso v4 {} v6 {}, csum offload {}; rx fill {}, "
+                 "backlog while the guest is behind: {}",
+                 d.name, nq, rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum,
+                 s.queue.rx_fill_adaptive ? "adaptive" : "ring",
+                 s.queue.rx_drain || s.queue.rx_fill_adaptive ? "drained into the flow queue" : "left in the TAP");
   } catch (const std::exception& e) {
     fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
     return;

@@ -123,6 +123,7 @@ class World {
     cfg.rx_gso = {rng_() % 2 == 0, rng_() % 2 == 0};
     cfg.rx_stall_ms = 5;  // the fuzzer's backlogs are dropped quickly instead of piling up
     cfg.rx_queue.pool_bytes = 256u << 10;
+    cfg.rx_drain = rng_() % 2 == 0;  // both ways of holding a backlog (the default leaves it in the TAP)
     cfg.rx_queue.seed = static_cast<std::uint32_t>(seed);
     auto chan = [](domain::EventFd& in, domain::EventFd& out) {
       return std::make_unique<domain::Dom0Port>(UniqueFd(::dup(in.fd())), UniqueFd(::dup(out.fd())));

@@ -122,9 +122,11 @@ VnetHdr tcpv4_gso_hdr() {
 
 class NetbackQueueTest;
 void stall_then_buffers_without_packets(NetbackQueueTest& t, bool drain);
+void waits_then_drops(NetbackQueueTest& t, bool drain);
 
 class NetbackQueueTest : public ::testing::Test {
   friend void stall_then_buffers_without_packets(NetbackQueueTest& t, bool drain);
+  friend void waits_then_drops(NetbackQueueTest& t, bool drain);
 
  protected:
   void SetUp() override {
@@ -432,26 +434,35 @@ TEST_F(NetbackQueueTest, RxIntoAnUnmappableBufferIsAnErrorForThatPacketOnly) {
   EXPECT_FALSE(queue_->disabled());
 }
 
-TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) {
+// Both ways of holding the backlog: drained (all five read at once, dropped together at the
+// stall's timeout) or left in the TAP (read one by one, each dropped, the stall's time over).
+void waits_then_drops(NetbackQueueTest& t, bool drain) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 0;  // drop as soon as a packet finds no buffers twice
-  start(cfg);
+  cfg.rx_drain = drain;
+  t.start(cfg);
   const auto frame = tcp_frame(1000);
-  for (int i = 0; i < 5; ++i) host_write({}, frame);
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(queue_->poll_once());
-  // All were read (the TAP drained) and, the stall time over, dropped; none delivered.
-  EXPECT_EQ(queue_->counters().rx_dropped.load(), 5u);
-  EXPECT_EQ(queue_->counters().rx_packets.load(), 0u);
-  EXPECT_EQ(fe_.notifications(), 0u);  // never notify without new responses
+  for (int i = 0; i < 5; ++i) t.host_write({}, frame);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(t.queue_->poll_once());
+  // All were read and, the stall time over, dropped; none delivered.
+  EXPECT_EQ(t.queue_->counters().rx_dropped.load(), 5u);
+  EXPECT_EQ(t.queue_->counters().rx_packets.load(), 0u);
+  EXPECT_EQ(t.fe_.notifications(), 0u);  // never notify without new responses
   // Buffers come back: traffic flows again.
-  fe_.post_rx(0, fe_.grant(100, false));
-  fe_.rx_push();
-  host_write({}, frame);
-  ASSERT_TRUE(queue_->poll_once());
-  auto r = fe_.rx_responses();
+  t.fe_.post_rx(0, t.fe_.grant(100, false));
+  t.fe_.rx_push();
+  t.host_write({}, frame);
+  ASSERT_TRUE(t.queue_->poll_once());
+  auto r = t.fe_.rx_responses();
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].status, 1000);
-  EXPECT_EQ(fe_.notifications(), 1u);
+  EXPECT_EQ(t.fe_.notifications(), 1u);
+}
+
+TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCounts) { waits_then_drops(*this, /*drain=*/false); }
+
+TEST_F(NetbackQueueTest, RxWithoutBuffersWaitsThenDropsAndCountsDrainingTheTap) {
+  waits_then_drops(*this, /*drain=*/true);
 }
 
 // Past the stall time with everything dropped and nothing more to read, the queue has no work:
@@ -653,8 +664,8 @@ TEST_F(NetbackQueueTest, RxWithoutDrainingLeavesTheBacklogInTheTapInArrivalOrder
 TEST_F(NetbackQueueTest, RxFillLimitKeepsTheGuestsRingShortWhileItIsBehind) {
   NetbackConfig cfg;
   cfg.rx_queue.seed = 1;
-  cfg.rx_fill_adaptive = true;
-  cfg.rx_fill_period_us = 0;
+  cfg.rx_fill_adaptive = true;  // and with it rx_drain, whatever the config says: the ACK
+  cfg.rx_fill_period_us = 0;     // below overtakes the backlog in the flow queue
   start(cfg);
   constexpr std::size_t kFloor = 2 * NetbackQueue::kRxDirectSlots;
   auto with_port = [](std::vector<std::uint8_t> f, std::uint16_t sport) {
@@ -843,6 +854,27 @@ TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {
   EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
   EXPECT_EQ(fe_.tx_responses().size(), 1u);
   EXPECT_GE(queue_->counters().rate_limited.load(), 1u);
+}
+
+// A credit window that reopens is not new tx requests: the packet that waited for it was found
+// when it came.
+TEST_F(NetbackQueueTest, ARateWindowThatReopensIsNotCountedAsNewTxRequests) {
+  NetbackConfig cfg;
+  cfg.rate_bytes = 1500;
+  cfg.rate_usec = 20 * 1000;
+  start(cfg);
+  const auto frame = tcp_frame(1000);
+  auto s = slots_for(frame, 16, 0)[0];
+  fe_.tx(s);
+  s.id = 1;
+  fe_.tx(s);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the next window is open
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 2u);
+  EXPECT_EQ(queue_->counters().tx_found.load(), 1u);
 }
 
 TEST_F(NetbackQueueTest, RunStopsOnRequestAndMovesTraffic) {

@@ -19,7 +19,7 @@
 // guest's own sending stream) would wait behind megabytes of a bulk one — when
 // NetbackConfig::rx_drain is on. By default it is off: only the packet at the head is read (and
 // waits there for buffers of its size) and the rest waits in the TAP, as under vhost-net, since
-// the second copy cost more than the flow order was measured to give. That queue is bounded
+// the second copy cost more than the flow order was measured to give. The flow queue is bounded
 // (RxFlowConfig::pool_bytes); making room drops from the fattest flow (counted in rx_overflow).
 // Packets are delivered from it by deficit round robin over flows, new flows first; with buffers
 // posted and nothing queued, packets go straight from the TAP into the guest's pages. Once the

@@ -9,8 +9,9 @@
 // the guest's own sending flow. Its sender then sees RTTs of hundreds of milliseconds and
 // starves (measured: the guest's sending side at 1.2 % of its receiving side). Linux netback
 // avoids this by stopping its net device's queue, so the backlog forms in the qdisc (fq_codel by
-// default), which is flow-fair. A TAP offers no such back-pressure, so netback drains the TAP
-// itself whenever the guest is behind and keeps the backlog here, scheduled per flow:
+// default), which is flow-fair. A TAP offers no such back-pressure, so netback can drain the TAP
+// itself whenever the guest is behind and keep the backlog here, scheduled per flow
+// (NetbackConfig::rx_drain, opt-in: by default only the packet at the head waits here):
 //
 //   TAP ──readv──► free chunks ──hash(addresses, protocol, ports)──► flow FIFO (1024 buckets)
 //                                                                        │
