@@ -184,6 +184,19 @@ class NetbackQueueTest : public ::testing::Test {
     ASSERT_EQ(::writev(host_.get(), iov, 2), static_cast<ssize_t>(sizeof h + f.size()));
   }
 
+  // A queue whose `rate` allows 1500 bytes per `usec`, and two 1000-byte tx packets on its ring.
+  void start_with_two_tx_packets_over_a_rate(std::uint64_t usec) {
+    NetbackConfig cfg;
+    cfg.rate_bytes = 1500;
+    cfg.rate_usec = usec;
+    start(cfg);
+    auto s = slots_for(tcp_frame(1000), 16, 0)[0];
+    fe_.tx(s);
+    s.id = 1;
+    fe_.tx(s);
+    fe_.tx_push();
+  }
+
   // Every slot of the rx ring posted, buffer i in gfn 16 + i (the rx fill limit's tests).
   void post_whole_rx_ring() {
     for (std::uint16_t i = 0; i < 256; ++i) fe_.post_rx(i, fe_.grant(16 + i, false));
@@ -839,16 +852,7 @@ TEST_F(NetbackQueueTest, NewTxRequestsAreCountedOnceEachTimeTheyAppear) {
 }
 
 TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {
-  NetbackConfig cfg;
-  cfg.rate_bytes = 1500;
-  cfg.rate_usec = 60ull * 1000 * 1000;  // one window per minute: the second packet must wait
-  start(cfg);
-  const auto frame = tcp_frame(1000);
-  auto s = slots_for(frame, 16, 0)[0];
-  fe_.tx(s);
-  s.id = 1;
-  fe_.tx(s);
-  fe_.tx_push();
+  start_with_two_tx_packets_over_a_rate(60ull * 1000 * 1000);  // one window per minute: the second must wait
   ASSERT_TRUE(queue_->poll_once());
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
@@ -859,16 +863,7 @@ TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {
 // A credit window that reopens is not new tx requests: the packet that waited for it was found
 // when it came.
 TEST_F(NetbackQueueTest, ARateWindowThatReopensIsNotCountedAsNewTxRequests) {
-  NetbackConfig cfg;
-  cfg.rate_bytes = 1500;
-  cfg.rate_usec = 20 * 1000;
-  start(cfg);
-  const auto frame = tcp_frame(1000);
-  auto s = slots_for(frame, 16, 0)[0];
-  fe_.tx(s);
-  s.id = 1;
-  fe_.tx(s);
-  fe_.tx_push();
+  start_with_two_tx_packets_over_a_rate(20 * 1000);
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the next window is open
