@@ -748,10 +748,10 @@ void NetbackQueue::run() noexcept {
       fds[n++] = {tx_evtchn_->wait_fd(), POLLIN, 0};
       const int rx_at = rx_evtchn_ ? n : -1;
       if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
-      // The TAP is read whenever it has packets: while the guest is behind they go into the
-      // bounded flow queue (see the header), never pile up in the TAP's FIFO.
-      // Unless the config leaves the backlog in the TAP while a packet waits for buffers: then
-      // only the frontend's buffers (or the stall's timeout) wake us.
+      // The TAP wakes us whenever it has packets, except while a packet waits for buffers and
+      // the backlog is left in the TAP (rx_drain off, the default): then only the frontend's
+      // buffers (or the stall's timeout) wake us. With rx_drain the backlog goes into the
+      // bounded flow queue (see the header) and never piles up in the TAP's FIFO.
       const int tap_at = cfg_.rx_drain || !rx_stalled_ || rx_queue_.empty() ? n : -1;
       if (tap_at >= 0) fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
