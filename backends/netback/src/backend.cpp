@@ -442,7 +442,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
     s.queue.rx_fill_adaptive = rx_fill_adaptive();
-    s.queue.rx_drain = rx_drain_all();
+    s.queue.rx_drain = rx_drain_all() || s.queue.rx_fill_adaptive;  // as NetbackQueue enforces
     s.queue.share = &share_;
     s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;
@@ -455,7 +455,7 @@ void Backend::connect(Device& d, bool resume) {
                  "backlog while the guest is behind: {}",
                  d.name, nq, rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum,
                  s.queue.rx_fill_adaptive ? "adaptive" : "ring",
-                 s.queue.rx_drain || s.queue.rx_fill_adaptive ? "drained into the flow queue" : "left in the TAP");
+                 s.queue.rx_drain ? "drained into the flow queue" : "left in the TAP");
   } catch (const std::exception& e) {
     fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
     return;
