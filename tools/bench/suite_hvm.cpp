@@ -52,10 +52,12 @@
 // The console logs, daemon logs and QEMU's output are copied back: next to --json as
 // FILE-logs/ (or kept in the share, whose path is printed, when anything failed).
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,9 +68,11 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <stop_token>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -77,6 +81,7 @@
 
 #include "bench/bench.h"
 #include "bench/hvm_output.h"
+#include "bench/hvm_watch.h"
 
 namespace fs = std::filesystem;
 
@@ -90,14 +95,84 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
+// Inside L1 the run's progress is watched (hvm_watch.h; inner() owns it and its thread): what
+// follows tells it what the main thread does. Null on the host side.
+// Atomic: the watchdog thread says things too (say()).
+std::atomic<xpv::bench::hvm::ProgressWatch*> g_watch{nullptr};
+
+void watch_step(const std::string& what) {
+  if (auto* w = g_watch.load()) w->step(what, Clock::now());
+}
+void watch_progress() {
+  if (auto* w = g_watch.load()) w->progress(Clock::now());
+}
+
+// A command the main thread waits for (each is bounded by timeout(1) or quick): marked as such.
+class InChild {
+ public:
+  explicit InChild(const std::string& cmd) {
+    if (auto* w = g_watch.load()) w->child_begin(cmd.size() > 120 ? cmd.substr(0, 117) + "..." : cmd, Clock::now());
+  }
+  ~InChild() {
+    if (auto* w = g_watch.load()) w->child_end(Clock::now());
+  }
+  InChild(const InChild&) = delete;
+  InChild& operator=(const InChild&) = delete;
+};
+
 int shell(const std::string& cmd) {
+  const InChild child(cmd);
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
-std::string capture(const std::string& cmd) { return xpv::bench::shell_capture(cmd).out; }
+xpv::bench::Captured captured(const std::string& cmd) {
+  const InChild child(cmd);
+  return xpv::bench::shell_capture(cmd);
+}
 
-void say(const std::string& s) { std::cout << "xpv bench hvm: " << s << std::endl; }
+std::string capture(const std::string& cmd) { return captured(cmd).out; }
+
+void say(const std::string& s) {
+  static std::mutex mu;  // the watchdog thread says things too
+  const std::lock_guard lock(mu);
+  std::cout << "xpv bench hvm: " << s << std::endl;
+  if (auto* w = g_watch.load()) w->said(Clock::now());
+}
+
+// The watchdog of the run inside L1 (hvm_watch.h): every 5 s it asks the watch; a heartbeat is
+// said, a stuck main thread ends the process with exit 125, which the host side (outer()) takes
+// for a lost L1 and answers with a new session. What it cannot end — an L1 that stops running
+// processes, a process that cannot exit — falls silent and meets `xpv testbed --quiet-limit`.
+class Watchdog {
+ public:
+  Watchdog() : watch_({}, Clock::now()), thread_([this](const std::stop_token& st) { run(st); }) { g_watch = &watch_; }
+  ~Watchdog() { g_watch = nullptr; }  // then thread_ stops and joins, before watch_ goes
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  void run(const std::stop_token& st) {
+    using Kind = xpv::bench::hvm::ProgressWatch::Verdict::Kind;
+    for (;;) {
+      for (int i = 0; i < 50; ++i) {
+        if (st.stop_requested()) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      const auto v = watch_.check(Clock::now());
+      if (v.kind == Kind::heartbeat) {
+        say(v.text);
+      } else if (v.kind == Kind::stuck) {
+        std::cout << "xpv bench hvm: " << v.text << "; giving up this L1 session (exit 125: the host side starts another)"
+                  << std::endl;
+        std::_Exit(125);
+      }
+    }
+  }
+
+  xpv::bench::hvm::ProgressWatch watch_;
+  std::jthread thread_;
+};
 
 // A step that failed: its message goes into the notes of the metrics it would have measured.
 // The parsers of hvm_output.h throw the same type.
@@ -113,11 +188,23 @@ class Console {
     const auto size = fs::file_size(path_, ec);
     start_ = ec ? 0 : size;  // a log appended across boots: only what this boot writes
   }
+  ~Console() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+  // Opened once (the VM creates the file after this object exists), then read from where the
+  // last read ended: the log is on the 9p share, and every open is more requests to L1's 9p
+  // transport, where the session-35 stall most likely sat (hvm_watch.h).
   void poll() {
-    std::ifstream f(path_, std::ios::binary);
-    if (!f) return;
-    f.seekg(static_cast<std::streamoff>(start_ + text_.size()));
-    text_.append(std::istreambuf_iterator<char>(f), {});
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::pread(fd_, buf, sizeof buf, static_cast<off_t>(start_ + text_.size()));
+      if (n <= 0) return;
+      text_.append(buf, static_cast<std::size_t>(n));
+    }
   }
   const std::string& text() const { return text_; }
 
@@ -125,7 +212,9 @@ class Console {
   // Throws Failure on timeout, an XPV-FATAL line, or a VM that is gone (`alive` false).
   Clock::time_point await(const std::string& marker, double timeout_s, const std::function<bool()>& alive) {
     const auto t0 = Clock::now();
+    watch_step("waiting for '" + marker + "' on " + path_.filename().string());
     for (;;) {
+      watch_progress();
       poll();
       const auto pos = text_.find(marker, cursor_);
       if (pos != std::string::npos) {
@@ -151,6 +240,7 @@ class Console {
 
  private:
   fs::path path_;
+  int fd_ = -1;
   std::uintmax_t start_ = 0;
   std::string text_;
   std::size_t cursor_ = 0;
@@ -219,6 +309,9 @@ std::string bench_append() {
   return " " + a;
 }
 
+// The most a toolstack command (xpv create, xpv destroy) may take inside L1.
+constexpr int kToolstackTimeout = 180;
+
 class XpvVm : public Vm {
  public:
   XpvVm(const Inner& in, const std::string& name, const std::string& extra) : in_(in), name_(name) {
@@ -236,13 +329,18 @@ class XpvVm : public Vm {
                        << "disk = [ 'vdev=xvda, target=" << disk_.string() << "' ]\n"
                        << "vif = [ 'mac=00:16:3e:00:00:01, ip=" << kGuestIp << "/24' ]\n";
     console_ = std::make_unique<Console>(fs::path(std::getenv("XPV_LOG_DIR")) / ("console-" + name + ".log"));
-    const std::string out = capture(q(in.xpv) + " create " + q(cfg.string()) + " 2>&1");
+    // Bounded, as every step inside L1 is: an L1 whose processes hang must not hold the session
+    // until its 1800 s timeout (session 34 lost 15 minutes to a boot that was never given up).
+    const auto created = captured("timeout " + std::to_string(kToolstackTimeout) + " " + q(in.xpv) +
+                                                   " create " + q(cfg.string()) + " 2>&1");
+    const std::string& out = created.out;
     std::ofstream(in.logs / ("create-" + name + ".log")) << out;
     const auto p = out.find(", pid ");
     if (p != std::string::npos) pid_ = static_cast<pid_t>(std::atol(out.c_str() + p + 6));
     if (pid_ <= 0) {
       stop();  // whatever the toolstack left of it
-      throw Failure("xpv create failed: " + last_lines(out, 2));
+      throw Failure(created.rc == 124 ? "xpv create did not finish in " + std::to_string(kToolstackTimeout) + " s"
+                                          : "xpv create failed: " + last_lines(out, 2));
     }
   }
   ~XpvVm() override { stop(); }
@@ -254,7 +352,12 @@ class XpvVm : public Vm {
     // hypercall counters (--stats) into its log: a bounded grace for that, as for QEMU below.
     // Then (or for a guest given up on) the toolstack ends the VMM and removes the devices.
     for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    (void)shell(q(in_.xpv) + " destroy " + q(name_) + " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1");
+    // Said before the toolstack runs, so that the console shows where a session that stops
+    // answering got to.
+    if (alive()) say(name_ + ": still running after 10 s; destroying it");
+    const int rc = shell("timeout " + std::to_string(kToolstackTimeout) + " " + q(in_.xpv) + " destroy " + q(name_) +
+                         " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1");
+    if (rc == 124) say(name_ + ": xpv destroy did not finish in " + std::to_string(kToolstackTimeout) + " s; left as it is");
     std::error_code ec;
     fs::remove(disk_, ec);
   }
@@ -611,8 +714,9 @@ Side measure_xpv(const Inner& in) {
   setenv("XENSTORED_PATH", (run / "xenstored.sock").c_str(), 1);
   setenv("XPV_NETNS_DIR", (in.work / "xpv-netns").c_str(), 1);
   const std::string tslog = q((in.logs / "toolstack.log").string());
-  if (shell(q(in.xpv) + " up >> " + tslog + " 2>&1") != 0) {
-    s.net.error = s.disk.error = "xpv up failed (see toolstack.log)";
+  const std::string bound = "timeout " + std::to_string(kToolstackTimeout) + " ";
+  if (shell(bound + q(in.xpv) + " up >> " + tslog + " 2>&1") != 0) {
+    s.net.error = s.disk.error = "xpv up failed or did not finish in " + std::to_string(kToolstackTimeout) + " s (see toolstack.log)";
   } else {
     s.net = guarded("xpv", [&](int attempt) {
       XpvVm vm(in, attempt_name("hvm-iperf", attempt), iperf_cmdline(in));
@@ -623,7 +727,7 @@ Side measure_xpv(const Inner& in) {
       return run_bonnie(vm, "xpv");
     });
   }
-  (void)shell(q(in.xpv) + " down --force >> " + tslog + " 2>&1");
+  (void)shell(bound + q(in.xpv) + " down --force >> " + tslog + " 2>&1");
   return s;
 }
 
@@ -692,6 +796,7 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   in.iperf_s = std::max(2, static_cast<int>(std::lround(10 * opts.scale)));
   in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
 
+  const Watchdog watchdog;
   const auto t0 = Clock::now();
   const Side x = measure_xpv(in);
   say("xpv side done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
@@ -820,7 +925,8 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   // Both VMMs are measured in one testbed session (the ratios compare runs on the same L1). L1
   // itself is sometimes lost — it resets or stalls (tools/testbed/README.md), exit 125 or 124 —
   // and then the whole session runs again, its logs kept as lost-session-N: at most kSessions
-  // sessions, and none started after kRetryWindow (a stalled one runs into its 1800 s timeout).
+  // sessions, and none started after kRetryWindow. A session that stalls ends by its watchdog's
+  // exit 125 or by --quiet-limit (exit 124), at the latest by its 1800 s timeout.
   constexpr int kSessions = 3;
   constexpr double kRetryWindow = 2700;
   const auto t_all = Clock::now();
@@ -831,7 +937,9 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     say("image " + image + "; starting testbed session " + std::to_string(session) +
         " (L1 boots, then 4 guest boots: 10-20 minutes)");
     const auto t0 = Clock::now();
-    rc = shell(q(self) + " testbed --timeout 1800 --share " + q(share.string()) + " -- " + q(self) +
+    // --quiet-limit: the run inside says something at least once a minute while it moves (its
+    // watchdog's heartbeat); five silent minutes mean an L1 that stopped running it.
+    rc = shell(q(self) + " testbed --timeout 1800 --quiet-limit 300 --share " + q(share.string()) + " -- " + q(self) +
                " bench hvm --json " + q(json.string()) + (opts.scale < 1 ? " --quick" : ""));
     say("testbed session " + std::to_string(session) + ": " +
         std::to_string(static_cast<int>(xpv::bench::seconds_since(t0))) + " s, exit " + std::to_string(rc));
