@@ -1,5 +1,6 @@
 #include "bench/hvm_watch.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace xpv::bench::hvm {
@@ -16,7 +17,7 @@ void ProgressWatch::step(const std::string& what, Clock::time_point now) {
   std::lock_guard lock(mu_);
   what_ = what;
   since_ = progress_ = now;
-  in_child_ = false;
+  child_bound_s_ = -1;
 }
 
 void ProgressWatch::progress(Clock::time_point now) {
@@ -24,17 +25,18 @@ void ProgressWatch::progress(Clock::time_point now) {
   progress_ = now;
 }
 
-void ProgressWatch::child_begin(const std::string& what, Clock::time_point now) {
+void ProgressWatch::child_begin(const std::string& what, double bound_s, Clock::time_point now) {
   std::lock_guard lock(mu_);
   what_ = what;
   since_ = progress_ = now;
-  in_child_ = true;
+  child_bound_s_ = bound_s < 0 ? 0 : bound_s;
 }
 
 void ProgressWatch::child_end(Clock::time_point now) {
   std::lock_guard lock(mu_);
-  progress_ = now;
-  in_child_ = false;
+  if (child_bound_s_ >= 0) what_ = "after the command " + what_;
+  since_ = progress_ = now;
+  child_bound_s_ = -1;
 }
 
 void ProgressWatch::said(Clock::time_point now) {
@@ -46,9 +48,11 @@ ProgressWatch::Verdict ProgressWatch::check(Clock::time_point now) {
   std::lock_guard lock(mu_);
   if (stuck_) return {};
   const double idle = seconds(now - progress_);
-  if (idle >= (in_child_ ? limits_.child_stuck_s : limits_.stuck_s)) {
+  const bool in_child = child_bound_s_ >= 0;
+  const double limit = in_child ? std::max(limits_.stuck_s, child_bound_s_ + limits_.child_margin_s) : limits_.stuck_s;
+  if (idle >= limit) {
     stuck_ = true;
-    return {Verdict::stuck, "no progress for " + whole(idle) + (in_child_ ? " in the command " : " at: ") + what_};
+    return {Verdict::stuck, "no progress for " + whole(idle) + (in_child ? " in the command " : " at: ") + what_};
   }
   if (seconds(now - said_) >= limits_.heartbeat_s) {
     said_ = now;

@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -107,11 +108,21 @@ void watch_progress() {
   if (auto* w = g_watch.load()) w->progress(Clock::now());
 }
 
-// A command the main thread waits for (each is bounded by timeout(1) or quick): marked as such.
+// `cmd` under timeout(1): SIGTERM after `seconds`, SIGKILL 10 s later.
+std::string bounded(int seconds, const std::string& cmd) {
+  return "timeout -k 10 " + std::to_string(seconds) + " " + cmd;
+}
+// The longest a command of bounded(seconds, ...) runs.
+int bound_of(int seconds) { return seconds + 10; }
+
+// A command the main thread waits for, marked as such with the longest its own timeouts let it
+// run (bound_s; 0 for a quick command without one).
 class InChild {
  public:
-  explicit InChild(const std::string& cmd) {
-    if (auto* w = g_watch.load()) w->child_begin(cmd.size() > 120 ? cmd.substr(0, 117) + "..." : cmd, Clock::now());
+  InChild(const std::string& cmd, int bound_s) {
+    if (auto* w = g_watch.load()) {
+      w->child_begin(cmd.size() > 120 ? cmd.substr(0, 117) + "..." : cmd, bound_s, Clock::now());
+    }
   }
   ~InChild() {
     if (auto* w = g_watch.load()) w->child_end(Clock::now());
@@ -120,18 +131,18 @@ class InChild {
   InChild& operator=(const InChild&) = delete;
 };
 
-int shell(const std::string& cmd) {
-  const InChild child(cmd);
+int shell(const std::string& cmd, int bound_s = 0) {
+  const InChild child(cmd, bound_s);
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
-xpv::bench::Captured captured(const std::string& cmd) {
-  const InChild child(cmd);
+xpv::bench::Captured captured(const std::string& cmd, int bound_s = 0) {
+  const InChild child(cmd, bound_s);
   return xpv::bench::shell_capture(cmd);
 }
 
-std::string capture(const std::string& cmd) { return captured(cmd).out; }
+std::string capture(const std::string& cmd, int bound_s = 0) { return captured(cmd, bound_s).out; }
 
 void say(const std::string& s) {
   static std::mutex mu;  // the watchdog thread says things too
@@ -163,8 +174,11 @@ class Watchdog {
       if (v.kind == Kind::heartbeat) {
         say(v.text);
       } else if (v.kind == Kind::stuck) {
-        std::cout << "xpv bench hvm: " << v.text << "; giving up this L1 session (exit 125: the host side starts another)"
-                  << std::endl;
+        // Straight to the file descriptor: not through say()'s lock or stdout's, which the stuck
+        // main thread may hold.
+        const std::string line =
+            "xpv bench hvm: " + v.text + "; giving up this L1 session (exit 125: the host side starts another)\n";
+        (void)!::write(STDOUT_FILENO, line.data(), line.size());
         std::_Exit(125);
       }
     }
@@ -202,6 +216,11 @@ class Console {
     char buf[65536];
     for (;;) {
       const ssize_t n = ::pread(fd_, buf, sizeof buf, static_cast<off_t>(start_ + text_.size()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {  // opened again at the next poll, as the file was before
+        ::close(fd_);
+        fd_ = -1;
+      }
       if (n <= 0) return;
       text_.append(buf, static_cast<std::size_t>(n));
     }
@@ -309,7 +328,7 @@ std::string bench_append() {
   return " " + a;
 }
 
-// The most a toolstack command (xpv create, xpv destroy) may take inside L1.
+// The most a toolstack command (xpv up, create, destroy, down) may take inside L1.
 constexpr int kToolstackTimeout = 180;
 
 class XpvVm : public Vm {
@@ -331,15 +350,15 @@ class XpvVm : public Vm {
     console_ = std::make_unique<Console>(fs::path(std::getenv("XPV_LOG_DIR")) / ("console-" + name + ".log"));
     // Bounded, as every step inside L1 is: an L1 whose processes hang must not hold the session
     // until its 1800 s timeout (session 34 lost 15 minutes to a boot that was never given up).
-    const auto created = captured("timeout " + std::to_string(kToolstackTimeout) + " " + q(in.xpv) +
-                                                   " create " + q(cfg.string()) + " 2>&1");
+    const auto created =
+        captured(bounded(kToolstackTimeout, q(in.xpv) + " create " + q(cfg.string())) + " 2>&1", bound_of(kToolstackTimeout));
     const std::string& out = created.out;
     std::ofstream(in.logs / ("create-" + name + ".log")) << out;
     const auto p = out.find(", pid ");
     if (p != std::string::npos) pid_ = static_cast<pid_t>(std::atol(out.c_str() + p + 6));
     if (pid_ <= 0) {
       stop();  // whatever the toolstack left of it
-      throw Failure(created.rc == 124 ? "xpv create did not finish in " + std::to_string(kToolstackTimeout) + " s"
+      throw Failure(created.rc == 124 || created.rc == 137 ? "xpv create did not finish in " + std::to_string(kToolstackTimeout) + " s"
                                           : "xpv create failed: " + last_lines(out, 2));
     }
   }
@@ -355,9 +374,12 @@ class XpvVm : public Vm {
     // Said before the toolstack runs, so that the console shows where a session that stops
     // answering got to.
     if (alive()) say(name_ + ": still running after 10 s; destroying it");
-    const int rc = shell("timeout " + std::to_string(kToolstackTimeout) + " " + q(in_.xpv) + " destroy " + q(name_) +
-                         " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1");
-    if (rc == 124) say(name_ + ": xpv destroy did not finish in " + std::to_string(kToolstackTimeout) + " s; left as it is");
+    const int rc = shell(bounded(kToolstackTimeout, q(in_.xpv) + " destroy " + q(name_)) + " >> " +
+                             q((in_.logs / "toolstack.log").string()) + " 2>&1",
+                         bound_of(kToolstackTimeout));
+    if (rc == 124 || rc == 137) {
+      say(name_ + ": xpv destroy did not finish in " + std::to_string(kToolstackTimeout) + " s; left as it is");
+    }
     std::error_code ec;
     fs::remove(disk_, ec);
   }
@@ -385,17 +407,19 @@ class QemuVm : public Vm {
         "-netdev", std::string("tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=") + (vhost ? "on" : "off"),
         "-device", "virtio-net-pci,netdev=n0"};
     const std::string out = (in.logs / ("qemu-" + name + ".log")).string();
+    // Everything the child needs is made before the fork: this process has a second thread (the
+    // watchdog), so the child may only make async-signal-safe calls.
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ < 0) throw Failure("fork failed");
     if (pid_ == 0) {
-      std::FILE* f = std::fopen(out.c_str(), "w");
-      if (f != nullptr) {
-        ::dup2(fileno(f), 1);
-        ::dup2(fileno(f), 2);
+      const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
       }
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
       ::execvp(args[0], args.data());
       ::_exit(127);
     }
@@ -458,9 +482,9 @@ constexpr double kReadyTimeout = 300;  // boot to the workload's first marker (n
 using xpv::bench::hvm::Iperf;
 using xpv::bench::hvm::parse_iperf;
 
+int iperf_timeout(int seconds) { return seconds + 40; }
 std::string iperf_cmd(int seconds, const std::string& mode) {
-  return "timeout " + std::to_string(seconds + 40) + " iperf3 -J -c " + std::string(kGuestIp) + " -t " +
-         std::to_string(seconds) + " " + mode;
+  return bounded(iperf_timeout(seconds), "iperf3 -J -c " + std::string(kGuestIp) + " -t " + std::to_string(seconds) + " " + mode);
 }
 
 // iperf3's own output (its JSON: every interval of both ends) goes with the logs, so that a
@@ -470,7 +494,7 @@ void keep(const fs::path& file, const std::string& text) { std::ofstream(file) <
 
 // iperf3 from L1 to the guest's server; Gbit/s as received. Its JSON is kept as `keep_as`.
 Iperf iperf(int seconds, const std::string& mode, const fs::path& keep_as) {
-  const std::string out = capture(iperf_cmd(seconds, mode) + " 2>&1");
+  const std::string out = capture(iperf_cmd(seconds, mode) + " 2>&1", bound_of(iperf_timeout(seconds)));
   keep(keep_as, out);
   return parse_iperf(out, mode);
 }
@@ -484,15 +508,15 @@ std::string slurp_and_remove(const fs::path& f) {
 }
 
 // ping from L1 to the guest: `count` echo requests `interval` s apart, each waited for at most 2 s.
+int ping_timeout(int count) { return count + 30; }
 std::string ping_cmd(int count, const char* interval) {
-  return "timeout " + std::to_string(count + 30) + " ping -n -q -c " + std::to_string(count) + " -i " + interval +
-         " -W 2 " + kGuestIp;
+  return bounded(ping_timeout(count), "ping -n -q -c " + std::to_string(count) + " -i " + interval + " -W 2 " + kGuestIp);
 }
 
 // Round trips on a quiet link: `count` pings `interval` s apart (50 × 50 ms: every thread on the
 // way has gone to sleep between two; 300 × 10 ms: fewer have).
 xpv::bench::hvm::Ping ping_quiet(int count, const char* interval) {
-  return xpv::bench::hvm::parse_ping(capture(ping_cmd(count, interval) + " 2>&1"));
+  return xpv::bench::hvm::parse_ping(capture(ping_cmd(count, interval) + " 2>&1", bound_of(ping_timeout(count))));
 }
 
 // A single-stream iperf3 run with pings 100 ms apart from its second 1 to half a second before its
@@ -504,7 +528,8 @@ Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir,
   const fs::path pf = dir / "ping-under-load.txt";
   const int count = std::max(3, (seconds - 1) * 10 - 5);
   const std::string out =
-      capture("(sleep 1; " + ping_cmd(count, "0.1") + " > " + q(pf.string()) + " 2>&1) & " + iperf_cmd(seconds, mode) + " 2>&1; wait");
+      capture("(sleep 1; " + ping_cmd(count, "0.1") + " > " + q(pf.string()) + " 2>&1) & " + iperf_cmd(seconds, mode) + " 2>&1; wait",
+              std::max(1 + bound_of(ping_timeout(count)), bound_of(iperf_timeout(seconds))));
   const std::string pings = slurp_and_remove(pf);
   keep(keep_as, out);
   try {
@@ -521,7 +546,8 @@ Iperf iperf_with_ping(int seconds, const std::string& mode, const fs::path& dir,
 Iperf iperf_pair(int seconds, const fs::path& dir, const fs::path& keep_prefix) {
   const fs::path a = dir / "iperf-pair-up.json", b = dir / "iperf-pair-down.json";
   (void)capture(iperf_cmd(seconds, "-p 5201") + " > " + q(a.string()) + " 2>&1 & " + iperf_cmd(seconds, "-p 5202 -R") +
-                " > " + q(b.string()) + " 2>&1 & wait");
+                    " > " + q(b.string()) + " 2>&1 & wait",
+                bound_of(iperf_timeout(seconds)));
   const std::string up = slurp_and_remove(a), down = slurp_and_remove(b);
   keep(keep_prefix.string() + "-up.json", up);
   keep(keep_prefix.string() + "-down.json", down);
@@ -714,8 +740,7 @@ Side measure_xpv(const Inner& in) {
   setenv("XENSTORED_PATH", (run / "xenstored.sock").c_str(), 1);
   setenv("XPV_NETNS_DIR", (in.work / "xpv-netns").c_str(), 1);
   const std::string tslog = q((in.logs / "toolstack.log").string());
-  const std::string bound = "timeout " + std::to_string(kToolstackTimeout) + " ";
-  if (shell(bound + q(in.xpv) + " up >> " + tslog + " 2>&1") != 0) {
+  if (shell(bounded(kToolstackTimeout, q(in.xpv) + " up") + " >> " + tslog + " 2>&1", bound_of(kToolstackTimeout)) != 0) {
     s.net.error = s.disk.error = "xpv up failed or did not finish in " + std::to_string(kToolstackTimeout) + " s (see toolstack.log)";
   } else {
     s.net = guarded("xpv", [&](int attempt) {
@@ -727,7 +752,7 @@ Side measure_xpv(const Inner& in) {
       return run_bonnie(vm, "xpv");
     });
   }
-  (void)shell(bound + q(in.xpv) + " down --force >> " + tslog + " 2>&1");
+  (void)shell(bounded(kToolstackTimeout, q(in.xpv) + " down --force") + " >> " + tslog + " 2>&1", bound_of(kToolstackTimeout));
   return s;
 }
 
@@ -948,8 +973,8 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     std::error_code ec;
     fs::rename(share / "logs", share / ("lost-session-" + std::to_string(session)), ec);
     lost += (lost.empty() ? "" : ", ") + std::string("session ") + std::to_string(session) + " exit " +
-            std::to_string(rc) + (rc == 124 ? " (timeout)" : " (L1 lost)");
-    say("L1 was lost (exit " + std::to_string(rc) + "): running the whole session again");
+            std::to_string(rc) + (rc == 124 ? " (timeout or silent)" : " (L1 lost or its run stalled)");
+    say("L1 was lost or its run stalled (exit " + std::to_string(rc) + "): running the whole session again");
   }
 
   std::vector<Result> out;

@@ -1,6 +1,7 @@
 // The progress watch of `xpv bench hvm`'s run inside L1 (tools/bench/hvm_watch.h), with made-up
 // times: heartbeats while the main thread moves and says nothing, a stuck verdict when it stops
-// outside a command, the longer limit inside one, and silence after the verdict.
+// outside a command, a command's own bound (plus a margin) inside one, and silence after the
+// verdict.
 #include "bench/hvm_watch.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +12,7 @@ using xpv::bench::hvm::ProgressWatch;
 using Kind = ProgressWatch::Verdict::Kind;
 using std::chrono::seconds;
 
-const ProgressWatch::Limits kLimits{.heartbeat_s = 60, .stuck_s = 240, .child_stuck_s = 900};
+const ProgressWatch::Limits kLimits{.heartbeat_s = 60, .stuck_s = 240, .child_margin_s = 60};
 const ProgressWatch::Clock::time_point t0{};
 
 TEST(ProgressWatch, AMovingMainThreadThatSaysNothingGetsAHeartbeatAMinute) {
@@ -55,24 +56,51 @@ TEST(ProgressWatch, AMainThreadThatStopsOutsideACommandIsStuckOnceAndThenSilent)
   EXPECT_EQ(w.check(t0 + seconds(600)).kind, Kind::none);
 }
 
-TEST(ProgressWatch, ABoundedCommandGetsTheLongerLimit) {
+TEST(ProgressWatch, ACommandGetsItsOwnBoundPlusTheMargin) {
   ProgressWatch w(kLimits, t0);
-  w.child_begin("timeout 330 ping -n -q -c 300 ...", t0);
+  w.child_begin("timeout -k 10 330 ping -n -q -c 300 ...", 340, t0);
   EXPECT_EQ(w.check(t0 + seconds(300)).kind, Kind::heartbeat);
-  EXPECT_EQ(w.check(t0 + seconds(899)).kind, Kind::heartbeat);
-  const auto v = w.check(t0 + seconds(900));
+  EXPECT_EQ(w.check(t0 + seconds(399)).kind, Kind::heartbeat);
+  const auto v = w.check(t0 + seconds(400));
   EXPECT_EQ(v.kind, Kind::stuck);
-  EXPECT_EQ(v.text, "no progress for 900 s in the command timeout 330 ping -n -q -c 300 ...");
+  EXPECT_EQ(v.text, "no progress for 400 s in the command timeout -k 10 330 ping -n -q -c 300 ...");
 }
 
-TEST(ProgressWatch, TheShortLimitAppliesAgainOnceTheCommandReturned) {
+TEST(ProgressWatch, AQuickCommandOrAShortBoundKeepsTheMainLimit) {
+  // cp over the 9p share has no timeout of its own; a 50 s iperf3 is shorter than the limit.
+  for (const double bound : {0.0, 50.0}) {
+    ProgressWatch w(kLimits, t0);
+    w.child_begin("cp --sparse=always ...", bound, t0);
+    EXPECT_EQ(w.check(t0 + seconds(239)).kind, Kind::heartbeat) << bound;
+    EXPECT_EQ(w.check(t0 + seconds(240)).kind, Kind::stuck) << bound;
+  }
+}
+
+TEST(ProgressWatch, AfterACommandTheMainLimitAppliesAndTheTextSaysAfter) {
   ProgressWatch w(kLimits, t0);
-  w.child_begin("timeout 50 iperf3 ...", t0);
+  w.child_begin("timeout -k 10 180 xpv create ...", 190, t0);
   w.child_end(t0 + seconds(20));
   EXPECT_EQ(w.check(t0 + seconds(259)).kind, Kind::heartbeat);
   const auto v = w.check(t0 + seconds(260));
   EXPECT_EQ(v.kind, Kind::stuck);
-  EXPECT_EQ(v.text, "no progress for 240 s at: timeout 50 iperf3 ...");
+  EXPECT_EQ(v.text, "no progress for 240 s at: after the command timeout -k 10 180 xpv create ...");
+}
+
+TEST(ProgressWatch, AStepAfterACommandStartsTheMainLimitAgain) {
+  ProgressWatch w(kLimits, t0);
+  w.child_begin("timeout -k 10 330 ping ...", 340, t0);
+  w.step("waiting for 'XPV-DONE iperf3 rc=0'", t0 + seconds(10));
+  EXPECT_EQ(w.check(t0 + seconds(250)).kind, Kind::stuck);
+}
+
+TEST(ProgressWatch, WhatIsSaidDuringACommandCountsAndAStuckVerdictWinsOverADueHeartbeat) {
+  ProgressWatch w(kLimits, t0);
+  w.child_begin("timeout -k 10 190 xpv destroy ...", 200, t0);
+  w.said(t0 + seconds(200));
+  EXPECT_EQ(w.check(t0 + seconds(259)).kind, Kind::none);
+  // At 260 s both are due: nothing said for 60 s, and the command's 200 + 60 s are up.
+  const auto v = w.check(t0 + seconds(260));
+  EXPECT_EQ(v.kind, Kind::stuck);
 }
 
 }  // namespace
