@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -31,12 +32,18 @@ struct BlkifQueue::Pending {
   std::uint64_t id = 0;
   std::uint8_t op = 0;         // the operation as the guest wrote it (echoed in the response)
   std::uint64_t expect = 0;    // bytes a read/write must transfer; 0 for flush/discard
+  std::uint64_t taken_us = 0;  // when it was taken from the ring (QueueCounters::answered_us)
   std::vector<gnttab::GrantHandle> maps;
   std::vector<iovec> iov;
   std::vector<BlkifRequestSegment> segs;  // indirect segments copied out of the guest's pages
 };
 
 namespace {
+std::uint64_t now_us() noexcept {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
 // A guest can make a queue complain at line rate: log the first few, then one in a thousand.
 template <class... Args>
 void log_limited(std::uint64_t& logged, spdlog::level::level_enum level, const std::string& name,
@@ -153,6 +160,7 @@ void BlkifQueue::push_and_notify() noexcept {
     counters_.notifications.fetch_add(1, std::memory_order_relaxed);
     if (auto r = evtchn_->notify(); !r) disable("event channel notify failed");
   }
+  if (ring_.rsp_prod_pvt() == ring_.req_cons()) idle_since_us_ = now_us();
 }
 
 bool BlkifQueue::map_segments(Pending& p, const BlkifRequestSegment* segs, unsigned n,
@@ -379,6 +387,8 @@ void BlkifQueue::retire() noexcept {
     if (p.state != Pending::State::done) return;
     p.state = Pending::State::free;
     respond(p.id, p.op, p.status);
+    counters_.answered.fetch_add(1, std::memory_order_relaxed);
+    counters_.answered_us.fetch_add(now_us() - p.taken_us, std::memory_order_relaxed);
   }
 }
 
@@ -404,6 +414,13 @@ void BlkifQueue::drain_ring(bool arm) noexcept {
         }
       }
       const std::uint32_t slot = ring_slot(idx, ring_.size());
+      const std::uint64_t now = now_us();
+      pending_[slot].taken_us = now;
+      if (idle_since_us_ != 0) {
+        counters_.idle_gaps.fetch_add(1, std::memory_order_relaxed);
+        counters_.idle_gap_us.fetch_add(now - idle_since_us_, std::memory_order_relaxed);
+        idle_since_us_ = 0;
+      }
       Admit a = admit(*req, slot);
       if (a == Admit::ring_busy) {
         // Retry the same request after the submit admit() did.

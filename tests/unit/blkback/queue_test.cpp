@@ -549,6 +549,38 @@ TEST_F(QueueTest, AQueueDoesNotSpinWhileItsOwnIoIsInFlight) {
   EXPECT_EQ(file_bytes(63 * 8 * 512, 1), std::string(1, 'a' + 63 % 26));
 }
 
+TEST_F(QueueTest, ItCountsTheTimeWithNothingOutstandingBeforeEachRequest) {
+  // The first request after the start is not a gap; one pushed 20 ms after everything was
+  // answered is, with at least those 20 ms; of two pushed together only the first (the second
+  // is taken while the first is outstanding). Every response is counted as answered. Flushes of
+  // a queue that offers none: answered in the pass that takes them.
+  QueueConfig cfg;
+  cfg.flush = false;
+  start(cfg);
+  auto flush = [](std::uint64_t id) {
+    BlkifRequest f{};
+    f.operation = kBlkifOpFlushDiskcache;
+    f.id = id;
+    return f;
+  };
+  fe_.push(flush(1));
+  queue_->poll_once();
+  ASSERT_EQ(fe_.responses().size(), 1u);
+  EXPECT_EQ(queue_->counters().idle_gaps.load(), 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  fe_.push(flush(2));
+  queue_->poll_once();
+  ASSERT_EQ(fe_.responses().size(), 1u);
+  EXPECT_EQ(queue_->counters().idle_gaps.load(), 1u);
+  EXPECT_GE(queue_->counters().idle_gap_us.load(), 20000u);
+  fe_.push(flush(3));
+  fe_.push(flush(4));
+  queue_->poll_once();
+  ASSERT_EQ(fe_.responses().size(), 2u);
+  EXPECT_EQ(queue_->counters().idle_gaps.load(), 2u);
+  EXPECT_EQ(queue_->counters().answered.load(), 4u);
+}
+
 TEST_F(QueueTest, ResponsesGoOutInRequestOrder) {
   start();
   // Request 1 is answered at once (bad grant) while request 0 is still in the kernel: its

@@ -73,6 +73,14 @@ struct QueueCounters {
   std::atomic<std::uint64_t> redone_from_shadow{0};
   // Waits that ended while spinning (no notification, no sleep) / that had to sleep after all.
   std::atomic<std::uint64_t> poll_hits{0}, poll_misses{0};
+  // Where a request's time goes, as this thread sees it (steady clock, microseconds):
+  // answered / answered_us: responses produced, and their summed time since the request was taken
+  // from the ring (mapping, the I/O, waiting for an earlier request's answer);
+  // idle_gaps / idle_gap_us: how often a request was taken while nothing was outstanding, and the
+  // summed time since the push that had answered everything — the guest's turn and the
+  // notification's way both ways, this thread's wake-up included. At queue depth 1 the two
+  // together are the whole round trip.
+  std::atomic<std::uint64_t> answered{0}, answered_us{0}, idle_gaps{0}, idle_gap_us{0};
 };
 
 class BlkifQueue {
@@ -153,6 +161,7 @@ class BlkifQueue {
   QueueCounters counters_;
   AdaptivePoll poll_;
   std::uint64_t guest_errors_logged_ = 0, io_errors_logged_ = 0;
+  std::uint64_t idle_since_us_ = 0;  // when a push left nothing outstanding; 0: something is
 };
 
 }  // namespace xpv::blkback
