@@ -53,6 +53,7 @@
 // FILE-logs/ (or kept in the share, whose path is printed, when anything failed).
 #include <signal.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,11 +145,16 @@ xpv::bench::Captured captured(const std::string& cmd, int bound_s = 0) {
 
 std::string capture(const std::string& cmd, int bound_s = 0) { return captured(cmd, bound_s).out; }
 
-void say(const std::string& s) {
-  static std::mutex mu;  // the watchdog thread says things too
-  const std::lock_guard lock(mu);
+std::mutex g_say_mu;  // the watchdog thread says things too
+
+void say_locked(const std::string& s) {
   std::cout << "xpv bench hvm: " << s << std::endl;
   if (auto* w = g_watch.load()) w->said(Clock::now());
+}
+
+void say(const std::string& s) {
+  const std::lock_guard lock(g_say_mu);
+  say_locked(s);
 }
 
 // The watchdog of the run inside L1 (hvm_watch.h): every 5 s it asks the watch; a heartbeat is
@@ -172,13 +178,18 @@ class Watchdog {
       }
       const auto v = watch_.check(Clock::now());
       if (v.kind == Kind::heartbeat) {
-        say(v.text);
+        // Skipped while the main thread is saying something: that is output too, and if its
+        // write is what blocks, waiting here would keep this thread from the stuck check.
+        const std::unique_lock lock(g_say_mu, std::try_to_lock);
+        if (lock.owns_lock()) say_locked(v.text);
       } else if (v.kind == Kind::stuck) {
-        // Straight to the file descriptor: not through say()'s lock or stdout's, which the stuck
-        // main thread may hold.
+        // Straight to the file descriptor, not through say()'s lock or stdout's, which the stuck
+        // main thread may hold, and only if it takes the line within a second: the exit must
+        // not wait for an output that has stopped (--quiet-limit then ends L1).
         const std::string line =
             "xpv bench hvm: " + v.text + "; giving up this L1 session (exit 125: the host side starts another)\n";
-        (void)!::write(STDOUT_FILENO, line.data(), line.size());
+        pollfd out{STDOUT_FILENO, POLLOUT, 0};
+        if (::poll(&out, 1, 1000) == 1 && (out.revents & POLLOUT) != 0) (void)!::write(STDOUT_FILENO, line.data(), line.size());
         std::_Exit(125);
       }
     }
@@ -419,6 +430,7 @@ class QemuVm : public Vm {
       if (fd >= 0) {
         ::dup2(fd, 1);
         ::dup2(fd, 2);
+        if (fd > 2) ::close(fd);
       }
       ::execvp(args[0], args.data());
       ::_exit(127);
@@ -973,7 +985,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     std::error_code ec;
     fs::rename(share / "logs", share / ("lost-session-" + std::to_string(session)), ec);
     lost += (lost.empty() ? "" : ", ") + std::string("session ") + std::to_string(session) + " exit " +
-            std::to_string(rc) + (rc == 124 ? " (timeout or silent)" : " (L1 lost or its run stalled)");
+            std::to_string(rc) + (rc == 124 ? " (timeout, silence or L1 lockup)" : " (L1 lost or its run stalled)");
     say("L1 was lost or its run stalled (exit " + std::to_string(rc) + "): running the whole session again");
   }
 

@@ -136,12 +136,14 @@ void VbdConnection::teardown() noexcept {
       spdlog::info("{}: requests {} (reads {}, writes {}, flushes {}, discards {}; errors {}, unsupported {}); "
                    "sectors read {} written {}; batches {}, notifications {}, wakeups {}, held {}; "
                    "polling: {} waits ended spinning, {} slept; answered {} us after being taken on average; "
-                   "{} taken with nothing outstanding, {} us after the push that answered the last on average",
+                   "{} taken with nothing outstanding, {} us after the push that answered the last on average "
+                   "(and {} after {} ms or more)",
                    q->queue->name(), n(c.requests), n(c.reads), n(c.writes), n(c.flushes), n(c.discards),
                    n(c.errors), n(c.unsupported), n(c.sectors_read), n(c.sectors_written), n(c.batches),
                    n(c.notifications), n(c.wakeups), n(c.held), n(c.poll_hits), n(c.poll_misses),
                    n(c.answered) == 0 ? 0 : n(c.answered_us) / n(c.answered), n(c.idle_gaps),
-                   n(c.idle_gaps) == 0 ? 0 : n(c.idle_gap_us) / n(c.idle_gaps));
+                   n(c.idle_gaps) == 0 ? 0 : n(c.idle_gap_us) / n(c.idle_gaps), n(c.long_idle_gaps),
+                   kLongIdleGapUs / 1000);
     }
     q->queue.reset();  // waits for the kernel to finish with the guest's pages
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);

@@ -138,29 +138,32 @@ void BlkifQueue::release(Pending& p) noexcept {
   p.segs.clear();
 }
 
-void BlkifQueue::respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept {
+bool BlkifQueue::respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept {
   BlkifResponse rsp{};
   rsp.id = id;
   rsp.operation = op;
   rsp.status = status;
   if (auto r = ring_.produce_response(rsp); !r) {
     disable(to_string(r.error()));
-    return;
+    return false;
   }
   if (status == kError) counters_.errors.fetch_add(1, std::memory_order_relaxed);
   if (status == kUnsupported) counters_.unsupported.fetch_add(1, std::memory_order_relaxed);
   respond_pending_ = true;
+  return true;
 }
 
 void BlkifQueue::push_and_notify() noexcept {
   if (!respond_pending_) return;  // never notify without new responses (late-EOI frontends)
   respond_pending_ = false;
+  const std::uint64_t pushed = now_us();
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
   if (ring_.push_responses()) {
     counters_.notifications.fetch_add(1, std::memory_order_relaxed);
     if (auto r = evtchn_->notify(); !r) disable("event channel notify failed");
   }
-  if (ring_.rsp_prod_pvt() == ring_.req_cons()) idle_since_us_ = now_us();
+  // Everything answered and nothing more on the ring: what comes next is the guest's turn.
+  if (ring_.rsp_prod_pvt() == ring_.req_cons() && ring_.unconsumed_requests().value_or(1) == 0) idle_since_us_ = pushed;
 }
 
 bool BlkifQueue::map_segments(Pending& p, const BlkifRequestSegment* segs, unsigned n,
@@ -382,13 +385,16 @@ void BlkifQueue::finish(Pending& p, std::int16_t status) noexcept {
 
 // Responses in request order: answer the oldest unanswered requests while they are done.
 void BlkifQueue::retire() noexcept {
+  std::uint64_t now = 0;  // read once per pass, when the first answer goes out
   while (!disabled() && ring_.rsp_prod_pvt() != ring_.req_cons()) {
     Pending& p = pending_[ring_slot(ring_.rsp_prod_pvt(), ring_.size())];
     if (p.state != Pending::State::done) return;
     p.state = Pending::State::free;
-    respond(p.id, p.op, p.status);
-    counters_.answered.fetch_add(1, std::memory_order_relaxed);
-    counters_.answered_us.fetch_add(now_us() - p.taken_us, std::memory_order_relaxed);
+    if (now == 0) now = now_us();
+    if (respond(p.id, p.op, p.status)) {
+      counters_.answered.fetch_add(1, std::memory_order_relaxed);
+      counters_.answered_us.fetch_add(now - p.taken_us, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -417,8 +423,13 @@ void BlkifQueue::drain_ring(bool arm) noexcept {
       const std::uint64_t now = now_us();
       pending_[slot].taken_us = now;
       if (idle_since_us_ != 0) {
-        counters_.idle_gaps.fetch_add(1, std::memory_order_relaxed);
-        counters_.idle_gap_us.fetch_add(now - idle_since_us_, std::memory_order_relaxed);
+        const std::uint64_t gap = now - idle_since_us_;
+        if (gap >= kLongIdleGapUs) {
+          counters_.long_idle_gaps.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          counters_.idle_gaps.fetch_add(1, std::memory_order_relaxed);
+          counters_.idle_gap_us.fetch_add(gap, std::memory_order_relaxed);
+        }
         idle_since_us_ = 0;
       }
       Admit a = admit(*req, slot);

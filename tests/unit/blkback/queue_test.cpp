@@ -550,13 +550,16 @@ TEST_F(QueueTest, AQueueDoesNotSpinWhileItsOwnIoIsInFlight) {
 }
 
 TEST_F(QueueTest, ItCountsTheTimeWithNothingOutstandingBeforeEachRequest) {
-  // The first request after the start is not a gap; one pushed 20 ms after everything was
-  // answered is, with at least those 20 ms; of two pushed together only the first (the second
-  // is taken while the first is outstanding). Every response is counted as answered. Flushes of
-  // a queue that offers none: answered in the pass that takes them.
+  // The first request after the start is not a gap. One pushed 2 ms after everything was
+  // answered is a gap of at least that (counted in the average, or as a long one if this thread
+  // was held up past 10 ms); one pushed 30 ms after is a long gap, counted apart and left out of
+  // the average; of two pushed together only the first is a gap (the second is taken while the
+  // first is outstanding). Every response is counted as answered. Flushes of a queue that offers
+  // none: answered in the pass that takes them.
   QueueConfig cfg;
   cfg.flush = false;
   start(cfg);
+  const QueueCounters& c = queue_->counters();
   auto flush = [](std::uint64_t id) {
     BlkifRequest f{};
     f.operation = kBlkifOpFlushDiskcache;
@@ -566,19 +569,33 @@ TEST_F(QueueTest, ItCountsTheTimeWithNothingOutstandingBeforeEachRequest) {
   fe_.push(flush(1));
   queue_->poll_once();
   ASSERT_EQ(fe_.responses().size(), 1u);
-  EXPECT_EQ(queue_->counters().idle_gaps.load(), 0u);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c.idle_gaps.load() + c.long_idle_gaps.load(), 0u);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
   fe_.push(flush(2));
   queue_->poll_once();
   ASSERT_EQ(fe_.responses().size(), 1u);
-  EXPECT_EQ(queue_->counters().idle_gaps.load(), 1u);
-  EXPECT_GE(queue_->counters().idle_gap_us.load(), 20000u);
+  ASSERT_EQ(c.idle_gaps.load() + c.long_idle_gaps.load(), 1u);
+  if (c.idle_gaps.load() == 1) {
+    EXPECT_GE(c.idle_gap_us.load(), 2000u);
+    EXPECT_LT(c.idle_gap_us.load(), kLongIdleGapUs);
+  }
+  const std::uint64_t short_gaps = c.idle_gaps.load(), short_us = c.idle_gap_us.load();
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   fe_.push(flush(3));
+  queue_->poll_once();
+  ASSERT_EQ(fe_.responses().size(), 1u);
+  EXPECT_EQ(c.long_idle_gaps.load(), 2u - short_gaps);
+  EXPECT_EQ(c.idle_gaps.load(), short_gaps) << "a long gap stays out of the average";
+  EXPECT_EQ(c.idle_gap_us.load(), short_us);
+
   fe_.push(flush(4));
+  fe_.push(flush(5));
   queue_->poll_once();
   ASSERT_EQ(fe_.responses().size(), 2u);
-  EXPECT_EQ(queue_->counters().idle_gaps.load(), 2u);
-  EXPECT_EQ(queue_->counters().answered.load(), 4u);
+  EXPECT_EQ(c.idle_gaps.load() + c.long_idle_gaps.load(), 3u);
+  EXPECT_EQ(c.answered.load(), 5u);
 }
 
 TEST_F(QueueTest, ResponsesGoOutInRequestOrder) {

@@ -62,6 +62,9 @@ struct QueueConfig {
 };
 
 // Per-queue counters (xpv top shows them). Written only by the queue thread; read racily.
+// Longer than this, a gap before a request is the guest's own business (QueueCounters).
+inline constexpr std::uint64_t kLongIdleGapUs = 10'000;
+
 struct QueueCounters {
   std::atomic<std::uint64_t> requests{0}, reads{0}, writes{0}, flushes{0}, discards{0};
   std::atomic<std::uint64_t> sectors_read{0}, sectors_written{0};
@@ -76,11 +79,13 @@ struct QueueCounters {
   // Where a request's time goes, as this thread sees it (steady clock, microseconds):
   // answered / answered_us: responses produced, and their summed time since the request was taken
   // from the ring (mapping, the I/O, waiting for an earlier request's answer);
-  // idle_gaps / idle_gap_us: how often a request was taken while nothing was outstanding, and the
-  // summed time since the push that had answered everything — the guest's turn and the
-  // notification's way both ways, this thread's wake-up included. At queue depth 1 the two
-  // together are the whole round trip.
-  std::atomic<std::uint64_t> answered{0}, answered_us{0}, idle_gaps{0}, idle_gap_us{0};
+  // idle_gaps / idle_gap_us: requests taken while nothing was outstanding and nothing else was
+  // on the ring, and the summed time since the pass that had answered everything began pushing —
+  // the push and notification, the guest's turn, its notification and this thread's wake-up.
+  // A gap of kLongIdleGapUs or more (the guest doing something else: a journal commit, a phase
+  // without disk I/O, idling) is only counted, in long_idle_gaps, so that the average is the
+  // round trip of a guest that waits for its disk. At queue depth 1 the two averages add up to it.
+  std::atomic<std::uint64_t> answered{0}, answered_us{0}, idle_gaps{0}, idle_gap_us{0}, long_idle_gaps{0};
 };
 
 class BlkifQueue {
@@ -131,7 +136,8 @@ class BlkifQueue {
   void complete(std::uint32_t slot, int res) noexcept;
   void finish(Pending& p, std::int16_t status) noexcept;
   void retire() noexcept;
-  void respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept;
+  // False when the ring refused it (the queue is disabled then).
+  bool respond(std::uint64_t id, std::uint8_t op, std::int16_t status) noexcept;
   void release(Pending& p) noexcept;
   void push_and_notify() noexcept;
   void disable(const char* why) noexcept;
