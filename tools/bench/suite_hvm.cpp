@@ -115,6 +115,8 @@ std::string bounded(int seconds, const std::string& cmd) {
 }
 // The longest a command of bounded(seconds, ...) runs.
 int bound_of(int seconds) { return seconds + 10; }
+// Its exit status when timeout(1) ended it (SIGTERM: 124; SIGKILL after the grace: 137).
+bool timed_out(int rc) { return rc == 124 || rc == 137; }
 
 // A command the main thread waits for, marked as such with the longest its own timeouts let it
 // run (bound_s; 0 for a quick command without one).
@@ -369,7 +371,7 @@ class XpvVm : public Vm {
     if (p != std::string::npos) pid_ = static_cast<pid_t>(std::atol(out.c_str() + p + 6));
     if (pid_ <= 0) {
       stop();  // whatever the toolstack left of it
-      throw Failure(created.rc == 124 || created.rc == 137 ? "xpv create did not finish in " + std::to_string(kToolstackTimeout) + " s"
+      throw Failure(timed_out(created.rc) ? "xpv create did not finish in " + std::to_string(kToolstackTimeout) + " s"
                                           : "xpv create failed: " + last_lines(out, 2));
     }
   }
@@ -388,7 +390,7 @@ class XpvVm : public Vm {
     const int rc = shell(bounded(kToolstackTimeout, q(in_.xpv) + " destroy " + q(name_)) + " >> " +
                              q((in_.logs / "toolstack.log").string()) + " 2>&1",
                          bound_of(kToolstackTimeout));
-    if (rc == 124 || rc == 137) {
+    if (timed_out(rc)) {
       say(name_ + ": xpv destroy did not finish in " + std::to_string(kToolstackTimeout) + " s; left as it is");
     }
     std::error_code ec;
