@@ -230,6 +230,7 @@ void EventChannels::close_locked(Port p) noexcept {
         // blocked in wait() wakes up and finds (through xenbus) that the frontend went away.
         Dom0Endpoint& e = *dom0_[c.remote_port];
         e.guest_port = 0;
+        route_endpoint_locked(c.remote_port);
         {
           DirectWrite w(direct_);
           publish_endpoint_locked(c.remote_port);
@@ -301,6 +302,7 @@ Expected<Port, XenErrno> EventChannels::bind_interdomain(DomId remote_dom,
   l.remote_dom = rdom;
   l.remote_port = remote_port;
   if (rdom == 0) {
+    route_endpoint_locked(remote_port);
     DirectWrite w(direct_);
     publish_endpoint_locked(remote_port);
   }
@@ -657,6 +659,7 @@ Expected<Dom0Fds, XenErrno> EventChannels::bind_to_dom0(Port guest_port) noexcep
   c.state = State::interdomain;
   c.remote_dom = 0;
   c.remote_port = *dp;
+  route_endpoint_locked(*dp);
   {
     DirectWrite w(direct_);
     publish_endpoint_locked(*dp);
@@ -686,6 +689,8 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     c.state = State::unbound;
     c.remote_dom = 0;
     c.remote_port = 0;
+    dom0_[dom0_port]->guest_port = 0;
+    route_endpoint_locked(dom0_port);
   }
   dom0_[dom0_port].reset();
   {
@@ -693,6 +698,31 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     publish_endpoint_locked(dom0_port);
   }
   return {};
+}
+
+void EventChannels::route_endpoint_locked(Port dom0_port) noexcept {
+  Dom0Endpoint& e = *dom0_[dom0_port];
+  if (e.routed == e.guest_port) return;
+  if (e.routed != 0) {
+    if (route_sink_ != nullptr) route_sink_->unroute(e.routed, e.to_dom0.fd());
+    e.routed = 0;
+  }
+  if (e.guest_port != 0 && route_sink_ != nullptr && route_sink_->route(e.guest_port, e.to_dom0.fd())) {
+    e.routed = e.guest_port;
+  }
+}
+
+void EventChannels::set_send_route_sink(SendRouteSink* sink) noexcept {
+  std::unique_lock lk(table_mu_);
+  for (Port p = 1; p < dom0_.size(); ++p) {
+    if (!dom0_[p] || dom0_[p]->routed == 0) continue;
+    if (route_sink_ != nullptr) route_sink_->unroute(dom0_[p]->routed, dom0_[p]->to_dom0.fd());
+    dom0_[p]->routed = 0;
+  }
+  route_sink_ = sink;
+  for (Port p = 1; p < dom0_.size(); ++p) {
+    if (dom0_[p]) route_endpoint_locked(p);
+  }
 }
 
 Expected<Dom0EndpointStatus, XenErrno> EventChannels::dom0_status(Port dom0_port) const noexcept {

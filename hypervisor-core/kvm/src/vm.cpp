@@ -237,9 +237,40 @@ Vm::~Vm() {
   }
 }
 
-void Vm::set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn) {
-  trap_port_ = port;
-  trap_ = std::move(fn);
+void Vm::set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn, std::uint8_t size) {
+  if (size != 1 && size != 2 && size != 4) throw std::invalid_argument("set_pio_trap: size 1, 2 or 4");
+  for (PioTrap& t : traps_) {
+    if (t.size == 0 || t.port == port) {
+      t = PioTrap{port, size, std::move(fn)};
+      return;
+    }
+  }
+  throw std::invalid_argument("set_pio_trap: no room for another trap port");
+}
+
+namespace {
+Result<void> pio_eventfd(int vm_fd, std::uint16_t port, std::uint8_t size, std::uint32_t value, int fd,
+                         bool assign) noexcept {
+  kvm_ioeventfd e{};
+  e.datamatch = value;
+  e.addr = port;
+  e.len = size;
+  e.fd = fd;
+  e.flags = KVM_IOEVENTFD_FLAG_PIO | KVM_IOEVENTFD_FLAG_DATAMATCH | (assign ? 0 : KVM_IOEVENTFD_FLAG_DEASSIGN);
+  if (ioctl(vm_fd, KVM_IOEVENTFD, &e) < 0) {
+    return err(fmt::format("KVM_IOEVENTFD {} port {:#x} size {} value {}: {}", assign ? "assign" : "deassign", port,
+                           size, value, std::strerror(errno)));
+  }
+  return {};
+}
+}  // namespace
+
+Result<void> Vm::add_pio_eventfd(std::uint16_t port, std::uint8_t size, std::uint32_t value, int fd) noexcept {
+  return pio_eventfd(vm_fd_.get(), port, size, value, fd, true);
+}
+
+Result<void> Vm::remove_pio_eventfd(std::uint16_t port, std::uint8_t size, std::uint32_t value, int fd) noexcept {
+  return pio_eventfd(vm_fd_.get(), port, size, value, fd, false);
 }
 
 void Vm::set_msr_write_trap(std::uint32_t msr, std::function<bool(unsigned, std::uint64_t)> fn) {
@@ -418,6 +449,11 @@ class TrapContext final : public VcpuContext {
     regs_.rax = value;
     dirty_ = true;
   }
+  void set_rdx(std::uint64_t value) noexcept override {
+    if (regs() == nullptr) return;
+    regs_.rdx = value;
+    dirty_ = true;
+  }
   std::optional<std::uint64_t> translate(std::uint64_t gva) noexcept override {
     kvm_translation t{};
     t.linear_address = gva;
@@ -458,9 +494,9 @@ std::string Vm::describe_state(Vcpu& v) noexcept {
   return out;
 }
 
-void Vm::pio_trap(Vcpu& v) noexcept {
+void Vm::pio_trap(Vcpu& v, const PioTrap& t) noexcept {
   TrapContext ctx(v.id, v.fd.get(), sync_regs_ ? v.run : nullptr);
-  trap_(ctx);
+  t.fn(ctx);
 }
 
 void Vm::setup_lapic(Vcpu& v) {
@@ -654,9 +690,13 @@ void Vm::sample(Vcpu& v) noexcept {
 
 Result<void> Vm::handle_io(Vcpu& v) noexcept {
   const auto& io = v.run->io;
-  if (trap_ && io.port == trap_port_ && io.direction == KVM_EXIT_IO_OUT && io.size == 1 && io.count == 1) {
-    pio_trap(v);
-    return {};
+  if (io.direction == KVM_EXIT_IO_OUT && io.count == 1) {
+    for (const PioTrap& t : traps_) {
+      if (t.size != 0 && io.port == t.port && io.size == t.size) {
+        pio_trap(v, t);
+        return {};
+      }
+    }
   }
   const std::uint64_t bytes = std::uint64_t{io.size} * io.count;
   if (io.size == 0 || io.size > 8 || io.data_offset > v.run_size || bytes > v.run_size - io.data_offset) {

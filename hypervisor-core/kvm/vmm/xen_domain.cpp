@@ -10,10 +10,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <mutex>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include "xpv/thread_name.h"
@@ -66,6 +68,34 @@ class TrapMemory final : public xen::GuestVirt {
 }  // namespace
 
 // What the platform needs from the VMM: interrupts into the VM, RAM pages, shutdown, console.
+// The guest's sends on ports connected to backends, signalled by KVM itself: one ioeventfd per
+// port on the fast-send port (xen/stubs.h), matching the port number. Called by EventChannels
+// with its lock held; a KVM that refuses leaves the port to the trap, which works the same.
+class XenDomain::SendRoutes final : public domain::SendRouteSink {
+ public:
+  SendRoutes(kvm::Vm& vm, unsigned domid) : vm_(vm), domid_(domid) {}
+  bool route(domain::Port guest_port, int to_dom0_fd) noexcept override {
+    auto r = vm_.add_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, to_dom0_fd);
+    if (!r) {
+      spdlog::warn("dom{}: event channel {}: sends keep exiting to xpv-vmm: {}", domid_, guest_port, r.error().message);
+      return false;
+    }
+    routed.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  void unroute(domain::Port guest_port, int to_dom0_fd) noexcept override {
+    if (auto r = vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, to_dom0_fd); !r) {
+      spdlog::warn("dom{}: event channel {}: {}", domid_, guest_port, r.error().message);
+    }
+  }
+  std::atomic<std::uint64_t> routed{0};  // routes made over the domain's life
+  std::atomic<std::uint64_t> trapped{0};  // fast sends that exited to xpv-vmm (not routed ports)
+
+ private:
+  kvm::Vm& vm_;
+  unsigned domid_;
+};
+
 class XenDomain::Host final : public xen::PlatformHost {
  public:
   Host(kvm::Vm& vm, std::string memory_file) : vm_(vm), memory_file_(std::move(memory_file)) {}
@@ -407,6 +437,11 @@ void XenDomain::wait_unpaused() {
 }
 
 XenDomain::~XenDomain() {
+  if (send_routes_) {
+    domain_->evtchn().set_send_route_sink(nullptr);
+    spdlog::info("dom{}: event-channel sends: {} ports signalled by KVM over the run, {} sends through the trap",
+                 cfg_.domid, send_routes_->routed.load(), send_routes_->trapped.load());
+  }
   {
     std::lock_guard lk(tick_mu_);
     stopping_ = true;
@@ -437,6 +472,38 @@ void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end) {
   if (!image) throw std::runtime_error(fmt::format("kernel image [{:#x}, {:#x}) is not in guest RAM", begin, end));
   auto sites = xen::find_hypercall_stubs(*image);
   if (sites) {
+    // XPV_EVTCHN_FAST_SEND=0: every send through the hypercall trap (measurements).
+    const char* env = std::getenv("XPV_EVTCHN_FAST_SEND");
+    if (env != nullptr && std::string_view(env) == "0") {
+      spdlog::info("xen: XPV_EVTCHN_FAST_SEND=0: event-channel sends go through the hypercall trap");
+    } else if (auto fast = xen::patch_hypercall_stubs_fast_send(*image, *sites, xen::kHypercallPort,
+                                                                xen::kEvtchnSendPort);
+               !fast) {
+      spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
+    } else {
+      send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
+      // The fast-send routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall
+      // it stands for, EVTCHNOP_send with the argument still in rsi; the result goes into rdx, which
+      // the routine moves into rax.
+      vm_.set_pio_trap(
+          xen::kEvtchnSendPort,
+          [this](kvm::VcpuContext& ctx) {
+            const kvm_regs* r = ctx.regs();
+            if (r == nullptr) return;
+            send_routes_->trapped.fetch_add(1, std::memory_order_relaxed);
+            xen::Regs regs{xen::abi::kHcEventChannelOp, r->rdi, r->rsi, r->rdx, r->r10, r->r8};
+            TrapMemory mem(ctx, vm_.memory());
+            const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
+            ctx.set_rdx(static_cast<std::uint64_t>(rc));
+            reassert(ctx.id());
+          },
+          4);
+      domain_->evtchn().set_send_route_sink(send_routes_.get());
+      spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}; sends to backends are KVM "
+                   "ioeventfds on port {:#x}",
+                   begin + sites->amd, begin + sites->intel, xen::kHypercallPort, xen::kEvtchnSendPort);
+      return;
+    }
     xen::patch_hypercall_stubs(*image, *sites, xen::kHypercallPort);
     spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}", begin + sites->amd,
                  begin + sites->intel, xen::kHypercallPort);

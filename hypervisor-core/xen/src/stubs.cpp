@@ -1,7 +1,9 @@
 // Hypercall-stub finder and rewriter, and the hypercall page: see stubs.h for the bytes.
 #include "xpv/xen/stubs.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -81,6 +83,124 @@ void patch_hypercall_stubs(std::span<std::uint8_t> image, const StubSites& sites
   };
   patch(sites.amd, kVmmcall, "vmmcall");
   patch(sites.intel, kVmcall, "vmcall");
+}
+
+namespace {
+
+// Length of the int3 or NOP instruction at p (at most `left` bytes), 0 if it is neither: what an
+// assembler pads a function to its alignment with (0x90, 66 90, and the 0f 1f forms).
+std::size_t padding_insn(const std::uint8_t* p, std::size_t left) {
+  if (left == 0) return 0;
+  if (p[0] == kInt3 || p[0] == kNop) return 1;
+  std::size_t prefix = 0;
+  while (prefix < left && p[prefix] == 0x66) ++prefix;  // operand-size prefixes
+  if (prefix > 0 && prefix < left && p[prefix] == kNop) return prefix + 1;
+  if (left < prefix + 3 || p[prefix] != 0x0f || p[prefix + 1] != 0x1f) return 0;
+  const std::uint8_t modrm = p[prefix + 2];
+  std::size_t n = prefix + 3;
+  if ((modrm & 0x07) == 0x04) ++n;                  // SIB byte
+  if ((modrm & 0xc0) == 0x40) n += 1;               // disp8
+  else if ((modrm & 0xc0) == 0x80) n += 4;          // disp32
+  else if ((modrm & 0xc0) != 0x00) return 0;
+  return n <= left ? n : 0;
+}
+
+bool all_padding(const std::uint8_t* p, std::size_t n) {
+  while (n > 0) {
+    const std::size_t len = padding_insn(p, n);
+    if (len == 0) return false;
+    p += len;
+    n -= len;
+  }
+  return true;
+}
+
+}  // namespace
+
+Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8_t> image, const StubSites& sites,
+                                                            std::uint8_t port, std::uint8_t send_port) {
+  constexpr std::size_t kRegion = 2 * kStubDistance;
+  const std::size_t lo = std::min(sites.amd, sites.intel);
+  if (std::max(sites.amd, sites.intel) - lo != kStubDistance || lo > image.size() || image.size() - lo < kRegion) {
+    return fail(fmt::format("hypercall stubs at {:#x}/{:#x} are not a pair of 16-byte stubs inside the {}-byte image",
+                            sites.amd, sites.intel, image.size()));
+  }
+  std::uint8_t* const x = image.data() + lo;
+  // The return: the stubs' common jmp to the return thunk, or ret.
+  std::optional<std::int64_t> thunk;  // target, relative to x
+  bool ret = false;
+  std::uint8_t routine[kRegion];
+  auto build = [&] {
+    const std::uint8_t head[] = {
+        0x83, 0xf8, 0x20,  // cmp $0x20, %eax
+        0x75, 0x17,        // jne X+28
+        0x83, 0xff, 0x04,  // cmp $4, %edi
+        0x75, 0x12,        // jne X+28
+        0x8b, 0x06,        // mov (%rsi), %eax
+        0x31, 0xd2,        // xor %edx, %edx
+        0xeb, 0x02,        // jmp X+18
+        0xeb, 0xee,        // X+16: jmp X+0
+        0xe7, send_port,   // out %eax, $SS
+        0x48, 0x89, 0xd0,  // mov %rdx, %rax
+    };
+    std::memcpy(routine, head, sizeof head);
+    std::uint8_t* r = routine + sizeof head;  // X+23
+    if (ret) {
+      const std::uint8_t t[] = {kRet, kInt3, kInt3, kInt3, kInt3};
+      std::memcpy(r, t, sizeof t);
+    } else {
+      const auto rel = static_cast<std::int32_t>(*thunk - 28);
+      r[0] = kJmpRel32;
+      std::memcpy(r + 1, &rel, 4);
+    }
+    const std::uint8_t tail[] = {kOutImm8Al, port, 0xeb, 0xf7};  // X+28: out %al, $PP; jmp X+23
+    std::memcpy(routine + 28, tail, sizeof tail);
+  };
+  // Already rewritten (idempotent): recognise the routine by its fixed bytes and its return.
+  if (x[0] == 0x83 && x[16] == 0xeb && x[23] == kJmpRel32) {
+    std::int32_t rel;
+    std::memcpy(&rel, x + 24, 4);
+    thunk = std::int64_t{rel} + 28;
+  } else if (x[0] == 0x83 && x[16] == 0xeb && x[23] == kRet) {
+    ret = true;
+  }
+  if (thunk || ret) {
+    build();
+    if (std::memcmp(x, routine, kRegion) == 0) return {};
+    thunk.reset();
+    ret = false;
+  }
+  for (std::size_t at : {std::size_t{0}, kStubDistance}) {
+    const std::uint8_t* s = x + at;
+    const bool amd = lo + at == sites.amd;
+    if (std::memcmp(s, amd ? kVmmcall : kVmcall, 3) != 0) {
+      return fail(fmt::format("hypercall stub at {:#x} holds {:02x} {:02x} {:02x}, not {}", lo + at, s[0], s[1], s[2],
+                              amd ? "vmmcall" : "vmcall"));
+    }
+    std::size_t end;  // where the stub's padding starts
+    if (s[3] == kRet) {
+      if (thunk) return fail("one hypercall stub returns with ret, the other through a return thunk");
+      ret = true;
+      end = 4;
+    } else if (s[3] == kJmpRel32) {
+      if (ret) return fail("one hypercall stub returns with ret, the other through a return thunk");
+      std::int32_t rel;
+      std::memcpy(&rel, s + 4, 4);
+      const std::int64_t target = static_cast<std::int64_t>(at) + 8 + rel;
+      if (thunk && *thunk != target) return fail("the two hypercall stubs jump to different return thunks");
+      thunk = target;
+      end = 8;
+    } else {
+      return fail(fmt::format("hypercall stub at {:#x} is followed by {:02x}, not jmp or ret", lo + at, s[3]));
+    }
+    if (!all_padding(s + end, kStubDistance - end)) {
+      return fail(fmt::format("the 16 bytes of the hypercall stub at {:#x} hold more than the stub and its padding",
+                              lo + at));
+    }
+  }
+  build();
+  std::memcpy(x, routine, kRegion);
+  return {};
 }
 
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -137,6 +138,100 @@ TEST(XenStubs, PatchRejectsSitesThatAreNotStubs) {
   EXPECT_THROW(patch_hypercall_stubs(img, StubSites{0x300, 0x310}, 0xe7), std::invalid_argument);
 }
 
+// Debian 12's 6.1.0-57 pair with the padding its assembler wrote: an 8-byte NOP after the amd
+// stub, eight int3 after the intel one.
+void put_padded_pair(Bytes& img, std::size_t at) {
+  put_pair(img, at);
+  const std::uint8_t nop8[8] = {0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00};
+  std::copy(std::begin(nop8), std::end(nop8), img.begin() + static_cast<std::ptrdiff_t>(at + 8));
+  std::fill_n(img.begin() + static_cast<std::ptrdiff_t>(at + 24), 8, 0xcc);
+}
+
+// Where the rel8 or rel32 jump at `at` (opcode eb, 75 or e9) lands, relative to the region.
+std::int64_t jump_target(const Bytes& img, std::size_t base, std::size_t at) {
+  if (img[base + at] == 0xeb || img[base + at] == 0x75) return static_cast<std::int64_t>(at) + 2 + static_cast<std::int8_t>(img[base + at + 1]);
+  std::int32_t rel;
+  std::memcpy(&rel, &img[base + at + 1], 4);
+  return static_cast<std::int64_t>(at) + 5 + rel;
+}
+
+TEST(XenStubs, FastSendRewritesThePairIntoOneRoutineBothEntriesReach) {
+  Bytes img = noise(4096);
+  put_padded_pair(img, 0x300);
+  const Bytes before = img;
+  auto s = find_hypercall_stubs(img);
+  ASSERT_TRUE(s);
+  auto r = patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort);
+  ASSERT_TRUE(r) << r.error();
+  for (std::size_t i = 0; i < img.size(); ++i) {
+    if (i >= 0x300 && i < 0x320) continue;
+    ASSERT_EQ(img[i], before[i]) << i;
+  }
+  const Bytes routine(img.begin() + 0x300, img.begin() + 0x320);
+  const Bytes expect_head = {0x83, 0xf8, 0x20, 0x75, 0x17, 0x83, 0xff, 0x04, 0x75, 0x12, 0x8b, 0x06,
+                             0x31, 0xd2, 0xeb, 0x02, 0xeb, 0xee, 0xe7, kEvtchnSendPort, 0x48, 0x89, 0xd0};
+  EXPECT_EQ(Bytes(routine.begin(), routine.begin() + 23), expect_head);
+  // The control flow, checked as offsets: both entries reach the checks at +0, which branch to
+  // the plain trap at +28; the send path runs on into the OUT at +18; both paths return through
+  // the original return thunk (the amd stub's jmp at +3 went to 8 + 0x3be0a8).
+  EXPECT_EQ(jump_target(img, 0x300, 16), 0);
+  EXPECT_EQ(jump_target(img, 0x300, 3), 28);
+  EXPECT_EQ(jump_target(img, 0x300, 8), 28);
+  EXPECT_EQ(jump_target(img, 0x300, 14), 18);
+  EXPECT_EQ((Bytes{routine[28], routine[29]}), (Bytes{0xe6, kHypercallPort}));
+  EXPECT_EQ(jump_target(img, 0x300, 30), 23);
+  EXPECT_EQ(routine[23], 0xe9);
+  EXPECT_EQ(jump_target(img, 0x300, 23), 8 + 0x3be0a8);
+  // Idempotent; the image no longer has stubs to find.
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort));
+  EXPECT_EQ(Bytes(img.begin() + 0x300, img.begin() + 0x320), routine);
+  EXPECT_FALSE(find_hypercall_stubs(img));
+}
+
+TEST(XenStubs, FastSendWithRetTailsAndIntelFirst) {
+  Bytes img(4096, 0xcc);
+  put_pair(img, 0x100, /*ret_tail=*/true, /*intel_first=*/true);
+  for (std::size_t at : {0x104, 0x114}) std::fill_n(img.begin() + at, 4, 0xcc);  // int3 after each ret
+  auto s = find_hypercall_stubs(img);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort));
+  EXPECT_EQ(img[0x100], 0x83);  // the routine starts at the lower stub, whichever vendor's it is
+  EXPECT_EQ(img[0x110], 0xeb);
+  EXPECT_EQ((Bytes{img[0x117], img[0x118]}), (Bytes{0xc3, 0xcc}));
+  EXPECT_EQ(jump_target(img, 0x100, 30), 23);
+}
+
+TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone) {
+  auto refused = [](Bytes img, StubSites sites, const char* what) {
+    const Bytes before = img;
+    auto r = patch_hypercall_stubs_fast_send(img, sites, kHypercallPort, kEvtchnSendPort);
+    EXPECT_FALSE(r) << what;
+    if (!r) {
+      EXPECT_FALSE(r.error().empty()) << what;
+    }
+    EXPECT_EQ(img, before) << what;
+  };
+  Bytes img(4096, 0xcc);
+  put_padded_pair(img, 0x300);
+  ASSERT_TRUE(find_hypercall_stubs(img));
+  Bytes code_after = img;
+  code_after[0x31c] = 0x55;  // push %rbp: something that is not padding after the intel stub
+  refused(code_after, {0x300, 0x310}, "code in the padding");
+  Bytes other_thunk = img;
+  other_thunk[0x314] = 0x99;
+  refused(other_thunk, {0x300, 0x310}, "different return thunks");
+  Bytes mixed = img;
+  mixed[0x303] = 0xc3;
+  refused(mixed, {0x300, 0x310}, "ret and jmp");
+  refused(img, {0x300, 0x320}, "not 16 bytes apart");
+  refused(img, {0x310, 0x300}, "amd and intel swapped");
+  Bytes cut(img.begin(), img.begin() + 0x31f);
+  refused(cut, {0x300, 0x310}, "the region runs past the image");
+  // The plain rewrite still works on what the fast one refused.
+  patch_hypercall_stubs(code_after, {0x300, 0x310}, kHypercallPort);
+  EXPECT_EQ(code_after[0x300], 0xe6);
+}
+
 TEST(XenStubs, HypercallPageEntriesAreMovOutRet) {
   const auto page = build_hypercall_page(0xe8);
   for (std::uint32_t i = 0; i < 128; ++i) {
@@ -248,6 +343,11 @@ TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
     EXPECT_EQ(s->amd, 0xc43c80u);  // measured on Debian 12's 6.1.0-57-amd64
     EXPECT_EQ(s->intel, 0xc43c90u);
   }
+  // The fast-send routine fits this kernel's pair (what xpv-vmm installs).
+  auto fast_image = *vmlinux;
+  auto fast = patch_hypercall_stubs_fast_send(fast_image, *s, kHypercallPort, kEvtchnSendPort);
+  ASSERT_TRUE(fast) << fast.error();
+  EXPECT_EQ(fast_image[s->amd], 0x83);
   patch_hypercall_stubs(*vmlinux, *s, kHypercallPort);
   EXPECT_EQ((*vmlinux)[s->amd], 0xe6);
   EXPECT_EQ((*vmlinux)[s->intel + 1], kHypercallPort);

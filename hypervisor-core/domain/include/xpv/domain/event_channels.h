@@ -97,6 +97,20 @@ class UpcallSink {
   virtual void upcall(unsigned vcpu) noexcept = 0;
 };
 
+// Where the guest's sends on a port connected to a dom0 endpoint can go without this process:
+// xpv-vmm registers the endpoint's to_dom0 eventfd with KVM for that port (an ioeventfd on the
+// fast-send port, xen/stubs.h), so such a send signals the backend inside the host kernel —
+// exactly what send() does for it (to_dom0.notify()), minus the exit to user space. Called with
+// EventChannels' lock held exclusively: must not call back into EventChannels.
+class SendRouteSink {
+ public:
+  virtual ~SendRouteSink() = default;
+  // Sends on guest_port now signal to_dom0_fd. False: not routed (they keep reaching send()).
+  virtual bool route(Port guest_port, int to_dom0_fd) noexcept = 0;
+  // Undoes a route() that returned true, with the same arguments.
+  virtual void unroute(Port guest_port, int to_dom0_fd) noexcept = 0;
+};
+
 struct EvtchnStatus {
   EvtchnStat status = EvtchnStat::closed;
   std::uint32_t vcpu = 0;         // notify vCPU
@@ -238,6 +252,12 @@ class EventChannels {
   // Whether `vcpu`'s upcall eventfd raises its upcall now (the VMM routed it to the vCPU's vector).
   void set_direct_route(unsigned vcpu, bool routed) noexcept;
 
+  // ---- in-kernel sends (SendRouteSink) ----
+  // Routes every port connected to a dom0 endpoint now, and from now on each one as it connects;
+  // unroutes each as it leaves (guest close or reset, dom0_close). nullptr unroutes everything
+  // and stops. The sink must stay alive until it is replaced. Exclusive lock.
+  void set_send_route_sink(SendRouteSink* sink) noexcept;
+
   // ---- guest-state inspection (tests, process domains, debugging) ----
   bool upcall_masked(unsigned vcpu) const noexcept;
   // vcpu_info.evtchn_upcall_pending of `vcpu` (false for a bad vCPU, and for a vCPU ≥ 32 that
@@ -261,6 +281,7 @@ class EventChannels {
   };
   struct Dom0Endpoint {
     Port guest_port = 0;  // 0 = unbound (accepting this domain)
+    Port routed = 0;      // the guest port the SendRouteSink routed to to_dom0 (0: none)
     EventFd to_dom0;
     EventFd from_dom0;
   };
@@ -294,6 +315,7 @@ class EventChannels {
   // Direct table upkeep (table_mu_ exclusive; no-ops without a table).
   std::uint64_t gpa_of(std::span<std::uint8_t> s) const noexcept;
   void publish_endpoint_locked(Port dom0_port) noexcept;
+  void route_endpoint_locked(Port dom0_port) noexcept;  // make the sink's route match guest_port
   void publish_port_locked(Port guest_port) noexcept;  // its dom0 endpoint, if it has one
   void publish_locations_locked() noexcept;            // shared_info and every vcpu_info
   struct DirectWrite;                                  // begin()/end() as RAII
@@ -310,6 +332,7 @@ class EventChannels {
   std::vector<VcpuSlot> vcpus_;
   std::unique_ptr<VcpuInfo[]> placeholder_;                  // one per vCPU ≥ 32
   std::vector<std::unique_ptr<Dom0Endpoint>> dom0_;          // index = dom0 port; [0] unused
+  SendRouteSink* route_sink_ = nullptr;
   DirectTable* direct_ = nullptr;
   const GuestMemory* direct_mem_ = nullptr;
   std::vector<std::uint64_t> lost_suspects_;                 // redeliver_lost_edges: [word]

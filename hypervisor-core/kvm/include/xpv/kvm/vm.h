@@ -85,6 +85,7 @@ class VcpuContext {
   virtual const kvm_regs* regs() noexcept = 0;
   // Written back before the vCPU resumes (the instruction is then skipped as usual).
   virtual void set_rax(std::uint64_t value) noexcept = 0;
+  virtual void set_rdx(std::uint64_t value) noexcept = 0;
   // Guest-virtual → guest-physical through the vCPU's current page tables (KVM_TRANSLATE).
   virtual std::optional<std::uint64_t> translate(std::uint64_t gva) noexcept = 0;
 };
@@ -124,10 +125,18 @@ class Vm {
   // Level of an interrupt line (GSI) of the in-kernel PIC/IOAPIC. Any thread.
   void set_irq(std::uint32_t gsi, bool level) noexcept;
 
-  // A port whose 1-byte OUT is handed, with the vCPU's registers, to fn on the vCPU thread instead
-  // of the bus (a hypercall convention: the Xen platform rewrites vmmcall into `out %al, $port`).
-  // Setup only (before run()); one trap port.
-  void set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn);
+  // A port whose OUT of `size` bytes is handed, with the vCPU's registers, to fn on the vCPU thread
+  // instead of the bus (a hypercall convention: the Xen platform rewrites vmmcall into
+  // `out %al, $port`). Setup only (before run()); at most kMaxPioTraps trap ports.
+  static constexpr std::size_t kMaxPioTraps = 2;
+  void set_pio_trap(std::uint16_t port, std::function<void(VcpuContext&)> fn, std::uint8_t size = 1);
+
+  // A KVM ioeventfd: a guest OUT of `size` bytes to `port` whose value is `value` signals `fd`
+  // inside the kernel, without an exit to this process (any other value still exits). Any
+  // thread; the kernel keeps its own reference to the eventfd. remove_pio_eventfd takes the same
+  // arguments. Errors name the port, value and errno (EEXIST: that value is registered already).
+  Result<void> add_pio_eventfd(std::uint16_t port, std::uint8_t size, std::uint32_t value, int fd) noexcept;
+  Result<void> remove_pio_eventfd(std::uint16_t port, std::uint8_t size, std::uint32_t value, int fd) noexcept;
 
   // Guest WRMSRs of `msr` exit to userspace (KVM_CAP_X86_USER_SPACE_MSR with an MSR filter that
   // denies only that write) and are handed to fn(vcpu, value) on the vCPU thread; fn returns
@@ -181,10 +190,11 @@ class Vm {
 
  private:
   struct Vcpu;
+  struct PioTrap;
   void vcpu_thread(Vcpu& v) noexcept;
   Result<void> vcpu_loop(Vcpu& v) noexcept;
   Result<void> handle_io(Vcpu& v) noexcept;
-  void pio_trap(Vcpu& v) noexcept;
+  void pio_trap(Vcpu& v, const PioTrap& t) noexcept;
   std::string describe_state(Vcpu& v) noexcept;
   void resample_loop() noexcept;
   void sample(Vcpu& v) noexcept;
@@ -211,9 +221,13 @@ class Vm {
   std::string stop_message_;
   std::atomic<std::uint64_t> kick_gen_{0};
 
-  int trap_port_ = -1;
+  struct PioTrap {
+    std::uint16_t port = 0;
+    std::uint8_t size = 0;  // 0: unused
+    std::function<void(VcpuContext&)> fn;
+  };
+  std::array<PioTrap, kMaxPioTraps> traps_{};
   bool sync_regs_ = false;  // KVM_CAP_SYNC_REGS covers the general registers (trap write-back)
-  std::function<void(VcpuContext&)> trap_;
   std::uint32_t msr_trap_index_ = 0;
   std::function<bool(unsigned, std::uint64_t)> msr_trap_;
   bool synic_cap_ = false;              // KVM_CAP_HYPERV_SYNIC (auto-EOI vectors)

@@ -12,6 +12,12 @@ namespace xpv::xen {
 // writes the result into rax before resuming.
 inline constexpr std::uint8_t kHypercallPort = 0xe8;
 
+// The port of the fast event-channel send (stubs.h): `out %eax, $0xe4` with the guest's port in
+// eax, 4 bytes (0xe4..0xe7: no PC device). Ports connected to a backend are KVM ioeventfds there
+// (datamatch = the port), so those sends never leave the host kernel; any other value exits to
+// the VMM, which performs EVTCHNOP_send and writes the result into rdx.
+inline constexpr std::uint8_t kEvtchnSendPort = 0xe4;
+
 // How the platform raises an event-channel upcall (XEN-GUEST-ABI.md "Upcalls"):
 //   vcpu_vector      per-vCPU vector (CPUID UPCALL_VECTOR + HVMOP_set_evtchn_upcall_vector),
 //                    and the global vector below as a fallback;

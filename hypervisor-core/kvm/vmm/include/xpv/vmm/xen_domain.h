@@ -98,6 +98,7 @@ class XenDomain {
  private:
   class Host;
   struct Forward;
+  class SendRoutes;
   kvm::Vm& vm_;
   XenDomainConfig cfg_;
   boost::asio::io_context io_;
@@ -105,6 +106,9 @@ class XenDomain {
   std::unique_ptr<Host> host_;
   std::unique_ptr<Forward> forward_;
   std::unique_ptr<domain::Domain> domain_;
+  // In-kernel event-channel sends (xen/stubs.h fast send): KVM ioeventfds for the ports connected
+  // to backends, installed once the kernel's stubs hold the fast-send routine.
+  std::unique_ptr<SendRoutes> send_routes_;
   std::unique_ptr<xen::Platform> platform_;
   std::unique_ptr<platform_pci::XenPlatformDevice> device_;
   std::unique_ptr<platform_pci::UnplugPorts> unplug_;
