@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 namespace xpv::kvm {
@@ -12,6 +13,39 @@ namespace xpv::kvm {
 bool looks_like_elf(std::span<const std::uint8_t> img) noexcept {
   return img.size() >= 4 && std::memcmp(img.data(), ELFMAG, SELFMAG) == 0;
 }
+
+namespace {
+// The `.return_sites` section, located through the section headers and the loaded segment that
+// holds it. Best effort: anything malformed or missing leaves k.return_sites at 0.
+void find_return_sites(std::span<const std::uint8_t> img, const Elf64_Ehdr& eh, const std::vector<Elf64_Phdr>& loads,
+                       LoadedKernel& k) noexcept {
+  if (eh.e_shoff == 0 || eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum) return;
+  const std::uint64_t sh_bytes = std::uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr);
+  if (eh.e_shoff > img.size() || sh_bytes > img.size() - eh.e_shoff) return;
+  auto shdr = [&](unsigned i) {
+    Elf64_Shdr sh;
+    std::memcpy(&sh, img.data() + eh.e_shoff + std::uint64_t{i} * sizeof(Elf64_Shdr), sizeof sh);
+    return sh;
+  };
+  const Elf64_Shdr strtab = shdr(eh.e_shstrndx);
+  if (strtab.sh_offset > img.size() || strtab.sh_size > img.size() - strtab.sh_offset) return;
+  constexpr std::string_view kName = ".return_sites";
+  for (unsigned i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr sh = shdr(i);
+    if (sh.sh_name >= strtab.sh_size || strtab.sh_size - sh.sh_name < kName.size() + 1) continue;
+    const char* name = reinterpret_cast<const char*>(img.data() + strtab.sh_offset + sh.sh_name);
+    if (std::memcmp(name, kName.data(), kName.size()) != 0 || name[kName.size()] != '\0') continue;
+    for (const auto& ph : loads) {
+      if (sh.sh_addr >= ph.p_vaddr && sh.sh_size <= ph.p_memsz && sh.sh_addr - ph.p_vaddr <= ph.p_memsz - sh.sh_size) {
+        k.return_sites = ph.p_paddr + (sh.sh_addr - ph.p_vaddr);
+        k.return_sites_size = sh.sh_size;
+        return;
+      }
+    }
+    return;
+  }
+}
+}  // namespace
 
 Result<LoadedKernel> load_elf(std::span<const std::uint8_t> img, const GuestMemory& mem,
                               std::uint64_t window_lo, std::uint64_t window_hi) noexcept {
@@ -60,7 +94,8 @@ Result<LoadedKernel> load_elf(std::span<const std::uint8_t> img, const GuestMemo
   }
   if (!entry_ok) return err(fmt::format("ELF: entry point {:#x} is outside every loaded segment", eh.e_entry));
 
-  LoadedKernel k{eh.e_entry, loads.front().p_paddr, 0};
+  LoadedKernel k{eh.e_entry, loads.front().p_paddr, 0, 0, 0};
+  find_return_sites(img, eh, loads, k);
   for (const auto& ph : loads) {
     auto dst = mem.translate(ph.p_paddr, ph.p_memsz);  // checked above
     if (!dst) return err("ELF: guest memory translation failed");

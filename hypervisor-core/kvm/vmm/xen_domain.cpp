@@ -1,6 +1,7 @@
 #include "xpv/vmm/xen_domain.h"
 
 #include <boost/asio/post.hpp>
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
@@ -67,35 +69,54 @@ class TrapMemory final : public xen::GuestVirt {
 
 }  // namespace
 
-// What the platform needs from the VMM: interrupts into the VM, RAM pages, shutdown, console.
 // The guest's sends on ports connected to backends, signalled by KVM itself: one ioeventfd per
 // port on the fast-send port (xen/stubs.h), matching the port number. Called by EventChannels
 // with its lock held; a KVM that refuses leaves the port to the trap, which works the same.
 class XenDomain::SendRoutes final : public domain::SendRouteSink {
  public:
   SendRoutes(kvm::Vm& vm, unsigned domid) : vm_(vm), domid_(domid) {}
+  // Each route keeps its own duplicate of the eventfd, so that taking it back never depends on
+  // the endpoint's descriptor still being open (KVM finds the ioeventfd by its eventfd).
   bool route(domain::Port guest_port, int to_dom0_fd) noexcept override {
-    auto r = vm_.add_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, to_dom0_fd);
-    if (!r) {
+    const int fd = ::fcntl(to_dom0_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+      spdlog::warn("dom{}: event channel {}: sends keep exiting to xpv-vmm: dup: {}", domid_, guest_port,
+                   std::strerror(errno));
+      return false;
+    }
+    UniqueFd own(fd);
+    if (auto r = vm_.add_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, own.get()); !r) {
       spdlog::warn("dom{}: event channel {}: sends keep exiting to xpv-vmm: {}", domid_, guest_port, r.error().message);
+      return false;
+    }
+    try {
+      fds_.insert_or_assign(guest_port, std::move(own));
+    } catch (...) {
+      (void)vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, fd);
       return false;
     }
     routed.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
-  void unroute(domain::Port guest_port, int to_dom0_fd) noexcept override {
-    if (auto r = vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, to_dom0_fd); !r) {
-      spdlog::warn("dom{}: event channel {}: {}", domid_, guest_port, r.error().message);
+  void unroute(domain::Port guest_port, int) noexcept override {
+    auto it = fds_.find(guest_port);
+    if (it == fds_.end()) return;
+    if (auto r = vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, it->second.get()); !r) {
+      // KVM keeps signalling the old backend for this port: a host bug, said loudly.
+      spdlog::error("dom{}: event channel {}: {}", domid_, guest_port, r.error().message);
     }
+    fds_.erase(it);
   }
-  std::atomic<std::uint64_t> routed{0};  // routes made over the domain's life
-  std::atomic<std::uint64_t> trapped{0};  // fast sends that exited to xpv-vmm (not routed ports)
+  std::atomic<std::uint64_t> routed{0};   // routes made over the domain's life
+  std::atomic<std::uint64_t> trapped{0};  // sends on ports KVM does not signal (IPIs, loopback, unbound)
 
  private:
   kvm::Vm& vm_;
   unsigned domid_;
+  std::map<domain::Port, UniqueFd> fds_;  // EventChannels calls route/unroute under its exclusive lock
 };
 
+// What the platform needs from the VMM: interrupts into the VM, RAM pages, shutdown, console.
 class XenDomain::Host final : public xen::PlatformHost {
  public:
   Host(kvm::Vm& vm, std::string memory_file) : vm_(vm), memory_file_(std::move(memory_file)) {}
@@ -439,7 +460,8 @@ void XenDomain::wait_unpaused() {
 XenDomain::~XenDomain() {
   if (send_routes_) {
     domain_->evtchn().set_send_route_sink(nullptr);
-    spdlog::info("dom{}: event-channel sends: {} ports signalled by KVM over the run, {} sends through the trap",
+    spdlog::info("dom{}: event-channel sends: {} ports connected to backends signalled by KVM over the run; {} sends "
+                 "on other ports (IPIs, loopback) through the trap",
                  cfg_.domid, send_routes_->routed.load(), send_routes_->trapped.load());
   }
   {
@@ -467,38 +489,54 @@ std::size_t XenDomain::pv_console_input(std::span<const std::uint8_t> bytes) noe
   return pv_console_ ? pv_console_->receive(bytes) : 0;
 }
 
-void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end) {
+bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
+                                  std::optional<xen::ReturnSites> return_sites) {
+  // XPV_EVTCHN_FAST_SEND=0: every send through the hypercall trap (measurements).
+  if (const char* env = std::getenv("XPV_EVTCHN_FAST_SEND"); env != nullptr && std::string_view(env) == "0") {
+    spdlog::info("xen: XPV_EVTCHN_FAST_SEND=0: event-channel sends go through the hypercall trap");
+    return false;
+  }
+  if (auto fast =
+          xen::patch_hypercall_stubs_fast_send(image, sites, xen::kHypercallPort, xen::kEvtchnSendPort, return_sites);
+      !fast) {
+    spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
+    return false;
+  }
+  send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
+  // The fast-send routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall it
+  // stands for, EVTCHNOP_send of the struct its lods read (rsi - 4); the result goes into rdx,
+  // which the routine moves into rax.
+  vm_.set_pio_trap(
+      xen::kEvtchnSendPort,
+      [this](kvm::VcpuContext& ctx) {
+        const kvm_regs* r = ctx.regs();
+        if (r == nullptr) {
+          spdlog::error("dom{}: vCPU {}: KVM_GET_REGS failed in an event-channel send", cfg_.domid, ctx.id());
+          return;
+        }
+        send_routes_->trapped.fetch_add(1, std::memory_order_relaxed);
+        xen::Regs regs{xen::abi::kHcEventChannelOp, static_cast<std::uint64_t>(domain::EvtchnOp::send), r->rsi - 4,
+                       r->rdx, r->r10, r->r8};
+        TrapMemory mem(ctx, vm_.memory());
+        const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
+        ctx.set_rdx(static_cast<std::uint64_t>(rc));
+        reassert(ctx.id());
+      },
+      4);
+  domain_->evtchn().set_send_route_sink(send_routes_.get());
+  return true;
+}
+
+void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end, std::uint64_t rs_begin, std::uint64_t rs_size) {
   auto image = vm_.memory().translate(begin, end - begin);
   if (!image) throw std::runtime_error(fmt::format("kernel image [{:#x}, {:#x}) is not in guest RAM", begin, end));
   auto sites = xen::find_hypercall_stubs(*image);
   if (sites) {
-    // XPV_EVTCHN_FAST_SEND=0: every send through the hypercall trap (measurements).
-    const char* env = std::getenv("XPV_EVTCHN_FAST_SEND");
-    if (env != nullptr && std::string_view(env) == "0") {
-      spdlog::info("xen: XPV_EVTCHN_FAST_SEND=0: event-channel sends go through the hypercall trap");
-    } else if (auto fast = xen::patch_hypercall_stubs_fast_send(*image, *sites, xen::kHypercallPort,
-                                                                xen::kEvtchnSendPort);
-               !fast) {
-      spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
-    } else {
-      send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
-      // The fast-send routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall
-      // it stands for, EVTCHNOP_send with the argument still in rsi; the result goes into rdx, which
-      // the routine moves into rax.
-      vm_.set_pio_trap(
-          xen::kEvtchnSendPort,
-          [this](kvm::VcpuContext& ctx) {
-            const kvm_regs* r = ctx.regs();
-            if (r == nullptr) return;
-            send_routes_->trapped.fetch_add(1, std::memory_order_relaxed);
-            xen::Regs regs{xen::abi::kHcEventChannelOp, r->rdi, r->rsi, r->rdx, r->r10, r->r8};
-            TrapMemory mem(ctx, vm_.memory());
-            const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
-            ctx.set_rdx(static_cast<std::uint64_t>(rc));
-            reassert(ctx.id());
-          },
-          4);
-      domain_->evtchn().set_send_route_sink(send_routes_.get());
+    std::optional<xen::ReturnSites> rs;
+    if (rs_size != 0 && rs_begin >= begin && rs_begin - begin <= image->size() && rs_size <= image->size() - (rs_begin - begin)) {
+      rs = xen::ReturnSites{static_cast<std::size_t>(rs_begin - begin), static_cast<std::size_t>(rs_size)};
+    }
+    if (install_fast_send(*image, *sites, rs)) {
       spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}; sends to backends are KVM "
                    "ioeventfds on port {:#x}",
                    begin + sites->amd, begin + sites->intel, xen::kHypercallPort, xen::kEvtchnSendPort);

@@ -93,15 +93,22 @@ std::size_t padding_insn(const std::uint8_t* p, std::size_t left) {
   if (left == 0) return 0;
   if (p[0] == kInt3 || p[0] == kNop) return 1;
   std::size_t prefix = 0;
-  while (prefix < left && p[prefix] == 0x66) ++prefix;  // operand-size prefixes
+  while (prefix < left && (p[prefix] == 0x66 || p[prefix] == 0x2e)) ++prefix;  // operand size, cs (GNU as)
   if (prefix > 0 && prefix < left && p[prefix] == kNop) return prefix + 1;
   if (left < prefix + 3 || p[prefix] != 0x0f || p[prefix + 1] != 0x1f) return 0;
   const std::uint8_t modrm = p[prefix + 2];
+  const std::uint8_t mod = modrm >> 6, rm = modrm & 0x07;
+  if (mod == 3) return 0;
   std::size_t n = prefix + 3;
-  if ((modrm & 0x07) == 0x04) ++n;                  // SIB byte
-  if ((modrm & 0xc0) == 0x40) n += 1;               // disp8
-  else if ((modrm & 0xc0) == 0x80) n += 4;          // disp32
-  else if ((modrm & 0xc0) != 0x00) return 0;
+  if (rm == 4) {  // SIB byte; base 101 with mod 00 means a disp32 and no base
+    if (left < n + 1) return 0;
+    if (mod == 0 && (p[n] & 0x07) == 5) n += 4;
+    ++n;
+  } else if (mod == 0 && rm == 5) {
+    n += 4;  // rip-relative disp32
+  }
+  if (mod == 1) n += 1;       // disp8
+  else if (mod == 2) n += 4;  // disp32
   return n <= left ? n : 0;
 }
 
@@ -118,58 +125,59 @@ bool all_padding(const std::uint8_t* p, std::size_t n) {
 }  // namespace
 
 Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8_t> image, const StubSites& sites,
-                                                            std::uint8_t port, std::uint8_t send_port) {
+                                                            std::uint8_t port, std::uint8_t send_port,
+                                                            std::optional<ReturnSites> return_sites) {
   constexpr std::size_t kRegion = 2 * kStubDistance;
+  constexpr std::size_t kRet1 = 20, kRet2 = 27;  // the routine's two returns (stubs.h)
   const std::size_t lo = std::min(sites.amd, sites.intel);
   if (std::max(sites.amd, sites.intel) - lo != kStubDistance || lo > image.size() || image.size() - lo < kRegion) {
     return fail(fmt::format("hypercall stubs at {:#x}/{:#x} are not a pair of 16-byte stubs inside the {}-byte image",
                             sites.amd, sites.intel, image.size()));
   }
   std::uint8_t* const x = image.data() + lo;
-  // The return: the stubs' common jmp to the return thunk, or ret.
-  std::optional<std::int64_t> thunk;  // target, relative to x
-  bool ret = false;
-  std::uint8_t routine[kRegion];
-  auto build = [&] {
-    const std::uint8_t head[] = {
+  std::optional<std::int64_t> thunk;  // the return thunk, relative to x; none: the stubs return with ret
+  auto build = [&](std::uint8_t (&r)[kRegion]) {
+    const std::uint8_t head[kRet1] = {
         0x83, 0xf8, 0x20,  // cmp $0x20, %eax
-        0x75, 0x17,        // jne X+28
+        0x75, 0x14,        // jne X+25
         0x83, 0xff, 0x04,  // cmp $4, %edi
-        0x75, 0x12,        // jne X+28
-        0x8b, 0x06,        // mov (%rsi), %eax
-        0x31, 0xd2,        // xor %edx, %edx
+        0x75, 0x0f,        // jne X+25
+        0xad,              // lods (%rsi), %eax
+        0x99,              // cltd
+        0xe7, send_port,   // out %eax, $SS
         0xeb, 0x02,        // jmp X+18
         0xeb, 0xee,        // X+16: jmp X+0
-        0xe7, send_port,   // out %eax, $SS
-        0x48, 0x89, 0xd0,  // mov %rdx, %rax
+        0x48, 0x92,        // xchg %rax, %rdx
     };
-    std::memcpy(routine, head, sizeof head);
-    std::uint8_t* r = routine + sizeof head;  // X+23
-    if (ret) {
-      const std::uint8_t t[] = {kRet, kInt3, kInt3, kInt3, kInt3};
-      std::memcpy(r, t, sizeof t);
-    } else {
-      const auto rel = static_cast<std::int32_t>(*thunk - 28);
-      r[0] = kJmpRel32;
-      std::memcpy(r + 1, &rel, 4);
-    }
-    const std::uint8_t tail[] = {kOutImm8Al, port, 0xeb, 0xf7};  // X+28: out %al, $PP; jmp X+23
-    std::memcpy(routine + 28, tail, sizeof tail);
+    std::memcpy(r, head, sizeof head);
+    auto ret_at = [&](std::size_t at) {
+      if (!thunk) {
+        const std::uint8_t t[5] = {kRet, kInt3, kInt3, kInt3, kInt3};
+        std::memcpy(r + at, t, sizeof t);
+        return;
+      }
+      const auto rel = static_cast<std::int32_t>(*thunk - static_cast<std::int64_t>(at + 5));
+      r[at] = kJmpRel32;
+      std::memcpy(r + at + 1, &rel, 4);
+    };
+    ret_at(kRet1);
+    r[kRet1 + 5] = kOutImm8Al;  // X+25
+    r[kRet1 + 6] = port;
+    ret_at(kRet2);
   };
+  std::uint8_t routine[kRegion];
   // Already rewritten (idempotent): recognise the routine by its fixed bytes and its return.
-  if (x[0] == 0x83 && x[16] == 0xeb && x[23] == kJmpRel32) {
-    std::int32_t rel;
-    std::memcpy(&rel, x + 24, 4);
-    thunk = std::int64_t{rel} + 28;
-  } else if (x[0] == 0x83 && x[16] == 0xeb && x[23] == kRet) {
-    ret = true;
-  }
-  if (thunk || ret) {
-    build();
+  if (x[0] == 0x83 && x[16] == 0xeb && (x[kRet1] == kJmpRel32 || x[kRet1] == kRet)) {
+    if (x[kRet1] == kJmpRel32) {
+      std::int32_t rel;
+      std::memcpy(&rel, x + kRet1 + 1, 4);
+      thunk = std::int64_t{rel} + kRet1 + 5;
+    }
+    build(routine);
     if (std::memcmp(x, routine, kRegion) == 0) return {};
     thunk.reset();
-    ret = false;
   }
+  bool ret = false;
   for (std::size_t at : {std::size_t{0}, kStubDistance}) {
     const std::uint8_t* s = x + at;
     const bool amd = lo + at == sites.amd;
@@ -198,8 +206,42 @@ Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8
                               lo + at));
     }
   }
-  build();
+  // A kernel built with return thunks lists both stubs' jmp in .return_sites and rewrites each
+  // listed jmp at boot (it warns about one that is no longer a jmp to the thunk): the entries
+  // move to the routine's two returns, which are such jmps again.
+  std::size_t entry[2] = {0, 0};  // image offsets of the entries for the lower and upper stub
+  if (thunk) {
+    if (!return_sites) return fail("the stubs return through a return thunk and the kernel's .return_sites was not found");
+    if (return_sites->offset > image.size() || return_sites->size > image.size() - return_sites->offset ||
+        return_sites->size % 4 != 0) {
+      return fail("the kernel's .return_sites lies outside its image");
+    }
+    int found[2] = {0, 0};
+    for (std::size_t e = return_sites->offset; e < return_sites->offset + return_sites->size; e += 4) {
+      std::int32_t v;
+      std::memcpy(&v, image.data() + e, 4);
+      const std::int64_t target = static_cast<std::int64_t>(e) + v - static_cast<std::int64_t>(lo);
+      for (int i = 0; i < 2; ++i) {
+        if (target == static_cast<std::int64_t>(i * kStubDistance + 3)) {
+          entry[i] = e;
+          ++found[i];
+        }
+      }
+    }
+    if (found[0] != 1 || found[1] != 1) {
+      return fail(fmt::format("the kernel's .return_sites lists the stubs' return jumps {} and {} times, not once each",
+                              found[0], found[1]));
+    }
+  }
+  build(routine);
   std::memcpy(x, routine, kRegion);
+  if (thunk) {
+    for (int i = 0; i < 2; ++i) {
+      const std::int64_t to = static_cast<std::int64_t>(lo + (i == 0 ? kRet1 : kRet2));
+      const auto v = static_cast<std::int32_t>(to - static_cast<std::int64_t>(entry[i]));
+      std::memcpy(image.data() + entry[i], &v, 4);
+    }
+  }
   return {};
 }
 

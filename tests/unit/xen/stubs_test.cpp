@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,6 +14,7 @@
 
 #include "xpv/kvm/bzimage.h"
 #include "xpv/kvm/decompress.h"
+#include "xpv/kvm/elf_loader.h"
 #include "xpv/xen/config.h"
 #include "xpv/xen/stubs.h"
 
@@ -147,6 +150,25 @@ void put_padded_pair(Bytes& img, std::size_t at) {
   std::fill_n(img.begin() + static_cast<std::ptrdiff_t>(at + 24), 8, 0xcc);
 }
 
+// A .return_sites table at `table` with `n` entries: the two stubs' jmps (at pair+3 and
+// pair+19) among entries for elsewhere, as the kernel's objtool writes them (int32, relative to
+// the entry itself).
+ReturnSites put_return_sites(Bytes& img, std::size_t table, std::size_t pair) {
+  const std::int64_t targets[] = {0x40, static_cast<std::int64_t>(pair + 3), 0x80, static_cast<std::int64_t>(pair + 19),
+                                  0x123};
+  for (std::size_t i = 0; i < std::size(targets); ++i) {
+    const auto v = static_cast<std::int32_t>(targets[i] - static_cast<std::int64_t>(table + 4 * i));
+    std::memcpy(&img[table + 4 * i], &v, 4);
+  }
+  return {table, 4 * std::size(targets)};
+}
+
+std::int64_t entry_target(const Bytes& img, std::size_t entry) {
+  std::int32_t v;
+  std::memcpy(&v, &img[entry], 4);
+  return static_cast<std::int64_t>(entry) + v;
+}
+
 // Where the rel8 or rel32 jump at `at` (opcode eb, 75 or e9) lands, relative to the region.
 std::int64_t jump_target(const Bytes& img, std::size_t base, std::size_t at) {
   if (img[base + at] == 0xeb || img[base + at] == 0x75) return static_cast<std::int64_t>(at) + 2 + static_cast<std::int8_t>(img[base + at + 1]);
@@ -158,53 +180,90 @@ std::int64_t jump_target(const Bytes& img, std::size_t base, std::size_t at) {
 TEST(XenStubs, FastSendRewritesThePairIntoOneRoutineBothEntriesReach) {
   Bytes img = noise(4096);
   put_padded_pair(img, 0x300);
+  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
   const Bytes before = img;
   auto s = find_hypercall_stubs(img);
   ASSERT_TRUE(s);
-  auto r = patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort);
+  auto r = patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, rs);
   ASSERT_TRUE(r) << r.error();
   for (std::size_t i = 0; i < img.size(); ++i) {
     if (i >= 0x300 && i < 0x320) continue;
+    if (i >= 0x804 && i < 0x808) continue;  // the two stubs' .return_sites entries
+    if (i >= 0x80c && i < 0x810) continue;
     ASSERT_EQ(img[i], before[i]) << i;
   }
   const Bytes routine(img.begin() + 0x300, img.begin() + 0x320);
-  const Bytes expect_head = {0x83, 0xf8, 0x20, 0x75, 0x17, 0x83, 0xff, 0x04, 0x75, 0x12, 0x8b, 0x06,
-                             0x31, 0xd2, 0xeb, 0x02, 0xeb, 0xee, 0xe7, kEvtchnSendPort, 0x48, 0x89, 0xd0};
-  EXPECT_EQ(Bytes(routine.begin(), routine.begin() + 23), expect_head);
+  const Bytes expect_head = {0x83, 0xf8, 0x20, 0x75, 0x14, 0x83, 0xff, 0x04, 0x75, 0x0f, 0xad, 0x99,
+                             0xe7, kEvtchnSendPort, 0xeb, 0x02, 0xeb, 0xee, 0x48, 0x92};
+  EXPECT_EQ(Bytes(routine.begin(), routine.begin() + 20), expect_head);
   // The control flow, checked as offsets: both entries reach the checks at +0, which branch to
-  // the plain trap at +28; the send path runs on into the OUT at +18; both paths return through
-  // the original return thunk (the amd stub's jmp at +3 went to 8 + 0x3be0a8).
+  // the plain trap at +25; the send path's OUT at +12 goes on at +18 (over the second entry);
+  // each path leaves through its own jmp to the original return thunk (the amd stub's jmp at +3
+  // went to 8 + 0x3be0a8).
   EXPECT_EQ(jump_target(img, 0x300, 16), 0);
-  EXPECT_EQ(jump_target(img, 0x300, 3), 28);
-  EXPECT_EQ(jump_target(img, 0x300, 8), 28);
+  EXPECT_EQ(jump_target(img, 0x300, 3), 25);
+  EXPECT_EQ(jump_target(img, 0x300, 8), 25);
   EXPECT_EQ(jump_target(img, 0x300, 14), 18);
-  EXPECT_EQ((Bytes{routine[28], routine[29]}), (Bytes{0xe6, kHypercallPort}));
-  EXPECT_EQ(jump_target(img, 0x300, 30), 23);
-  EXPECT_EQ(routine[23], 0xe9);
-  EXPECT_EQ(jump_target(img, 0x300, 23), 8 + 0x3be0a8);
+  EXPECT_EQ((Bytes{routine[25], routine[26]}), (Bytes{0xe6, kHypercallPort}));
+  EXPECT_EQ(routine[20], 0xe9);
+  EXPECT_EQ(routine[27], 0xe9);
+  EXPECT_EQ(jump_target(img, 0x300, 20), 8 + 0x3be0a8);
+  EXPECT_EQ(jump_target(img, 0x300, 27), 8 + 0x3be0a8);
+  // The kernel rewrites the jmps its .return_sites lists: those entries now name the routine's
+  // two returns, and the others are as they were.
+  EXPECT_EQ(entry_target(img, 0x804), 0x300 + 20);
+  EXPECT_EQ(entry_target(img, 0x80c), 0x300 + 27);
+  EXPECT_EQ(entry_target(img, 0x800), 0x40);
   // Idempotent; the image no longer has stubs to find.
-  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort));
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, rs));
   EXPECT_EQ(Bytes(img.begin() + 0x300, img.begin() + 0x320), routine);
   EXPECT_FALSE(find_hypercall_stubs(img));
 }
 
-TEST(XenStubs, FastSendWithRetTailsAndIntelFirst) {
+TEST(XenStubs, FastSendWithRetTailsAndIntelFirstNeedsNoReturnSites) {
   Bytes img(4096, 0xcc);
   put_pair(img, 0x100, /*ret_tail=*/true, /*intel_first=*/true);
   for (std::size_t at : {0x104, 0x114}) std::fill_n(img.begin() + at, 4, 0xcc);  // int3 after each ret
   auto s = find_hypercall_stubs(img);
   ASSERT_TRUE(s);
-  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort));
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, std::nullopt));
   EXPECT_EQ(img[0x100], 0x83);  // the routine starts at the lower stub, whichever vendor's it is
-  EXPECT_EQ(img[0x110], 0xeb);
-  EXPECT_EQ((Bytes{img[0x117], img[0x118]}), (Bytes{0xc3, 0xcc}));
-  EXPECT_EQ(jump_target(img, 0x100, 30), 23);
+  EXPECT_EQ(jump_target(img, 0x100, 16), 0);
+  EXPECT_EQ(jump_target(img, 0x100, 3), 25);
+  EXPECT_EQ((Bytes(img.begin() + 0x114, img.begin() + 0x119)), (Bytes{0xc3, 0xcc, 0xcc, 0xcc, 0xcc}));
+  EXPECT_EQ((Bytes(img.begin() + 0x11b, img.begin() + 0x120)), (Bytes{0xc3, 0xcc, 0xcc, 0xcc, 0xcc}));
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, std::nullopt));
+}
+
+TEST(XenStubs, FastSendTakesTheNopFormsAnAssemblerPadsWith) {
+  Bytes img(4096, 0x00);
+  put_pair(img, 0x300);
+  const Bytes six_two = {0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x66, 0x90};  // 6-byte NOP, xchg %ax,%ax
+  const Bytes four_three_one = {0x0f, 0x1f, 0x40, 0x00, 0x0f, 0x1f, 0x00, 0x90};
+  std::copy(six_two.begin(), six_two.end(), img.begin() + 0x308);
+  std::copy(four_three_one.begin(), four_three_one.end(), img.begin() + 0x318);
+  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
+  EXPECT_TRUE(patch_hypercall_stubs_fast_send(img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, rs));
+  // Stubs that end in ret leave 12 bytes: GNU as's 10-byte NOP (66 2e 0f 1f 84 …) and a 2-byte one.
+  Bytes ret_img(4096, 0x00);
+  put_pair(ret_img, 0x300, /*ret_tail=*/true);
+  const Bytes ten_two = {0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00, 0x66, 0x90};
+  for (std::size_t at : {0x304, 0x314}) std::copy(ten_two.begin(), ten_two.end(), ret_img.begin() + at);
+  EXPECT_TRUE(patch_hypercall_stubs_fast_send(ret_img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, std::nullopt));
+  // A NOP whose displacement runs past the stub's 16 bytes is not padding.
+  Bytes long_nop(4096, 0x00);
+  put_pair(long_nop, 0x300);
+  const Bytes cut_nop = {0x90, 0x90, 0x90, 0x0f, 0x1f, 0x80, 0x00, 0x00};  // 0f 1f 80 needs 7 bytes
+  std::copy(cut_nop.begin(), cut_nop.end(), long_nop.begin() + 0x308);
+  std::fill_n(long_nop.begin() + 0x318, 8, 0xcc);
+  put_return_sites(long_nop, 0x800, 0x300);
+  EXPECT_FALSE(patch_hypercall_stubs_fast_send(long_nop, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, rs));
 }
 
 TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone) {
-  auto refused = [](Bytes img, StubSites sites, const char* what) {
+  auto refused = [](Bytes img, StubSites sites, std::optional<ReturnSites> rs, const char* what) {
     const Bytes before = img;
-    auto r = patch_hypercall_stubs_fast_send(img, sites, kHypercallPort, kEvtchnSendPort);
+    auto r = patch_hypercall_stubs_fast_send(img, sites, kHypercallPort, kEvtchnSendPort, rs);
     EXPECT_FALSE(r) << what;
     if (!r) {
       EXPECT_FALSE(r.error().empty()) << what;
@@ -213,20 +272,27 @@ TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone)
   };
   Bytes img(4096, 0xcc);
   put_padded_pair(img, 0x300);
+  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
   ASSERT_TRUE(find_hypercall_stubs(img));
   Bytes code_after = img;
   code_after[0x31c] = 0x55;  // push %rbp: something that is not padding after the intel stub
-  refused(code_after, {0x300, 0x310}, "code in the padding");
+  refused(code_after, {0x300, 0x310}, rs, "code in the padding");
   Bytes other_thunk = img;
   other_thunk[0x314] = 0x99;
-  refused(other_thunk, {0x300, 0x310}, "different return thunks");
+  refused(other_thunk, {0x300, 0x310}, rs, "different return thunks");
   Bytes mixed = img;
   mixed[0x303] = 0xc3;
-  refused(mixed, {0x300, 0x310}, "ret and jmp");
-  refused(img, {0x300, 0x320}, "not 16 bytes apart");
-  refused(img, {0x310, 0x300}, "amd and intel swapped");
+  refused(mixed, {0x300, 0x310}, rs, "ret and jmp");
+  refused(img, {0x300, 0x320}, rs, "not 16 bytes apart");
+  refused(img, {0x310, 0x300}, rs, "amd and intel swapped");
+  refused(img, {0x300, 0x310}, std::nullopt, "return thunks without .return_sites");
+  refused(img, {0x300, 0x310}, ReturnSites{0x800, 4}, ".return_sites without the stubs' entries");
+  Bytes twice = img;
+  put_return_sites(twice, 0x900, 0x300);
+  refused(twice, {0x300, 0x310}, ReturnSites{0x800, 0x114}, "a stub's jmp listed twice");
+  refused(img, {0x300, 0x310}, ReturnSites{0xff0, 0x20}, ".return_sites past the image");
   Bytes cut(img.begin(), img.begin() + 0x31f);
-  refused(cut, {0x300, 0x310}, "the region runs past the image");
+  refused(cut, {0x300, 0x310}, std::nullopt, "the region runs past the image");
   // The plain rewrite still works on what the fast one refused.
   patch_hypercall_stubs(code_after, {0x300, 0x310}, kHypercallPort);
   EXPECT_EQ(code_after[0x300], 0xe6);
@@ -319,8 +385,9 @@ std::filesystem::path find_kernel() {
   return {};
 }
 
-TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
-  const auto path = find_kernel();
+// The cached Debian kernel's vmlinux (decompressed from its bzImage) into *out, or a skip.
+void load_cached_vmlinux(std::filesystem::path& path, Bytes& out) {
+  path = find_kernel();
   if (path.empty())
     GTEST_SKIP() << "no Debian kernel cached (/tmp/kpkg/boot/vmlinuz-* or "
                     "~/.cache/xpv/kernel/*/vmlinuz); run `xpv testbed` once to fetch it";
@@ -331,6 +398,55 @@ TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
   ASSERT_TRUE(bz) << bz.error().message;
   auto vmlinux = kvm::decompress(bz->payload, std::uint64_t{1} << 30);
   ASSERT_TRUE(vmlinux) << vmlinux.error().message;
+  out = std::move(*vmlinux);
+}
+
+// The kernel as xpv-vmm loads it (kvm::load_elf into guest memory), its stubs given the fast-send
+// routine with its .return_sites entries moved: what every HVM guest of the testbed runs.
+TEST(XenStubsRealKernel, DebianKernelTakesTheFastSendRoutineAndItsReturnSitesMove) {
+  std::filesystem::path path;
+  Bytes vm_bytes;
+  load_cached_vmlinux(path, vm_bytes);
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto* vmlinux = &vm_bytes;
+  constexpr std::uint64_t kRam = std::uint64_t{256} << 20;
+  std::vector<std::uint8_t> ram(kRam);
+  const GuestMemory mem({{0, kRam, ram.data()}});
+  auto k = kvm::load_elf(*vmlinux, mem, 0x100000, kRam);
+  ASSERT_TRUE(k) << k.error().message;
+  ASSERT_NE(k->return_sites_size, 0u) << "no .return_sites found in " << path;
+  std::span<std::uint8_t> image(ram.data() + k->lowest, k->highest - k->lowest);
+  auto s = find_hypercall_stubs(image);
+  ASSERT_TRUE(s) << s.error();
+  const ReturnSites rs{static_cast<std::size_t>(k->return_sites - k->lowest), static_cast<std::size_t>(k->return_sites_size)};
+  // Before: exactly one entry names each stub's jmp (at +3).
+  auto entries_naming = [&](std::size_t at) {
+    int n = 0;
+    for (std::size_t e = rs.offset; e < rs.offset + rs.size; e += 4) {
+      std::int32_t v;
+      std::memcpy(&v, image.data() + e, 4);
+      if (static_cast<std::int64_t>(e) + v == static_cast<std::int64_t>(at)) ++n;
+    }
+    return n;
+  };
+  const std::size_t lo = std::min(s->amd, s->intel);
+  EXPECT_EQ(entries_naming(lo + 3), 1);
+  EXPECT_EQ(entries_naming(lo + 19), 1);
+  auto fast = patch_hypercall_stubs_fast_send(image, *s, kHypercallPort, kEvtchnSendPort, rs);
+  ASSERT_TRUE(fast) << fast.error();
+  EXPECT_EQ(image[lo], 0x83);
+  EXPECT_EQ(entries_naming(lo + 3), 0);
+  EXPECT_EQ(entries_naming(lo + 19), 0);
+  EXPECT_EQ(entries_naming(lo + 20), 1);
+  EXPECT_EQ(entries_naming(lo + 27), 1);
+}
+
+TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
+  std::filesystem::path path;
+  Bytes vm_bytes;
+  load_cached_vmlinux(path, vm_bytes);
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto* vmlinux = &vm_bytes;
 
   auto s = find_hypercall_stubs(*vmlinux);
   ASSERT_TRUE(s) << path << ": " << s.error();
@@ -343,11 +459,6 @@ TEST(XenStubsRealKernel, DebianKernelHasExactlyOnePairAndItPatches) {
     EXPECT_EQ(s->amd, 0xc43c80u);  // measured on Debian 12's 6.1.0-57-amd64
     EXPECT_EQ(s->intel, 0xc43c90u);
   }
-  // The fast-send routine fits this kernel's pair (what xpv-vmm installs).
-  auto fast_image = *vmlinux;
-  auto fast = patch_hypercall_stubs_fast_send(fast_image, *s, kHypercallPort, kEvtchnSendPort);
-  ASSERT_TRUE(fast) << fast.error();
-  EXPECT_EQ(fast_image[s->amd], 0x83);
   patch_hypercall_stubs(*vmlinux, *s, kHypercallPort);
   EXPECT_EQ((*vmlinux)[s->amd], 0xe6);
   EXPECT_EQ((*vmlinux)[s->intel + 1], kHypercallPort);

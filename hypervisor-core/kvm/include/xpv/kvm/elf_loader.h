@@ -20,6 +20,12 @@ struct LoadedKernel {
   std::uint64_t entry = 0;
   std::uint64_t lowest = 0;   // lowest loaded physical address
   std::uint64_t highest = 0;  // end of the highest segment (p_paddr + p_memsz)
+  // Where the loaded `.return_sites` section is (physical; size 0 when the image has none or no
+  // section headers): Linux's list of its `jmp __x86_return_thunk` instructions, each a 32-bit
+  // offset relative to the entry, which the kernel rewrites at boot (CONFIG_RETHUNK). Whoever
+  // rewrites a listed instruction must move its entry along (xen/stubs.h).
+  std::uint64_t return_sites = 0;
+  std::uint64_t return_sites_size = 0;
 };
 
 bool looks_like_elf(std::span<const std::uint8_t> image) noexcept;

@@ -57,6 +57,8 @@ struct LinuxBootEntry {
   std::uint16_t gdt_limit = 4 * 8 - 1;
   std::uint64_t kernel_start = 0;  // the loaded vmlinux: [kernel_start, kernel_end)
   std::uint64_t kernel_end = 0;
+  std::uint64_t return_sites = 0;  // its .return_sites section (LoadedKernel), size 0 if none
+  std::uint64_t return_sites_size = 0;
   std::uint64_t initrd_gpa = 0;
   bool from_bzimage = false;
 };

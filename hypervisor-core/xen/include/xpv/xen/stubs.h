@@ -14,23 +14,28 @@
 // 32 bytes that only this routine uses, so they can hold one that handles EVTCHNOP_send itself.
 // With X the lower stub, both entries (X and X+16) reach X+0:
 //   X+0   83 f8 20      cmp $0x20, %eax         HYPERVISOR_event_channel_op?
-//   X+3   75 17         jne X+28
+//   X+3   75 14         jne X+25
 //   X+5   83 ff 04      cmp $4, %edi            EVTCHNOP_send?
-//   X+8   75 12         jne X+28
-//   X+10  8b 06         mov (%rsi), %eax        the port (struct evtchn_send)
-//   X+12  31 d2         xor %edx, %edx          the result unless the VMM writes another
-//   X+14  eb 02         jmp X+18
+//   X+8   75 0f         jne X+25
+//   X+10  ad            lods (%rsi), %eax       the port (struct evtchn_send); rsi += 4
+//   X+11  99            cltd                    edx = 0 (a port is below 2^31): the result...
+//   X+12  e7 SS         out %eax, $SS           ...unless the VMM writes another. SS =
+//   X+14  eb 02         jmp X+18                kEvtchnSendPort, 4 bytes: the port
 //   X+16  eb ee         jmp X+0                 the second entry
-//   X+18  e7 SS         out %eax, $SS           SS = kEvtchnSendPort, 4 bytes: the port
-//   X+20  48 89 d0      mov %rdx, %rax
-//   X+23  e9 rel32      jmp <return thunk>      (or c3 cc cc cc cc)
-//   X+28  e6 PP         out %al, $PP            every other hypercall, as above
-//   X+30  eb f7         jmp X+23
+//   X+18  48 92         xchg %rax, %rdx         rax = the result
+//   X+20  e9 rel32      jmp <return thunk>      (or c3 cc cc cc cc)
+//   X+25  e6 PP         out %al, $PP            every other hypercall, as above
+//   X+27  e9 rel32      jmp <return thunk>      (or c3 cc cc cc cc)
 // A 4-byte OUT to SS whose value is a port the VMM registered as a KVM ioeventfd (a port
 // connected to a backend) signals that backend's eventfd inside the host kernel: no exit to the
 // VMM at all. Any other port exits to the VMM, which performs the send and writes the result in
-// rdx. rdx may be clobbered: Linux's two-argument hypercalls declare it so
-// (arch/x86/include/asm/xen/hypercall.h, __HYPERCALL_CLOBBER2).
+// rdx. rdx, rsi and rax may be clobbered: Linux's two-argument hypercalls declare rdx clobbered
+// and rdi/rsi in/out (arch/x86/include/asm/xen/hypercall.h, __HYPERCALL_CLOBBER2); privcmd's
+// five-argument call declares them all.
+// A kernel built with return thunks (CONFIG_RETHUNK) lists each stub's `jmp <return thunk>` in
+// its .return_sites and rewrites every listed one at boot (into `ret` or a jmp to the thunk it
+// chose), warning about a listed instruction that is no longer such a jmp. So the routine keeps
+// two such jmps (X+20, X+27) and the two entries are moved to them.
 //
 // Older kernels instead write the hypercall-page MSR (CPUID leaf 0x40000002 ebx = 0x40000000)
 // with a guest page address; the VMM fills that page with build_hypercall_page(): entry i at
@@ -79,13 +84,23 @@ Expected<StubSites, std::string> find_hypercall_stubs(std::span<const std::uint8
 void patch_hypercall_stubs(std::span<std::uint8_t> image, const StubSites& sites,
                            std::uint8_t port);
 
+// Where the kernel's .return_sites lies in `image` (a table of int32 offsets, each relative to
+// its own entry, to the `jmp <return thunk>` instructions the kernel rewrites at boot).
+struct ReturnSites {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
 // Rewrites the pair and the padding after each stub into the fast-send routine above (send_port
-// = SS, port = PP). Leaves the image unchanged and says why when the 32 bytes are not exactly
-// the two stubs and their padding (int3 or NOP instructions up to each stub's 16 bytes), when the
-// two jump to different return thunks, or when a site is out of range. Idempotent. The caller
-// then falls back to patch_hypercall_stubs.
+// = SS, port = PP), and moves the stubs' .return_sites entries to the routine's returns. Leaves
+// the image unchanged and says why when the 32 bytes are not exactly the two stubs and their
+// padding (int3 or NOP instructions up to each stub's 16 bytes), when the two jump to different
+// return thunks, when stubs that return through a thunk are not each listed once in
+// return_sites (or it is missing), or when a site is out of range. Idempotent. The caller then
+// falls back to patch_hypercall_stubs.
 Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8_t> image, const StubSites& sites,
-                                                            std::uint8_t port, std::uint8_t send_port);
+                                                            std::uint8_t port, std::uint8_t send_port,
+                                                            std::optional<ReturnSites> return_sites);
 
 // The 4 KiB hypercall page for kernels that use the hypercall-page MSR (layout above).
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port);

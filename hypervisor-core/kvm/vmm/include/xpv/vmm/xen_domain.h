@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +36,7 @@
 #include "xpv/stats_file.h"
 #include "xpv/vmm/pv_console.h"
 #include "xpv/xen/platform.h"
+#include "xpv/xen/stubs.h"
 
 namespace xpv::vmm {
 
@@ -74,7 +76,9 @@ class XenDomain {
   // kernel image). A kernel without them that carries a hypercall-page placeholder (pre-XSA-466
   // Linux) is left as it is: it gets the page when it writes the hypercall-page MSR. Throws with
   // a clear message when neither is found, or the page is needed and this KVM cannot trap the MSR.
-  void patch_kernel(std::uint64_t begin, std::uint64_t end);
+  // [rs_begin, rs_begin + rs_size): the kernel's .return_sites in guest memory (size 0: none),
+  // whose entries for the stubs move with them (stubs.h, fast sends).
+  void patch_kernel(std::uint64_t begin, std::uint64_t end, std::uint64_t rs_begin = 0, std::uint64_t rs_size = 0);
 
   // Blocks until a dom0 client sends unpause on the control socket (xpv-vmm --paused: the
   // toolstack writes the domain's devices first, as xl does). Main thread.
@@ -119,6 +123,9 @@ class XenDomain {
   std::unique_ptr<PvConsole> pv_console_;
   // Hypercall-page MSR (stubs.h): trapped when this KVM can; else why not.
   bool fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept;
+  // The fast-send routine over the stubs and its routes (false: not installed, and why is logged).
+  bool install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
+                         std::optional<xen::ReturnSites> return_sites);
   bool msr_trap_ = false;
   std::string msr_trap_error_;
   std::mutex unpause_mu_;
