@@ -102,6 +102,14 @@ TEST_F(EvtchnSendRoute, TheRouteGoesWithTheBackendsCloseAndComesBackWhenARestart
   ASSERT_TRUE(again);
   EXPECT_TRUE(routes_.routed(*p));
   EXPECT_EQ(routes_.unroutes, 1);
+  // The new route reaches the restarted backend, not the old one.
+  Dom0Port old_backend(std::move(*fds));
+  Dom0Port new_backend(std::move(*again));
+  ASSERT_EQ(*new_backend.consume(), 1u);  // its bind's own wake-up
+  (void)old_backend.consume();
+  ASSERT_EQ(eventfd_write(routes_.fd_of(*p), 1), 0);
+  EXPECT_EQ(*new_backend.consume(), 1u);
+  EXPECT_EQ(*old_backend.consume(), 0u);
 }
 
 TEST_F(EvtchnSendRoute, ResetTakesEveryRouteBack) {
