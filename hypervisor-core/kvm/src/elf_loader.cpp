@@ -15,10 +15,11 @@ bool looks_like_elf(std::span<const std::uint8_t> img) noexcept {
 }
 
 namespace {
-// The `.return_sites` section, located through the section headers and the loaded segment that
-// holds it. Best effort: anything malformed or missing leaves k.return_sites at 0.
-void find_return_sites(std::span<const std::uint8_t> img, const Elf64_Ehdr& eh, const std::vector<Elf64_Phdr>& loads,
-                       LoadedKernel& k) noexcept {
+// The kernel's self-describing tables (LoadedKernel::tables), located through the section headers
+// and the loaded segment that holds each. Best effort: anything malformed or missing leaves that
+// table absent (size 0).
+void find_tables(std::span<const std::uint8_t> img, const Elf64_Ehdr& eh, const std::vector<Elf64_Phdr>& loads,
+                 KernelTables& t) noexcept {
   if (eh.e_shoff == 0 || eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum) return;
   const std::uint64_t sh_bytes = std::uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr);
   if (eh.e_shoff > img.size() || sh_bytes > img.size() - eh.e_shoff) return;
@@ -29,20 +30,22 @@ void find_return_sites(std::span<const std::uint8_t> img, const Elf64_Ehdr& eh, 
   };
   const Elf64_Shdr strtab = shdr(eh.e_shstrndx);
   if (strtab.sh_offset > img.size() || strtab.sh_size > img.size() - strtab.sh_offset) return;
-  constexpr std::string_view kName = ".return_sites";
+  const std::pair<std::string_view, KernelSection*> wanted[] = {
+      {".return_sites", &t.return_sites}, {".orc_unwind_ip", &t.orc_unwind_ip}, {".orc_unwind", &t.orc_unwind}};
   for (unsigned i = 0; i < eh.e_shnum; ++i) {
     const Elf64_Shdr sh = shdr(i);
-    if (sh.sh_name >= strtab.sh_size || strtab.sh_size - sh.sh_name < kName.size() + 1) continue;
+    if (sh.sh_type != SHT_PROGBITS || (sh.sh_flags & SHF_ALLOC) == 0 || sh.sh_name >= strtab.sh_size) continue;
     const char* name = reinterpret_cast<const char*>(img.data() + strtab.sh_offset + sh.sh_name);
-    if (std::memcmp(name, kName.data(), kName.size()) != 0 || name[kName.size()] != '\0') continue;
-    for (const auto& ph : loads) {
-      if (sh.sh_addr >= ph.p_vaddr && sh.sh_size <= ph.p_memsz && sh.sh_addr - ph.p_vaddr <= ph.p_memsz - sh.sh_size) {
-        k.return_sites = ph.p_paddr + (sh.sh_addr - ph.p_vaddr);
-        k.return_sites_size = sh.sh_size;
-        return;
+    const std::size_t room = strtab.sh_size - sh.sh_name;
+    for (const auto& [want, out] : wanted) {
+      if (room < want.size() + 1 || std::memcmp(name, want.data(), want.size()) != 0 || name[want.size()] != '\0') continue;
+      for (const auto& ph : loads) {
+        if (sh.sh_addr >= ph.p_vaddr && sh.sh_size <= ph.p_filesz && sh.sh_addr - ph.p_vaddr <= ph.p_filesz - sh.sh_size) {
+          *out = KernelSection{ph.p_paddr + (sh.sh_addr - ph.p_vaddr), sh.sh_size};
+          break;
+        }
       }
     }
-    return;
   }
 }
 }  // namespace
@@ -94,8 +97,8 @@ Result<LoadedKernel> load_elf(std::span<const std::uint8_t> img, const GuestMemo
   }
   if (!entry_ok) return err(fmt::format("ELF: entry point {:#x} is outside every loaded segment", eh.e_entry));
 
-  LoadedKernel k{eh.e_entry, loads.front().p_paddr, 0, 0, 0};
-  find_return_sites(img, eh, loads, k);
+  LoadedKernel k{eh.e_entry, loads.front().p_paddr, 0, {}};
+  find_tables(img, eh, loads, k.tables);
   for (const auto& ph : loads) {
     auto dst = mem.translate(ph.p_paddr, ph.p_memsz);  // checked above
     if (!dst) return err("ELF: guest memory translation failed");

@@ -75,8 +75,7 @@ Result<LinuxBootEntry> setup_linux_boot(const GuestMemory& mem, const LinuxBootI
     e.rip = k->entry;
     e.kernel_start = k->lowest;
     e.kernel_end = k->highest;
-    e.return_sites = k->return_sites;
-    e.return_sites_size = k->return_sites_size;
+    e.kernel_tables = k->tables;
 
     if (in.cmdline.size() + 1 > cmdline_max) {
       return err(fmt::format("command line is {} bytes; this kernel takes at most {}", in.cmdline.size(), cmdline_max - 1));

@@ -268,7 +268,7 @@ int run(int argc, char** argv) {
   if (xendom) in.pci_irqs.push_back({xpv::vmm::kPlatformSlot, 1, xpv::vmm::kPlatformGsi});
   auto entry = xpv::kvm::setup_linux_boot(vm.memory(), in);
   if (!entry) throw std::runtime_error(entry.error().message);
-  if (xendom) xendom->patch_kernel(entry->kernel_start, entry->kernel_end, entry->return_sites, entry->return_sites_size);
+  if (xendom) xendom->patch_kernel(entry->kernel_start, entry->kernel_end, entry->kernel_tables);
   vm.boot_cpu_long_mode(*entry);
   spdlog::debug("entry {:#x}, kernel end {:#x}, initrd at {:#x}", entry->rip, entry->kernel_end, entry->initrd_gpa);
 

@@ -78,6 +78,14 @@ class XenDomain::SendRoutes final : public domain::SendRouteSink {
   // Each route keeps its own duplicate of the eventfd, so that taking it back never depends on
   // the endpoint's descriptor still being open (KVM finds the ioeventfd by its eventfd).
   bool route(domain::Port guest_port, int to_dom0_fd) noexcept override {
+    // A route whose removal failed earlier: try once more before KVM refuses the new one (EEXIST).
+    if (auto stale = fds_.find(guest_port); stale != fds_.end()) {
+      if (auto r = vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, stale->second.get()); !r) {
+        spdlog::error("dom{}: event channel {}: {}", domid_, guest_port, r.error().message);
+        return false;
+      }
+      fds_.erase(stale);
+    }
     const int fd = ::fcntl(to_dom0_fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
       spdlog::warn("dom{}: event channel {}: sends keep exiting to xpv-vmm: dup: {}", domid_, guest_port,
@@ -102,11 +110,14 @@ class XenDomain::SendRoutes final : public domain::SendRouteSink {
     auto it = fds_.find(guest_port);
     if (it == fds_.end()) return;
     if (auto r = vm_.remove_pio_eventfd(xen::kEvtchnSendPort, 4, guest_port, it->second.get()); !r) {
-      // KVM keeps signalling the old backend for this port: a host bug, said loudly.
+      // KVM keeps signalling the old backend for this port: a host bug, said loudly. The entry
+      // stays, so that routing the port again first tries the removal once more.
       spdlog::error("dom{}: event channel {}: {}", domid_, guest_port, r.error().message);
+      return;
     }
     fds_.erase(it);
   }
+  std::atomic<bool> installed{false};      // the routine is in the kernel: the 0xe4 trap answers
   std::atomic<std::uint64_t> routed{0};   // routes made over the domain's life
   std::atomic<std::uint64_t> trapped{0};  // sends on ports KVM does not signal (IPIs, loopback, unbound)
 
@@ -490,25 +501,22 @@ std::size_t XenDomain::pv_console_input(std::span<const std::uint8_t> bytes) noe
 }
 
 bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
-                                  std::optional<xen::ReturnSites> return_sites) {
+                                  const xen::KernelTables& tables) {
   // XPV_EVTCHN_FAST_SEND=0: every send through the hypercall trap (measurements).
   if (const char* env = std::getenv("XPV_EVTCHN_FAST_SEND"); env != nullptr && std::string_view(env) == "0") {
     spdlog::info("xen: XPV_EVTCHN_FAST_SEND=0: event-channel sends go through the hypercall trap");
     return false;
   }
-  if (auto fast =
-          xen::patch_hypercall_stubs_fast_send(image, sites, xen::kHypercallPort, xen::kEvtchnSendPort, return_sites);
-      !fast) {
-    spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
-    return false;
-  }
+  // The trap first (it throws only on a programming error), so that the routine never runs
+  // without it; it answers only once the routine is in place.
   send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
-  // The fast-send routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall it
-  // stands for, EVTCHNOP_send of the struct its lods read (rsi - 4); the result goes into rdx,
-  // which the routine moves into rax.
+  // The routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall it stands
+  // for, EVTCHNOP_send of the struct its lods read (rsi - 4); the result goes into rdx, which the
+  // routine moves into rax.
   vm_.set_pio_trap(
       xen::kEvtchnSendPort,
       [this](kvm::VcpuContext& ctx) {
+        if (!send_routes_->installed.load(std::memory_order_acquire)) return;  // no routine: a stray OUT
         const kvm_regs* r = ctx.regs();
         if (r == nullptr) {
           spdlog::error("dom{}: vCPU {}: KVM_GET_REGS failed in an event-channel send", cfg_.domid, ctx.id());
@@ -523,20 +531,30 @@ bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::Stub
         reassert(ctx.id());
       },
       4);
+  if (auto fast = xen::patch_hypercall_stubs_fast_send(image, sites, xen::kHypercallPort, xen::kEvtchnSendPort, tables);
+      !fast) {
+    spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
+    return false;
+  }
+  send_routes_->installed.store(true, std::memory_order_release);
   domain_->evtchn().set_send_route_sink(send_routes_.get());
   return true;
 }
 
-void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end, std::uint64_t rs_begin, std::uint64_t rs_size) {
+void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end, const kvm::KernelTables& tables) {
   auto image = vm_.memory().translate(begin, end - begin);
   if (!image) throw std::runtime_error(fmt::format("kernel image [{:#x}, {:#x}) is not in guest RAM", begin, end));
   auto sites = xen::find_hypercall_stubs(*image);
   if (sites) {
-    std::optional<xen::ReturnSites> rs;
-    if (rs_size != 0 && rs_begin >= begin && rs_begin - begin <= image->size() && rs_size <= image->size() - (rs_begin - begin)) {
-      rs = xen::ReturnSites{static_cast<std::size_t>(rs_begin - begin), static_cast<std::size_t>(rs_size)};
-    }
-    if (install_fast_send(*image, *sites, rs)) {
+    // The tables as offsets into the image (one outside it counts as absent).
+    auto in_image = [&](const kvm::KernelSection& k) -> std::optional<xen::ImageRange> {
+      if (k.size == 0 || k.gpa < begin || k.gpa - begin > image->size() || k.size > image->size() - (k.gpa - begin)) {
+        return std::nullopt;
+      }
+      return xen::ImageRange{static_cast<std::size_t>(k.gpa - begin), static_cast<std::size_t>(k.size)};
+    };
+    const xen::KernelTables t{in_image(tables.return_sites), in_image(tables.orc_unwind_ip), in_image(tables.orc_unwind)};
+    if (install_fast_send(*image, *sites, t)) {
       spdlog::info("xen: hypercall stubs at {:#x} and {:#x} now trap to port {:#x}; sends to backends are KVM "
                    "ioeventfds on port {:#x}",
                    begin + sites->amd, begin + sites->intel, xen::kHypercallPort, xen::kEvtchnSendPort);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <vector>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -126,7 +127,7 @@ bool all_padding(const std::uint8_t* p, std::size_t n) {
 
 Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8_t> image, const StubSites& sites,
                                                             std::uint8_t port, std::uint8_t send_port,
-                                                            std::optional<ReturnSites> return_sites) {
+                                                            const KernelTables& tables) {
   constexpr std::size_t kRegion = 2 * kStubDistance;
   constexpr std::size_t kRet1 = 20, kRet2 = 27;  // the routine's two returns (stubs.h)
   const std::size_t lo = std::min(sites.amd, sites.intel);
@@ -209,32 +210,63 @@ Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8
   // A kernel built with return thunks lists both stubs' jmp in .return_sites and rewrites each
   // listed jmp at boot (it warns about one that is no longer a jmp to the thunk): the entries
   // move to the routine's two returns, which are such jmps again.
+  auto in_image = [&](const ImageRange& r, std::size_t unit) {
+    return r.offset <= image.size() && r.size <= image.size() - r.offset && r.size % unit == 0;
+  };
+  // Each int32 entry of a table of offsets (relative to the entry), with where it points,
+  // relative to the routine.
+  auto for_each_offset = [&](const ImageRange& r, auto&& fn) {
+    for (std::size_t e = r.offset; e < r.offset + r.size; e += 4) {
+      std::int32_t v;
+      std::memcpy(&v, image.data() + e, 4);
+      fn(e, static_cast<std::int64_t>(e) + v - static_cast<std::int64_t>(lo));
+    }
+  };
+  const auto& return_sites = tables.return_sites;
   std::size_t entry[2] = {0, 0};  // image offsets of the entries for the lower and upper stub
   if (thunk) {
     if (!return_sites) return fail("the stubs return through a return thunk and the kernel's .return_sites was not found");
-    if (return_sites->offset > image.size() || return_sites->size > image.size() - return_sites->offset ||
-        return_sites->size % 4 != 0) {
-      return fail("the kernel's .return_sites lies outside its image");
-    }
+    if (!in_image(*return_sites, 4)) return fail("the kernel's .return_sites lies outside its image");
     int found[2] = {0, 0};
-    for (std::size_t e = return_sites->offset; e < return_sites->offset + return_sites->size; e += 4) {
-      std::int32_t v;
-      std::memcpy(&v, image.data() + e, 4);
-      const std::int64_t target = static_cast<std::int64_t>(e) + v - static_cast<std::int64_t>(lo);
+    for_each_offset(*return_sites, [&](std::size_t e, std::int64_t target) {
       for (int i = 0; i < 2; ++i) {
         if (target == static_cast<std::int64_t>(i * kStubDistance + 3)) {
           entry[i] = e;
           ++found[i];
         }
       }
-    }
+    });
     if (found[0] != 1 || found[1] != 1) {
       return fail(fmt::format("the kernel's .return_sites lists the stubs' return jumps {} and {} times, not once each",
                               found[0], found[1]));
     }
   }
+  // ORC: the entry that starts at the first stub, and those that start inside the 32 bytes after.
+  constexpr std::size_t kOrcEntry = 6;
+  std::optional<std::size_t> orc_first;
+  std::vector<std::size_t> orc_inside;  // indexes
+  if (tables.orc_unwind_ip || tables.orc_unwind) {
+    if (!tables.orc_unwind_ip || !tables.orc_unwind || !in_image(*tables.orc_unwind_ip, 4) ||
+        !in_image(*tables.orc_unwind, kOrcEntry) || tables.orc_unwind_ip->size / 4 != tables.orc_unwind->size / kOrcEntry) {
+      return fail("the kernel's ORC tables (.orc_unwind_ip, .orc_unwind) are incomplete or disagree");
+    }
+    try {
+      for_each_offset(*tables.orc_unwind_ip, [&](std::size_t e, std::int64_t target) {
+        const std::size_t index = (e - tables.orc_unwind_ip->offset) / 4;
+        if (target == 0) orc_first = index;
+        else if (target > 0 && target < static_cast<std::int64_t>(kRegion)) orc_inside.push_back(index);
+      });
+    } catch (const std::bad_alloc&) {
+      return fail("out of memory reading the kernel's ORC table");
+    }
+    if (!orc_first) return fail("the kernel's ORC table has no entry for the first hypercall stub");
+  }
   build(routine);
   std::memcpy(x, routine, kRegion);
+  if (orc_first) {
+    const std::uint8_t* from = image.data() + tables.orc_unwind->offset + *orc_first * kOrcEntry;
+    for (std::size_t i : orc_inside) std::memcpy(image.data() + tables.orc_unwind->offset + i * kOrcEntry, from, kOrcEntry);
+  }
   if (thunk) {
     for (int i = 0; i < 2; ++i) {
       const std::int64_t to = static_cast<std::int64_t>(lo + (i == 0 ? kRet1 : kRet2));

@@ -153,7 +153,7 @@ void put_padded_pair(Bytes& img, std::size_t at) {
 // A .return_sites table at `table` with `n` entries: the two stubs' jmps (at pair+3 and
 // pair+19) among entries for elsewhere, as the kernel's objtool writes them (int32, relative to
 // the entry itself).
-ReturnSites put_return_sites(Bytes& img, std::size_t table, std::size_t pair) {
+ImageRange put_return_sites(Bytes& img, std::size_t table, std::size_t pair) {
   const std::int64_t targets[] = {0x40, static_cast<std::int64_t>(pair + 3), 0x80, static_cast<std::int64_t>(pair + 19),
                                   0x123};
   for (std::size_t i = 0; i < std::size(targets); ++i) {
@@ -180,7 +180,7 @@ std::int64_t jump_target(const Bytes& img, std::size_t base, std::size_t at) {
 TEST(XenStubs, FastSendRewritesThePairIntoOneRoutineBothEntriesReach) {
   Bytes img = noise(4096);
   put_padded_pair(img, 0x300);
-  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
+  const KernelTables rs{put_return_sites(img, 0x800, 0x300), {}, {}};
   const Bytes before = img;
   auto s = find_hypercall_stubs(img);
   ASSERT_TRUE(s);
@@ -220,19 +220,63 @@ TEST(XenStubs, FastSendRewritesThePairIntoOneRoutineBothEntriesReach) {
   EXPECT_FALSE(find_hypercall_stubs(img));
 }
 
+// An ORC table as objtool writes it around the pair: the stub entries (sp+8, a call frame), their
+// padding "undefined" (all zero), and the next function; .orc_unwind_ip at 0xa00, .orc_unwind at
+// 0xb00.
+KernelTables put_orc(Bytes& img, const ImageRange& return_sites) {
+  const std::int64_t at[] = {0x2f0, 0x300, 0x308, 0x310, 0x318, 0x320};
+  const std::uint8_t frame[6] = {8, 0, 0, 0, 5, 0}, undefined[6] = {0, 0, 0, 0, 0, 0}, other[6] = {16, 0, 0, 0, 5, 0};
+  for (std::size_t i = 0; i < std::size(at); ++i) {
+    const auto v = static_cast<std::int32_t>(at[i] - static_cast<std::int64_t>(0xa00 + 4 * i));
+    std::memcpy(&img[0xa00 + 4 * i], &v, 4);
+    const std::uint8_t* state = (at[i] == 0x300 || at[i] == 0x310) ? frame : (at[i] == 0x308 || at[i] == 0x318) ? undefined : other;
+    std::memcpy(&img[0xb00 + 6 * i], state, 6);
+  }
+  return {return_sites, ImageRange{0xa00, 4 * std::size(at)}, ImageRange{0xb00, 6 * std::size(at)}};
+}
+
+TEST(XenStubs, FastSendGivesTheRoutinesOrcEntriesTheFirstStubsState) {
+  Bytes img(4096, 0xcc);
+  put_padded_pair(img, 0x300);
+  const KernelTables t = put_orc(img, put_return_sites(img, 0x800, 0x300));
+  const Bytes first_stub(img.begin() + 0xb00 + 6, img.begin() + 0xb00 + 12);
+  const Bytes before_pair(img.begin() + 0xb00, img.begin() + 0xb00 + 6);
+  const Bytes after_pair(img.begin() + 0xb00 + 30, img.begin() + 0xb00 + 36);
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, t));
+  for (std::size_t i = 1; i <= 4; ++i) {
+    EXPECT_EQ(Bytes(img.begin() + 0xb00 + 6 * i, img.begin() + 0xb00 + 6 * i + 6), first_stub) << "entry " << i;
+  }
+  EXPECT_EQ(Bytes(img.begin() + 0xb00, img.begin() + 0xb00 + 6), before_pair);
+  EXPECT_EQ(Bytes(img.begin() + 0xb00 + 30, img.begin() + 0xb00 + 36), after_pair);
+}
+
+TEST(XenStubs, FastSendRefusesOrcTablesItCannotKeepTrue) {
+  Bytes img(4096, 0xcc);
+  put_padded_pair(img, 0x300);
+  const KernelTables t = put_orc(img, put_return_sites(img, 0x800, 0x300));
+  auto refused = [&](KernelTables bad, const char* what) {
+    Bytes copy = img;
+    EXPECT_FALSE(patch_hypercall_stubs_fast_send(copy, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, bad)) << what;
+    EXPECT_EQ(copy, img) << what;
+  };
+  refused({t.return_sites, t.orc_unwind_ip, std::nullopt}, "no .orc_unwind");
+  refused({t.return_sites, ImageRange{0xa00, 20}, t.orc_unwind}, "tables of different lengths");
+  refused({t.return_sites, ImageRange{0xa00, 4}, ImageRange{0xb00, 6}}, "no entry for the first stub");
+}
+
 TEST(XenStubs, FastSendWithRetTailsAndIntelFirstNeedsNoReturnSites) {
   Bytes img(4096, 0xcc);
   put_pair(img, 0x100, /*ret_tail=*/true, /*intel_first=*/true);
   for (std::size_t at : {0x104, 0x114}) std::fill_n(img.begin() + at, 4, 0xcc);  // int3 after each ret
   auto s = find_hypercall_stubs(img);
   ASSERT_TRUE(s);
-  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, std::nullopt));
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, KernelTables{}));
   EXPECT_EQ(img[0x100], 0x83);  // the routine starts at the lower stub, whichever vendor's it is
   EXPECT_EQ(jump_target(img, 0x100, 16), 0);
   EXPECT_EQ(jump_target(img, 0x100, 3), 25);
   EXPECT_EQ((Bytes(img.begin() + 0x114, img.begin() + 0x119)), (Bytes{0xc3, 0xcc, 0xcc, 0xcc, 0xcc}));
   EXPECT_EQ((Bytes(img.begin() + 0x11b, img.begin() + 0x120)), (Bytes{0xc3, 0xcc, 0xcc, 0xcc, 0xcc}));
-  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, std::nullopt));
+  ASSERT_TRUE(patch_hypercall_stubs_fast_send(img, *s, kHypercallPort, kEvtchnSendPort, KernelTables{}));
 }
 
 TEST(XenStubs, FastSendTakesTheNopFormsAnAssemblerPadsWith) {
@@ -242,14 +286,14 @@ TEST(XenStubs, FastSendTakesTheNopFormsAnAssemblerPadsWith) {
   const Bytes four_three_one = {0x0f, 0x1f, 0x40, 0x00, 0x0f, 0x1f, 0x00, 0x90};
   std::copy(six_two.begin(), six_two.end(), img.begin() + 0x308);
   std::copy(four_three_one.begin(), four_three_one.end(), img.begin() + 0x318);
-  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
+  const KernelTables rs{put_return_sites(img, 0x800, 0x300), {}, {}};
   EXPECT_TRUE(patch_hypercall_stubs_fast_send(img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, rs));
   // Stubs that end in ret leave 12 bytes: GNU as's 10-byte NOP (66 2e 0f 1f 84 …) and a 2-byte one.
   Bytes ret_img(4096, 0x00);
   put_pair(ret_img, 0x300, /*ret_tail=*/true);
   const Bytes ten_two = {0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00, 0x66, 0x90};
   for (std::size_t at : {0x304, 0x314}) std::copy(ten_two.begin(), ten_two.end(), ret_img.begin() + at);
-  EXPECT_TRUE(patch_hypercall_stubs_fast_send(ret_img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, std::nullopt));
+  EXPECT_TRUE(patch_hypercall_stubs_fast_send(ret_img, {0x300, 0x310}, kHypercallPort, kEvtchnSendPort, KernelTables{}));
   // A NOP whose displacement runs past the stub's 16 bytes is not padding.
   Bytes long_nop(4096, 0x00);
   put_pair(long_nop, 0x300);
@@ -261,7 +305,7 @@ TEST(XenStubs, FastSendTakesTheNopFormsAnAssemblerPadsWith) {
 }
 
 TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone) {
-  auto refused = [](Bytes img, StubSites sites, std::optional<ReturnSites> rs, const char* what) {
+  auto refused = [](Bytes img, StubSites sites, KernelTables rs, const char* what) {
     const Bytes before = img;
     auto r = patch_hypercall_stubs_fast_send(img, sites, kHypercallPort, kEvtchnSendPort, rs);
     EXPECT_FALSE(r) << what;
@@ -272,7 +316,7 @@ TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone)
   };
   Bytes img(4096, 0xcc);
   put_padded_pair(img, 0x300);
-  const ReturnSites rs = put_return_sites(img, 0x800, 0x300);
+  const KernelTables rs{put_return_sites(img, 0x800, 0x300), {}, {}};
   ASSERT_TRUE(find_hypercall_stubs(img));
   Bytes code_after = img;
   code_after[0x31c] = 0x55;  // push %rbp: something that is not padding after the intel stub
@@ -285,14 +329,14 @@ TEST(XenStubs, FastSendRefusesWhatIsNotTwoStubsAndPaddingAndLeavesTheImageAlone)
   refused(mixed, {0x300, 0x310}, rs, "ret and jmp");
   refused(img, {0x300, 0x320}, rs, "not 16 bytes apart");
   refused(img, {0x310, 0x300}, rs, "amd and intel swapped");
-  refused(img, {0x300, 0x310}, std::nullopt, "return thunks without .return_sites");
-  refused(img, {0x300, 0x310}, ReturnSites{0x800, 4}, ".return_sites without the stubs' entries");
+  refused(img, {0x300, 0x310}, KernelTables{}, "return thunks without .return_sites");
+  refused(img, {0x300, 0x310}, KernelTables{ImageRange{0x800, 4}, {}, {}}, ".return_sites without the stubs' entries");
   Bytes twice = img;
   put_return_sites(twice, 0x900, 0x300);
-  refused(twice, {0x300, 0x310}, ReturnSites{0x800, 0x114}, "a stub's jmp listed twice");
-  refused(img, {0x300, 0x310}, ReturnSites{0xff0, 0x20}, ".return_sites past the image");
+  refused(twice, {0x300, 0x310}, KernelTables{ImageRange{0x800, 0x114}, {}, {}}, "a stub's jmp listed twice");
+  refused(img, {0x300, 0x310}, KernelTables{ImageRange{0xff0, 0x20}, {}, {}}, ".return_sites past the image");
   Bytes cut(img.begin(), img.begin() + 0x31f);
-  refused(cut, {0x300, 0x310}, std::nullopt, "the region runs past the image");
+  refused(cut, {0x300, 0x310}, KernelTables{}, "the region runs past the image");
   // The plain rewrite still works on what the fast one refused.
   patch_hypercall_stubs(code_after, {0x300, 0x310}, kHypercallPort);
   EXPECT_EQ(code_after[0x300], 0xe6);
@@ -414,11 +458,17 @@ TEST(XenStubsRealKernel, DebianKernelTakesTheFastSendRoutineAndItsReturnSitesMov
   const GuestMemory mem({{0, kRam, ram.data()}});
   auto k = kvm::load_elf(*vmlinux, mem, 0x100000, kRam);
   ASSERT_TRUE(k) << k.error().message;
-  ASSERT_NE(k->return_sites_size, 0u) << "no .return_sites found in " << path;
+  ASSERT_NE(k->tables.return_sites.size, 0u) << "no .return_sites found in " << path;
+  ASSERT_NE(k->tables.orc_unwind_ip.size, 0u) << "no .orc_unwind_ip found in " << path;
+  ASSERT_NE(k->tables.orc_unwind.size, 0u) << "no .orc_unwind found in " << path;
   std::span<std::uint8_t> image(ram.data() + k->lowest, k->highest - k->lowest);
   auto s = find_hypercall_stubs(image);
   ASSERT_TRUE(s) << s.error();
-  const ReturnSites rs{static_cast<std::size_t>(k->return_sites - k->lowest), static_cast<std::size_t>(k->return_sites_size)};
+  auto range = [&](const kvm::KernelSection& sec) {
+    return ImageRange{static_cast<std::size_t>(sec.gpa - k->lowest), static_cast<std::size_t>(sec.size)};
+  };
+  const KernelTables tables{range(k->tables.return_sites), range(k->tables.orc_unwind_ip), range(k->tables.orc_unwind)};
+  const ImageRange rs = *tables.return_sites;
   // Before: exactly one entry names each stub's jmp (at +3).
   auto entries_naming = [&](std::size_t at) {
     int n = 0;
@@ -432,8 +482,27 @@ TEST(XenStubsRealKernel, DebianKernelTakesTheFastSendRoutineAndItsReturnSitesMov
   const std::size_t lo = std::min(s->amd, s->intel);
   EXPECT_EQ(entries_naming(lo + 3), 1);
   EXPECT_EQ(entries_naming(lo + 19), 1);
-  auto fast = patch_hypercall_stubs_fast_send(image, *s, kHypercallPort, kEvtchnSendPort, rs);
+  // ORC: the states that start inside the 32 bytes (objtool's "undefined" for the padding).
+  auto orc_inside = [&] {
+    std::vector<Bytes> states;
+    const ImageRange ip = *tables.orc_unwind_ip, orc = *tables.orc_unwind;
+    for (std::size_t e = ip.offset; e < ip.offset + ip.size; e += 4) {
+      std::int32_t v;
+      std::memcpy(&v, image.data() + e, 4);
+      const std::int64_t at = static_cast<std::int64_t>(e) + v - static_cast<std::int64_t>(lo);
+      if (at < 0 || at >= 32) continue;
+      const std::size_t i = (e - ip.offset) / 4;
+      states.emplace_back(image.begin() + static_cast<std::ptrdiff_t>(orc.offset + 6 * i),
+                          image.begin() + static_cast<std::ptrdiff_t>(orc.offset + 6 * i + 6));
+    }
+    return states;
+  };
+  const auto orc_before = orc_inside();
+  ASSERT_EQ(orc_before.size(), 4u);  // amd stub, its padding, intel stub, its padding
+  EXPECT_NE(orc_before[1], orc_before[0]);
+  auto fast = patch_hypercall_stubs_fast_send(image, *s, kHypercallPort, kEvtchnSendPort, tables);
   ASSERT_TRUE(fast) << fast.error();
+  for (const Bytes& state : orc_inside()) EXPECT_EQ(state, orc_before[0]);
   EXPECT_EQ(image[lo], 0x83);
   EXPECT_EQ(entries_naming(lo + 3), 0);
   EXPECT_EQ(entries_naming(lo + 19), 0);

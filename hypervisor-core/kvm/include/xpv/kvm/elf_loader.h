@@ -16,16 +16,27 @@
 
 namespace xpv::kvm {
 
+// Where one loaded section lies in guest-physical memory (size 0: absent).
+struct KernelSection {
+  std::uint64_t gpa = 0;
+  std::uint64_t size = 0;
+};
+struct KernelTables {
+  KernelSection return_sites, orc_unwind_ip, orc_unwind;
+};
+
 struct LoadedKernel {
   std::uint64_t entry = 0;
   std::uint64_t lowest = 0;   // lowest loaded physical address
   std::uint64_t highest = 0;  // end of the highest segment (p_paddr + p_memsz)
-  // Where the loaded `.return_sites` section is (physical; size 0 when the image has none or no
-  // section headers): Linux's list of its `jmp __x86_return_thunk` instructions, each a 32-bit
-  // offset relative to the entry, which the kernel rewrites at boot (CONFIG_RETHUNK). Whoever
-  // rewrites a listed instruction must move its entry along (xen/stubs.h).
-  std::uint64_t return_sites = 0;
-  std::uint64_t return_sites_size = 0;
+  // Tables of the kernel that describe its own code, found through the section headers (each 0
+  // when the image has no such section or no section headers); whoever rewrites the code they
+  // describe must keep them true (xen/stubs.h):
+  //  .return_sites   its `jmp __x86_return_thunk` instructions, each an int32 offset relative to
+  //                  the entry, which the kernel rewrites at boot (CONFIG_RETHUNK);
+  //  .orc_unwind_ip  the ORC unwinder's instruction addresses (int32, relative to the entry) and
+  //  .orc_unwind     the unwind state from each of them on (6 bytes each, same order).
+  KernelTables tables;
 };
 
 bool looks_like_elf(std::span<const std::uint8_t> image) noexcept;

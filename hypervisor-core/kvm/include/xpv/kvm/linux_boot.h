@@ -20,6 +20,7 @@
 #include <string>
 
 #include "xpv/guest_memory.h"
+#include "xpv/kvm/elf_loader.h"
 #include "xpv/kvm/error.h"
 
 #include "xpv/kvm/mptable.h"
@@ -57,8 +58,7 @@ struct LinuxBootEntry {
   std::uint16_t gdt_limit = 4 * 8 - 1;
   std::uint64_t kernel_start = 0;  // the loaded vmlinux: [kernel_start, kernel_end)
   std::uint64_t kernel_end = 0;
-  std::uint64_t return_sites = 0;  // its .return_sites section (LoadedKernel), size 0 if none
-  std::uint64_t return_sites_size = 0;
+  KernelTables kernel_tables;       // its self-describing tables (LoadedKernel::tables)
   std::uint64_t initrd_gpa = 0;
   bool from_bzimage = false;
 };

@@ -84,23 +84,34 @@ Expected<StubSites, std::string> find_hypercall_stubs(std::span<const std::uint8
 void patch_hypercall_stubs(std::span<std::uint8_t> image, const StubSites& sites,
                            std::uint8_t port);
 
-// Where the kernel's .return_sites lies in `image` (a table of int32 offsets, each relative to
-// its own entry, to the `jmp <return thunk>` instructions the kernel rewrites at boot).
-struct ReturnSites {
+// Where a table of the kernel lies in `image` (absent: the kernel has none).
+struct ImageRange {
   std::size_t offset = 0;
   std::size_t size = 0;
 };
+// The kernel's tables about the code the routine replaces (kvm::LoadedKernel::tables):
+//  return_sites   int32 offsets, each relative to its entry, to the `jmp <return thunk>`
+//                 instructions the kernel rewrites at boot;
+//  orc_unwind_ip  int32 offsets likewise, sorted, and orc_unwind the 6-byte unwind state that
+//                 holds from each of those addresses on (ORC unwinder).
+struct KernelTables {
+  std::optional<ImageRange> return_sites, orc_unwind_ip, orc_unwind;
+};
 
 // Rewrites the pair and the padding after each stub into the fast-send routine above (send_port
-// = SS, port = PP), and moves the stubs' .return_sites entries to the routine's returns. Leaves
-// the image unchanged and says why when the 32 bytes are not exactly the two stubs and their
-// padding (int3 or NOP instructions up to each stub's 16 bytes), when the two jump to different
-// return thunks, when stubs that return through a thunk are not each listed once in
-// return_sites (or it is missing), or when a site is out of range. Idempotent. The caller then
-// falls back to patch_hypercall_stubs.
+// = SS, port = PP) and keeps the kernel's tables true: the stubs' .return_sites entries move to
+// the routine's two returns, and the ORC entries inside the 32 bytes (objtool marked the padding
+// "undefined", which stops a stack walk) take the state of the first stub's entry (a function
+// entered by call, nothing pushed: true of every instruction of the routine). Leaves the image
+// unchanged and says why when the 32 bytes are not exactly the two stubs and their padding (int3
+// or NOP instructions up to each stub's 16 bytes), when the two jump to different return thunks,
+// when stubs that return through a thunk are not each listed once in return_sites (or it is
+// missing), when ORC tables are given and disagree in length or have no entry for the first
+// stub, or when a site or table is out of range. Idempotent. The caller then falls back to
+// patch_hypercall_stubs.
 Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8_t> image, const StubSites& sites,
                                                             std::uint8_t port, std::uint8_t send_port,
-                                                            std::optional<ReturnSites> return_sites);
+                                                            const KernelTables& tables);
 
 // The 4 KiB hypercall page for kernels that use the hypercall-page MSR (layout above).
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port);

@@ -76,9 +76,9 @@ class XenDomain {
   // kernel image). A kernel without them that carries a hypercall-page placeholder (pre-XSA-466
   // Linux) is left as it is: it gets the page when it writes the hypercall-page MSR. Throws with
   // a clear message when neither is found, or the page is needed and this KVM cannot trap the MSR.
-  // [rs_begin, rs_begin + rs_size): the kernel's .return_sites in guest memory (size 0: none),
-  // whose entries for the stubs move with them (stubs.h, fast sends).
-  void patch_kernel(std::uint64_t begin, std::uint64_t end, std::uint64_t rs_begin = 0, std::uint64_t rs_size = 0);
+  // `tables`: the kernel's own tables about its code (kvm::LoadedKernel), kept true when the
+  // stubs are rewritten (stubs.h, fast sends); absent ones are size 0.
+  void patch_kernel(std::uint64_t begin, std::uint64_t end, const kvm::KernelTables& tables = {});
 
   // Blocks until a dom0 client sends unpause on the control socket (xpv-vmm --paused: the
   // toolstack writes the domain's devices first, as xl does). Main thread.
@@ -124,8 +124,7 @@ class XenDomain {
   // Hypercall-page MSR (stubs.h): trapped when this KVM can; else why not.
   bool fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept;
   // The fast-send routine over the stubs and its routes (false: not installed, and why is logged).
-  bool install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
-                         std::optional<xen::ReturnSites> return_sites);
+  bool install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites, const xen::KernelTables& tables);
   bool msr_trap_ = false;
   std::string msr_trap_error_;
   std::mutex unpause_mu_;
