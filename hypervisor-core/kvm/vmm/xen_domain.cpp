@@ -469,7 +469,7 @@ void XenDomain::wait_unpaused() {
 }
 
 XenDomain::~XenDomain() {
-  if (send_routes_) {
+  if (send_routes_ && send_routes_->installed.load()) {
     domain_->evtchn().set_send_route_sink(nullptr);
     spdlog::info("dom{}: event-channel sends: {} ports connected to backends signalled by KVM over the run; {} sends "
                  "on other ports (IPIs, loopback) through the trap",
