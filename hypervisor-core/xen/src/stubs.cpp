@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <vector>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -244,28 +243,30 @@ Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8
   // ORC: the entry that starts at the first stub, and those that start inside the 32 bytes after.
   constexpr std::size_t kOrcEntry = 6;
   std::optional<std::size_t> orc_first;
-  std::vector<std::size_t> orc_inside;  // indexes
+  std::size_t orc_inside[kRegion];  // indexes; the table is sorted, so at most one per byte
+  std::size_t orc_inside_n = 0;
   if (tables.orc_unwind_ip || tables.orc_unwind) {
     if (!tables.orc_unwind_ip || !tables.orc_unwind || !in_image(*tables.orc_unwind_ip, 4) ||
         !in_image(*tables.orc_unwind, kOrcEntry) || tables.orc_unwind_ip->size / 4 != tables.orc_unwind->size / kOrcEntry) {
       return fail("the kernel's ORC tables (.orc_unwind_ip, .orc_unwind) are incomplete or disagree");
     }
-    try {
-      for_each_offset(*tables.orc_unwind_ip, [&](std::size_t e, std::int64_t target) {
-        const std::size_t index = (e - tables.orc_unwind_ip->offset) / 4;
-        if (target == 0) orc_first = index;
-        else if (target > 0 && target < static_cast<std::int64_t>(kRegion)) orc_inside.push_back(index);
-      });
-    } catch (const std::bad_alloc&) {
-      return fail("out of memory reading the kernel's ORC table");
-    }
+    bool too_many = false;
+    for_each_offset(*tables.orc_unwind_ip, [&](std::size_t e, std::int64_t target) {
+      const std::size_t index = (e - tables.orc_unwind_ip->offset) / 4;
+      if (target == 0) orc_first = index;
+      else if (target > 0 && target < static_cast<std::int64_t>(kRegion)) {
+        if (orc_inside_n == kRegion) too_many = true;
+        else orc_inside[orc_inside_n++] = index;
+      }
+    });
+    if (too_many) return fail("the kernel's ORC table has more entries inside the stubs than they have bytes");
     if (!orc_first) return fail("the kernel's ORC table has no entry for the first hypercall stub");
   }
   build(routine);
   std::memcpy(x, routine, kRegion);
   if (orc_first) {
     const std::uint8_t* from = image.data() + tables.orc_unwind->offset + *orc_first * kOrcEntry;
-    for (std::size_t i : orc_inside) std::memcpy(image.data() + tables.orc_unwind->offset + i * kOrcEntry, from, kOrcEntry);
+    for (std::size_t i = 0; i < orc_inside_n; ++i) std::memcpy(image.data() + tables.orc_unwind->offset + orc_inside[i] * kOrcEntry, from, kOrcEntry);
   }
   if (thunk) {
     for (int i = 0; i < 2; ++i) {
