@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 namespace xpv::blkback {
 
@@ -99,6 +100,7 @@ BlkifQueue::BlkifQueue(std::string name, const Disk& disk, gnttab::GrantMapper& 
     p.iov.reserve(max_segs);
     p.segs.reserve(max_segs);
   }
+  notify_owed_ = ring_.response_event_passed();  // false on a fresh ring
 }
 
 BlkifQueue::~BlkifQueue() {
@@ -154,16 +156,21 @@ bool BlkifQueue::respond(std::uint64_t id, std::uint8_t op, std::int16_t status)
 }
 
 void BlkifQueue::push_and_notify() noexcept {
-  if (!respond_pending_) return;  // never notify without new responses (late-EOI frontends)
-  respond_pending_ = false;
-  const std::uint64_t pushed = now_us();
-  counters_.batches.fetch_add(1, std::memory_order_relaxed);
-  if (ring_.push_responses()) {
+  // Never notify without new responses (late-EOI frontends), except once for responses a dead
+  // backend published without notifying.
+  bool kick = std::exchange(notify_owed_, false);
+  if (respond_pending_) {
+    respond_pending_ = false;
+    const std::uint64_t pushed = now_us();
+    counters_.batches.fetch_add(1, std::memory_order_relaxed);
+    if (ring_.push_responses()) kick = true;
+    // Everything answered and nothing more on the ring: what comes next is the guest's turn.
+    if (ring_.rsp_prod_pvt() == ring_.req_cons() && ring_.unconsumed_requests().value_or(1) == 0) idle_since_us_ = pushed;
+  }
+  if (kick) {
     counters_.notifications.fetch_add(1, std::memory_order_relaxed);
     if (auto r = evtchn_->notify(); !r) disable("event channel notify failed");
   }
-  // Everything answered and nothing more on the ring: what comes next is the guest's turn.
-  if (ring_.rsp_prod_pvt() == ring_.req_cons() && ring_.unconsumed_requests().value_or(1) == 0) idle_since_us_ = pushed;
 }
 
 bool BlkifQueue::map_segments(Pending& p, const BlkifRequestSegment* segs, unsigned n,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 namespace xpv::netback {
 
@@ -78,6 +79,10 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
     tx_resume_ = tx_.unconsumed_requests().value_or(0);
     rx_resume_ = rx_.unconsumed_requests().value_or(0);
   }
+  // Responses published that the frontend may never have been told about: a backend killed
+  // between its push and its notification (false on a fresh ring).
+  tx_notify_owed_ = tx_.response_event_passed();
+  rx_notify_owed_ = rx_.response_event_passed();
 }
 
 NetbackQueue::~NetbackQueue() {
@@ -558,17 +563,18 @@ bool NetbackQueue::rx_turn() noexcept {
 // ---- the loop ------------------------------------------------------------------------------------
 
 void NetbackQueue::push_and_notify() noexcept {
-  bool kick_tx = false, kick_rx = false;
+  bool kick_tx = std::exchange(tx_notify_owed_, false), kick_rx = std::exchange(rx_notify_owed_, false);
   if (tx_resp_pending_) {
     tx_resp_pending_ = false;
-    kick_tx = tx_.push_responses();
+    if (tx_.push_responses()) kick_tx = true;
   }
   if (rx_resp_pending_) {
     rx_resp_pending_ = false;
-    kick_rx = rx_.push_responses();
+    if (rx_.push_responses()) kick_rx = true;
   }
   // Never notify without new responses (late-EOI frontends): only a push that the ring's event
-  // index asks for notifies, and only on the channel of that ring.
+  // index asks for notifies (or, once, responses a dead backend published unannounced), and only
+  // on the channel of that ring.
   auto kick = [&](domain::EventChannel& ch) {
     counters_.notifications.fetch_add(1, std::memory_order_relaxed);
     if (auto r = ch.notify(); !r) disable("event channel notify failed");
@@ -649,6 +655,7 @@ void NetbackQueue::resume_drain() noexcept {
 bool NetbackQueue::pass() noexcept {
   if (disabled()) return false;
   if (tx_resume_ > 0 || rx_resume_ > 0) resume_drain();
+  if (!disabled() && (tx_notify_owed_ || rx_notify_owed_)) push_and_notify();
   if (disabled()) return false;
   busy_ = false;
   for (int t = 0; t < kTurnsPerPoll && !disabled(); ++t) {

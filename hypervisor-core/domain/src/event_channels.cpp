@@ -130,6 +130,18 @@ void EventChannels::mark_upcall_pending(std::uint32_t vcpu) noexcept {
   if (s.guest_visible) sink_.upcall(vcpu);
 }
 
+void EventChannels::resignal_if_pending_locked(Port p) noexcept {
+  const std::uint64_t bit = port_bit(p);
+  if (!(std::atomic_ref<std::uint64_t>(*pending_word(p)).load(std::memory_order_acquire) & bit)) return;
+  if (std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit) return;
+  const std::uint32_t vcpu = ports_[p].notify_vcpu;
+  if (!vcpu_valid(vcpu)) return;
+  const VcpuSlot& s = vcpus_[vcpu];
+  u64_at(s.info, kPendingSelOffset).fetch_or(std::uint64_t{1} << port_word(p), std::memory_order_acq_rel);
+  u8_at(s.info, kUpcallPendingOffset).store(1, std::memory_order_release);
+  if (s.guest_visible) sink_.upcall(vcpu);
+}
+
 void EventChannels::clear_pending(Port p) noexcept {
   std::atomic_ref<std::uint64_t>(*pending_word(p)).fetch_and(~port_bit(p),
                                                              std::memory_order_acq_rel);
@@ -691,6 +703,8 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     c.remote_port = 0;
     dom0_[dom0_port]->guest_port = 0;
     route_endpoint_locked(dom0_port);
+    // A direct kick torn by the backend's death (see the header).
+    if (direct_ != nullptr) resignal_if_pending_locked(gp);
   }
   dom0_[dom0_port].reset();
   {

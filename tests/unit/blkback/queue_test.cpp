@@ -669,6 +669,38 @@ TEST_F(QueueTest, ARestartedQueueRedoesWhatTheDeadOneLeftUnanswered) {
   queue_.reset();
 }
 
+// A backend killed between publishing a response and notifying: the frontend sleeps with its
+// rsp_event already passed, and the answer to the request the dead one left would not notify
+// either. The restarted queue notifies once.
+TEST_F(QueueTest, ARestartedQueueNotifiesAResponseItsPredecessorPublishedUnannounced) {
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    BlkifRequest r = rw(kBlkifOpRead, 300 + i, i * 8);
+    add_seg(r, fe_.grant(16 + i, false));
+    ASSERT_TRUE(fe_.ring().produce_request(r));
+  }
+  fe_.ring().push_requests();
+  auto idle = fe_.ring().final_check_for_responses();  // asleep: rsp_event = rsp_cons + 1
+  ASSERT_TRUE(idle);
+  ASSERT_FALSE(*idle);
+  {
+    auto dead = BlkifBackRing::attach(fe_.page(1));
+    ASSERT_TRUE(dead);
+    auto r = dead->pop_request();
+    ASSERT_TRUE(r);
+    ASSERT_TRUE(dead->produce_response(BlkifResponse{r->id, kBlkifOpRead, 0, kBlkifRspOkay, {}}));
+    ASSERT_TRUE(dead->push_responses());  // "notify", but it was killed first
+  }
+  start();
+  auto rs = serve(2);  // the dead one's answer, and the request it left, redone
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].id, 300u);
+  EXPECT_EQ(rs[1].id, 301u);
+  EXPECT_EQ(rs[1].status, kBlkifRspOkay);
+  EXPECT_EQ(fe_.notifications(), 1u);
+  queue_->poll_once();
+  EXPECT_EQ(fe_.notifications(), 0u) << "owed once, notified once";
+}
+
 TEST(ShadowRing, RecordsByIndexAndRefusesStaleOrForeignFiles) {
   test::TempDir dir;
   const auto path = dir.file("s");

@@ -191,6 +191,57 @@ TEST_F(DirectUpcallTest, TheClassicPathResignalsAPortTheDirectPathLeftPending) {
   EXPECT_EQ(sink_.calls(), std::vector<unsigned>{0});
 }
 
+// A backend killed in the middle of a direct kick: after step 1 (pending only) or before step 5
+// (pending, selector and upcall_pending set, no interrupt). No later kick of the pending port
+// raises anything, so its endpoint's close (the domain closes a dead backend's endpoints) does;
+// a restarted backend's kicks then reach the guest again.
+TEST_F(DirectUpcallTest, AKickTornByTheBackendsDeathIsRaisedWhenItsEndpointCloses) {
+  ev_->set_direct_route(0, true);
+  for (const bool up_to_step4 : {false, true}) {
+    SCOPED_TRACE(up_to_step4 ? "torn before the interrupt" : "torn after the pending bit");
+    auto [p, dp] = bound_port();
+    const unsigned w = p / 64;
+    std::atomic_ref<std::uint64_t>(si().evtchn_pending[w]).fetch_or(std::uint64_t{1} << (p % 64));
+    if (up_to_step4) {
+      std::atomic_ref<std::uint64_t>(vi(0).evtchn_pending_sel).fetch_or(std::uint64_t{1} << w);
+      std::atomic_ref<std::uint8_t>(vi(0).evtchn_upcall_pending).store(1);
+    }
+    ASSERT_TRUE(direct_->kick(dp));  // the stuck state: "already pending", nothing raised
+    EXPECT_EQ(line(0), 0u);
+    const unsigned before = sink_.count();
+    ASSERT_TRUE(ev_->dom0_close(dp));
+    EXPECT_EQ(sink_.count(), before + 1) << "the upcall is raised again";
+    EXPECT_EQ(std::atomic_ref<std::uint64_t>(vi(0).evtchn_pending_sel).load() & (std::uint64_t{1} << w),
+              std::uint64_t{1} << w);
+    EXPECT_EQ(std::atomic_ref<std::uint8_t>(vi(0).evtchn_upcall_pending).load(), 1);
+    // The guest handles it; the restarted backend binds again and its kicks are interrupts.
+    std::atomic_ref<std::uint8_t>(vi(0).evtchn_upcall_pending).store(0);
+    std::atomic_ref<std::uint64_t>(vi(0).evtchn_pending_sel).store(0);
+    std::atomic_ref<std::uint64_t>(si().evtchn_pending[w]).fetch_and(~(std::uint64_t{1} << (p % 64)));
+    auto again = ev_->bind_to_dom0(p);
+    ASSERT_TRUE(again);
+    ASSERT_TRUE(direct_->kick(again->dom0_port));
+    EXPECT_EQ(line(0), 1u);
+    std::atomic_ref<std::uint8_t>(vi(0).evtchn_upcall_pending).store(0);
+    std::atomic_ref<std::uint64_t>(vi(0).evtchn_pending_sel).store(0);
+    ASSERT_TRUE(ev_->close(p));
+  }
+  // Closed while masked: the guest's unmask delivers it, nothing is raised now; closed while not
+  // pending: nothing either.
+  for (const bool mask : {true, false}) {
+    auto [p, dp] = bound_port();
+    if (mask) {
+      set_mask(p, true);
+      std::atomic_ref<std::uint64_t>(si().evtchn_pending[p / 64]).fetch_or(std::uint64_t{1} << (p % 64));
+    }
+    const unsigned before = sink_.count();
+    ASSERT_TRUE(ev_->dom0_close(dp));
+    EXPECT_EQ(sink_.count(), before);
+    set_mask(p, false);
+    ASSERT_TRUE(ev_->close(p));
+  }
+}
+
 TEST_F(DirectUpcallTest, Dom0PortNotifyGoesDirectAndFallsBackToFromDom0) {
   Dom0Fds fds;
   auto [p, dp] = bound_port(&fds);

@@ -959,6 +959,39 @@ TEST_F(NetbackQueueTest, AResumedQueueAnswersWhatTheDeadOneLeftWithoutUsingIt) {
   EXPECT_FALSE(queue_->disabled());
 }
 
+// A backend killed between publishing responses and notifying: the frontend, asleep with its
+// rsp_event armed, would never look again (a push of later responses does not notify, the event
+// index is already passed). The resumed queue notifies once.
+TEST_F(NetbackQueueTest, AResumedQueueNotifiesResponsesItsPredecessorPublishedUnannounced) {
+  for (std::uint16_t i = 0; i < 2; ++i) fe_.post_rx(i, fe_.grant(30 + i, false));
+  fe_.rx_push();
+  ASSERT_TRUE(fe_.rx_responses_and_rearm().empty());  // asleep: rsp_event = rsp_cons + 1
+  {
+    auto dead = NetifRxBackRing::attach(fe_.page(2));
+    ASSERT_TRUE(dead);
+    auto r = dead->pop_request();
+    ASSERT_TRUE(r);
+    NetifRxResponse rsp{};
+    rsp.id = r->id;
+    rsp.status = kNetifRspError;
+    ASSERT_TRUE(dead->produce_response(rsp));
+    ASSERT_TRUE(dead->push_responses());  // "notify", but it was killed first
+  }
+  NetbackConfig cfg;
+  cfg.resume = true;
+  ASSERT_NO_FATAL_FAILURE(start(cfg));
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(fe_.notifications(), 1u);
+  auto rx = fe_.rx_responses_and_rearm();
+  ASSERT_EQ(rx.size(), 2u);  // the dead backend's, and the buffer it left, given back
+  EXPECT_EQ(rx[0].id, 0);
+  EXPECT_EQ(rx[1].id, 1);
+  EXPECT_EQ(rx[1].status, kNetifRspError);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(fe_.notifications(), 0u) << "owed once, notified once";
+  EXPECT_FALSE(queue_->disabled());
+}
+
 TEST_F(NetbackQueueTest, AResumedQueueWithNothingLeftIsAnOrdinaryQueue) {
   NetbackConfig cfg;
   cfg.resume = true;

@@ -582,6 +582,45 @@ TEST(SharedRing, ReattachedBackEndRedeliversUnansweredRequests) {
   }
 }
 
+TEST(SharedRing, AReattachedBackEndSeesWhetherTheFrontEndWaitsForAPublishedResponse) {
+  // The notification a dead back end may have owed: the front end armed rsp_event and went to
+  // sleep; the back end published a response and died before notifying.
+  Pages p(1);
+  auto front = BlkifFrontRing::init(p.span(), 0xfffffffeu);  // across the index wrap
+  ASSERT_TRUE(front);
+  EXPECT_FALSE(BlkifBackRing::attach(p.span())->response_event_passed()) << "a fresh ring owes nothing";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(front->produce_request(blk_req(i)));
+  front->push_requests();
+  auto fc = front->final_check_for_responses();  // asleep: rsp_event = rsp_cons + 1
+  ASSERT_TRUE(fc);
+  ASSERT_FALSE(*fc);
+  {
+    auto dead = BlkifBackRing::attach(p.span());
+    ASSERT_TRUE(dead);
+    ASSERT_TRUE(dead->pop_request());
+    ASSERT_TRUE(dead->produce_response(blk_rsp(0)));
+    EXPECT_FALSE(dead->response_event_passed()) << "produced, not published";
+    ASSERT_TRUE(dead->push_responses());  // ... and died before the notification
+  }
+  auto back = BlkifBackRing::attach(p.span());
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->response_event_passed());
+  // A front end that consumed the response and slept again is owed nothing.
+  ASSERT_TRUE(front->pop_response());
+  fc = front->final_check_for_responses();
+  ASSERT_TRUE(fc);
+  ASSERT_FALSE(*fc);
+  EXPECT_FALSE(back->response_event_passed());
+  // Nor is one that asked to be told later (an event index ahead of rsp_prod), nor an index a
+  // ring or more behind, which no consuming front end leaves there.
+  header(p)->rsp_event = header(p)->rsp_prod + 2;
+  EXPECT_FALSE(back->response_event_passed());
+  header(p)->rsp_event = header(p)->rsp_prod - back->size();
+  EXPECT_FALSE(back->response_event_passed());
+  header(p)->rsp_event = header(p)->rsp_prod - back->size() + 1;
+  EXPECT_TRUE(back->response_event_passed());
+}
+
 // ---- copy-out semantics ----
 
 TEST_F(BlkPair, PoppedRequestIsACopy) {

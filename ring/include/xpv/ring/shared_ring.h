@@ -461,6 +461,17 @@ class BackRing {
                                                  rsp_prod_pvt_);
   }
 
+  // The front end asked to be notified at a response that is already published: its rsp_event is
+  // at most rsp_prod (and no more than a ring behind it, where a front end that consumes
+  // responses keeps it). A back end attaching to a ring another one served cannot know whether
+  // that one notified before it died: it notifies once when this is true (a front end that had
+  // already been told sees one spurious event). A fresh ring (rsp_event = rsp_prod + 1) says no.
+  bool response_event_passed() const noexcept {
+    const RingIdx prod = mem_.rsp_prod().load(std::memory_order_acquire);
+    const RingIdx event = mem_.rsp_event().load(std::memory_order_acquire);
+    return static_cast<RingIdx>(prod - event) < size();
+  }
+
   // RING_FINAL_CHECK_FOR_REQUESTS: call before sleeping on the event channel. If nothing is
   // pending, set req_event = req_cons + 1 and re-check; false means sleep is safe.
   Expected<bool, RingError> final_check_for_requests() noexcept {

@@ -161,6 +161,9 @@ class BlkifQueue {
   // outstanding (req_prod - rsp_prod <= size), and responses retire them in index order.
   std::vector<Pending> pending_;
   bool respond_pending_ = false;
+  // The frontend waits for responses already published (a backend killed between its push and
+  // its notification; BackRing::response_event_passed): notified once, at the first step.
+  bool notify_owed_ = false;
   bool draining_ = true;  // false once stopping: take nothing more from the ring
   std::atomic<bool> disabled_{false};
   std::atomic<bool> stop_requested_{false};

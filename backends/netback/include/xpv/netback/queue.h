@@ -243,6 +243,9 @@ class NetbackQueue {
   bool tx_seen_ = false;          // the last look at the tx ring found requests
   std::uint64_t tx_looked_us_ = 0;  // when the tx ring was last looked at (or poll returned)
   ring::RingIdx tx_resume_ = 0, rx_resume_ = 0;  // slots left to answer unused (resume)
+  // The frontend waits for responses already published on that ring (a dead backend's; see
+  // BackRing::response_event_passed): notified once, at the first pass.
+  bool tx_notify_owed_ = false, rx_notify_owed_ = false;
 };
 
 }  // namespace xpv::netback

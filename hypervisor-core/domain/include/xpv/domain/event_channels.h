@@ -208,6 +208,11 @@ class EventChannels {
   Expected<Dom0Fds, XenErrno> dom0_alloc_unbound() noexcept;
   // dom0's EVTCHNOP_close on its endpoint. EINVAL for an unknown endpoint. The fds already
   // handed out stay open (their owners close them) but no longer reach the guest.
+  // With a direct table attached, a connected guest port found pending and unmasked gets steps
+  // 3–5 again, the upcall included even if the selector bit and upcall_pending are already set:
+  // a backend killed in the middle of DirectUpcall::kick (its endpoints are closed when its
+  // control connection drops) can leave the pending bit set and the upcall not raised, and no
+  // later kick of a pending port raises it. At worst one spurious upcall.
   Expected<void, XenErrno> dom0_close(Port dom0_port) noexcept;
   Expected<Dom0EndpointStatus, XenErrno> dom0_status(Port dom0_port) const noexcept;
 
@@ -308,6 +313,7 @@ class EventChannels {
   void dom0_kick_locked(Port guest_port) noexcept;  // resignals only with a direct table
   void mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept;
   void mark_upcall_pending(std::uint32_t vcpu) noexcept;
+  void resignal_if_pending_locked(Port p) noexcept;  // steps 3–5 unconditionally (dom0_close)
   void clear_pending(Port p) noexcept;
   std::uint64_t* pending_word(Port p) const noexcept;
   std::uint64_t* mask_word(Port p) const noexcept;
