@@ -141,6 +141,9 @@ void Domain::watch_kicks(std::uint32_t dom0_port) {
 }
 
 Expected<void, int> Domain::unbind(std::uint32_t port) {
+  // A kick the backend wrote before it closed (or died) and the watch has not read yet: the
+  // control socket's close can be served first in the same turn of the loop.
+  (void)evtchn_->service_dom0_kick(port);
   if (auto it = kick_watch_.find(port); it != kick_watch_.end()) {
     boost::system::error_code ignored;
     it->second->close(ignored);  // before dom0_close: the fd goes away with the endpoint

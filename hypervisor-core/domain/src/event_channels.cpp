@@ -130,16 +130,23 @@ void EventChannels::mark_upcall_pending(std::uint32_t vcpu) noexcept {
   if (s.guest_visible) sink_.upcall(vcpu);
 }
 
-void EventChannels::resignal_if_pending_locked(Port p) noexcept {
+void EventChannels::raise_after_torn_kick_locked(Port p) noexcept {
+  // The selector bit only for a port still pending and unmasked (steps 2–3); the upcall always,
+  // on every vCPU the guest sees: the torn kick may have left a selector bit with no
+  // upcall_pending, or upcall_pending with no interrupt, on the vCPU the port pointed at then.
   const std::uint64_t bit = port_bit(p);
-  if (!(std::atomic_ref<std::uint64_t>(*pending_word(p)).load(std::memory_order_acquire) & bit)) return;
-  if (std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit) return;
-  const std::uint32_t vcpu = ports_[p].notify_vcpu;
-  if (!vcpu_valid(vcpu)) return;
-  const VcpuSlot& s = vcpus_[vcpu];
-  u64_at(s.info, kPendingSelOffset).fetch_or(std::uint64_t{1} << port_word(p), std::memory_order_acq_rel);
-  u8_at(s.info, kUpcallPendingOffset).store(1, std::memory_order_release);
-  if (s.guest_visible) sink_.upcall(vcpu);
+  const bool live = (std::atomic_ref<std::uint64_t>(*pending_word(p)).load(std::memory_order_acquire) & bit) &&
+                    !(std::atomic_ref<std::uint64_t>(*mask_word(p)).load(std::memory_order_acquire) & bit);
+  if (live && vcpu_valid(ports_[p].notify_vcpu)) {
+    u64_at(vcpus_[ports_[p].notify_vcpu].info, kPendingSelOffset)
+        .fetch_or(std::uint64_t{1} << port_word(p), std::memory_order_acq_rel);
+  }
+  for (std::uint32_t v = 0; v < nr_vcpus_; ++v) {
+    const VcpuSlot& s = vcpus_[v];
+    if (!s.guest_visible) continue;
+    u8_at(s.info, kUpcallPendingOffset).store(1, std::memory_order_release);
+    sink_.upcall(v);
+  }
 }
 
 void EventChannels::clear_pending(Port p) noexcept {
@@ -704,7 +711,7 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     dom0_[dom0_port]->guest_port = 0;
     route_endpoint_locked(dom0_port);
     // A direct kick torn by the backend's death (see the header).
-    if (direct_ != nullptr) resignal_if_pending_locked(gp);
+    if (direct_ != nullptr) raise_after_torn_kick_locked(gp);
   }
   dom0_[dom0_port].reset();
   {

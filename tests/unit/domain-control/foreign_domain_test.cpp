@@ -183,6 +183,25 @@ TEST_F(ForeignDomainTest, ABackendThatGoesAwayCanBindAgain) {
   ASSERT_TRUE(readable(ch->wait_fd(), 5000));
 }
 
+TEST_F(ForeignDomainTest, AKickWrittenJustBeforeTheEndpointClosesIsDelivered) {
+  // A backend's last notification and its endpoint's close (its control connection dropped, or
+  // it unbound) can reach the domain's loop in either order; here the close is served first, in
+  // the same handler, before the loop could look at the kick.
+  auto d = ForeignDomain::connect(9, "test", run_dir_);
+  auto port = domain_->evtchn().alloc_unbound(0);
+  ASSERT_TRUE(port);
+  std::uint32_t dom0_port = 0;
+  auto ch = d.bind(*port, &dom0_port);
+  on_io([&] {
+    ASSERT_TRUE(ch->notify());
+    ASSERT_TRUE(domain_->unbind(dom0_port));
+  });
+  EXPECT_EQ(sink_.count.load(), 1);
+  auto* si = reinterpret_cast<const SharedInfo*>(domain_->pages(Domain::kSharedInfoGfn, 1).data());
+  EXPECT_NE(si->evtchn_pending[*port / 64] & (std::uint64_t{1} << (*port % 64)), 0u);
+  EXPECT_EQ(domain_->evtchn().status(*port)->status, EvtchnStat::unbound);
+}
+
 TEST_F(ForeignDomainTest, XenstoreRingIsExported) {
   auto d = ForeignDomain::connect(9, "xenstored", run_dir_);
   auto x = d.xenstore();

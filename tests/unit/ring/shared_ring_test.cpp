@@ -597,15 +597,20 @@ TEST(SharedRing, AReattachedBackEndSeesWhetherTheFrontEndWaitsForAPublishedRespo
   {
     auto dead = BlkifBackRing::attach(p.span());
     ASSERT_TRUE(dead);
-    ASSERT_TRUE(dead->pop_request());
-    ASSERT_TRUE(dead->produce_response(blk_rsp(0)));
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(dead->pop_request());
+      ASSERT_TRUE(dead->produce_response(blk_rsp(i)));
+    }
     EXPECT_FALSE(dead->response_event_passed()) << "produced, not published";
     ASSERT_TRUE(dead->push_responses());  // ... and died before the notification
   }
+  EXPECT_EQ(header(p)->rsp_prod, 0u) << "published across the wrap";
+  EXPECT_EQ(header(p)->rsp_event, 0xffffffffu);
   auto back = BlkifBackRing::attach(p.span());
   ASSERT_TRUE(back);
   EXPECT_TRUE(back->response_event_passed());
-  // A front end that consumed the response and slept again is owed nothing.
+  // A front end that consumed the responses and slept again is owed nothing.
+  ASSERT_TRUE(front->pop_response());
   ASSERT_TRUE(front->pop_response());
   fc = front->final_check_for_responses();
   ASSERT_TRUE(fc);

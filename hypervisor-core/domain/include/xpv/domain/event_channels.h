@@ -19,7 +19,7 @@
 //  pending_sel / upcall_pending bits themselves are changed lock-free with std::atomic_ref on
 //  guest memory (the guest changes them concurrently on other CPUs). Lock order: table_mu_ is
 //  the only lock; UpcallSink::upcall is called with it held (shared on the hot paths, exclusive
-//  from bind_interdomain / register_vcpu_info), so a sink must not call back into EventChannels
+//  from bind_interdomain / register_vcpu_info / dom0_close), so a sink must not call back into EventChannels
 //  and should be short (an eventfd write, an interrupt injection). The shared_mutex is glibc's
 //  rwlock (readers preferred): a guest flooding sends can delay a bind, never corrupt it.
 //
@@ -208,11 +208,14 @@ class EventChannels {
   Expected<Dom0Fds, XenErrno> dom0_alloc_unbound() noexcept;
   // dom0's EVTCHNOP_close on its endpoint. EINVAL for an unknown endpoint. The fds already
   // handed out stay open (their owners close them) but no longer reach the guest.
-  // With a direct table attached, a connected guest port found pending and unmasked gets steps
-  // 3–5 again, the upcall included even if the selector bit and upcall_pending are already set:
-  // a backend killed in the middle of DirectUpcall::kick (its endpoints are closed when its
-  // control connection drops) can leave the pending bit set and the upcall not raised, and no
-  // later kick of a pending port raises it. At worst one spurious upcall.
+  // With a direct table attached and the endpoint connected, every vCPU the guest sees gets an
+  // upcall (upcall_pending set, the sink called), and the guest port its selector bit if it is
+  // pending and unmasked. A service killed in the middle of DirectUpcall::kick (the domain closes
+  // its endpoints when its control connection drops) can leave any prefix of steps 1–5 done —
+  // the port pending, a selector bit with no upcall_pending, upcall_pending with no interrupt —
+  // while the guest's own scan clears what it meets; each of those stops every later delivery
+  // to that port, that selector word or that vCPU at "already set". At worst one spurious upcall
+  // per vCPU.
   Expected<void, XenErrno> dom0_close(Port dom0_port) noexcept;
   Expected<Dom0EndpointStatus, XenErrno> dom0_status(Port dom0_port) const noexcept;
 
@@ -313,7 +316,7 @@ class EventChannels {
   void dom0_kick_locked(Port guest_port) noexcept;  // resignals only with a direct table
   void mark_sel_and_upcall(std::uint32_t vcpu, unsigned word) noexcept;
   void mark_upcall_pending(std::uint32_t vcpu) noexcept;
-  void resignal_if_pending_locked(Port p) noexcept;  // steps 3–5 unconditionally (dom0_close)
+  void raise_after_torn_kick_locked(Port p) noexcept;  // dom0_close with a direct table
   void clear_pending(Port p) noexcept;
   std::uint64_t* pending_word(Port p) const noexcept;
   std::uint64_t* mask_word(Port p) const noexcept;
