@@ -433,6 +433,7 @@ void Backend::connect(Device& d, bool resume) {
     const bool csum = !flag("feature-no-csum-offload") && flag("feature-ipv6-csum-offload");
     VifSettings s;
     s.tap_name = d.name;
+    s.mac = host_side_mac(d.key.first, d.key.second);
     s.mtu = d.nodes->mtu;
     s.addresses = d.nodes->addresses;
     s.offload = {csum, csum && gso4, csum && gso6};

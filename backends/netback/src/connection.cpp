@@ -9,6 +9,11 @@
 
 namespace xpv::netback {
 
+std::array<std::uint8_t, 6> host_side_mac(std::uint16_t domid, std::uint32_t devid) noexcept {
+  return {0xfe, 0xff, static_cast<std::uint8_t>(domid >> 8), static_cast<std::uint8_t>(domid),
+          static_cast<std::uint8_t>(devid >> 8), static_cast<std::uint8_t>(devid)};
+}
+
 VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
                              const std::vector<VifQueueRings>& queues, const VifSettings& settings,
                              std::function<void(unsigned)> on_exit)
@@ -18,6 +23,7 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
       tap_ = Tap::create({settings.tap_name, "", static_cast<unsigned>(queues.size()), settings.offload});
       LinkSettings link;
       link.mtu = settings.mtu;
+      link.mac = settings.mac;
       link.up = true;
       if (settings.addresses) link.ipv4 = Ipv4Address{settings.addresses->host, settings.addresses->prefix};
       tap_.set_link(link);

@@ -16,6 +16,7 @@
 // queue's thread when its run() returned.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,11 +42,20 @@ struct VifQueueRings {
 
 struct VifSettings {
   std::string tap_name;          // vif<N>.<devid>
+  // The host TAP's MAC: the same for every connection of one vif (host_side_mac), so that a
+  // restarted xpv-netback's new TAP is, to the domain's neighbour cache, the one it replaced.
+  std::optional<std::array<std::uint8_t, 6>> mac;
   unsigned mtu = 1500;
   std::optional<VifAddresses> addresses;  // none: the host TAP gets no address
   TapOffload offload;            // what the frontend accepts on its rx ring
   NetbackConfig queue;           // sg, rx_gso, rate, resume
 };
+
+// The host TAP's MAC for vif <domid>.<devid>: fe:ff:<domid>:<devid, low 16 bits> (locally
+// administered, unicast; Linux netback gives every vif fe:ff:ff:ff:ff:ff). A TAP otherwise gets a
+// random MAC at each creation, and after a restart the domain's frames to the host would go to
+// the old one — which its neighbour cache keeps while TCP confirms the entry — and be dropped.
+std::array<std::uint8_t, 6> host_side_mac(std::uint16_t domid, std::uint32_t devid) noexcept;
 
 class VifConnection {
  public:
