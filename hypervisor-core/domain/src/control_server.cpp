@@ -87,7 +87,7 @@ void ControlServer::read_next(const std::shared_ptr<Connection>& c) {
 
 void ControlServer::close(const std::shared_ptr<Connection>& c) {
   for (std::uint32_t port : c->bound) {
-    if (auto r = handler_.unbind(port); !r) {
+    if (auto r = handler_.release(port); !r) {
       spdlog::warn("{}: {} went away; unbinding port {} failed: {}", path_, c->client, port,
                    std::strerror(r.error()));
     }

@@ -140,7 +140,11 @@ void Domain::watch_kicks(std::uint32_t dom0_port) {
   raw->async_wait(asio::posix::stream_descriptor::wait_read, Waiter{this, dom0_port, raw});
 }
 
-Expected<void, int> Domain::unbind(std::uint32_t port) {
+Expected<void, int> Domain::unbind(std::uint32_t port) { return close_endpoint(port, /*owner_gone=*/false); }
+
+Expected<void, int> Domain::release(std::uint32_t port) { return close_endpoint(port, /*owner_gone=*/true); }
+
+Expected<void, int> Domain::close_endpoint(std::uint32_t port, bool owner_gone) {
   // A kick the backend wrote before it closed (or died) and the watch has not read yet: the
   // control socket's close can be served first in the same turn of the loop.
   (void)evtchn_->service_dom0_kick(port);
@@ -149,7 +153,7 @@ Expected<void, int> Domain::unbind(std::uint32_t port) {
     it->second->close(ignored);  // before dom0_close: the fd goes away with the endpoint
     kick_watch_.erase(it);
   }
-  auto r = evtchn_->dom0_close(port);
+  auto r = evtchn_->dom0_close(port, owner_gone);
   if (!r) return fail(static_cast<int>(r.error()));
   return {};
 }

@@ -697,7 +697,7 @@ Expected<Dom0Fds, XenErrno> EventChannels::dom0_alloc_unbound() noexcept {
   return fds;
 }
 
-Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
+Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port, bool owner_gone) noexcept {
   std::unique_lock lk(table_mu_);
   if (dom0_port == 0 || dom0_port >= dom0_.size() || !dom0_[dom0_port])
     return fail(XenErrno::einval);
@@ -711,7 +711,7 @@ Expected<void, XenErrno> EventChannels::dom0_close(Port dom0_port) noexcept {
     dom0_[dom0_port]->guest_port = 0;
     route_endpoint_locked(dom0_port);
     // A direct kick torn by the backend's death (see the header).
-    if (direct_ != nullptr) raise_after_torn_kick_locked(gp);
+    if (owner_gone && direct_ != nullptr) raise_after_torn_kick_locked(gp);
   }
   dom0_[dom0_port].reset();
   {

@@ -24,6 +24,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -324,8 +325,10 @@ TEST_F(NetbackDaemon, KillNineDuringATransferThenTheVifReconnects) {
     for (const auto& e : fs::directory_iterator(dir_ + "/run/stats")) {
       std::cerr << "---- " << e.path().string() << " ----\n" << slurp(e.path().string()) << "\n";
     }
-    (void)in(hostns_, "sh -c 'ip -s link show vif1.0; ip neigh' >&2");
-    (void)in(domns(1), "sh -c 'ip -s link show eth0; ip neigh' >&2");
+    for (const auto& [ns, link] : {std::pair{hostns_, "vif1.0"}, std::pair{domns(1), "eth0"}}) {
+      // Not in(): it sends the command's output to /dev/null.
+      (void)std::system(fmt::format("nsenter --net={} sh -c 'ip -s link show {}; ip neigh' >&2", ns, link).c_str());
+    }
   }
   auto t = tcp_transfer(domns(1), net_ + ".2", hostns_, 16 << 20, 5);
   ASSERT_TRUE(t.ok);

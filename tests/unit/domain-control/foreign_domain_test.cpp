@@ -202,6 +202,43 @@ TEST_F(ForeignDomainTest, AKickWrittenJustBeforeTheEndpointClosesIsDelivered) {
   EXPECT_EQ(domain_->evtchn().status(*port)->status, EvtchnStat::unbound);
 }
 
+TEST_F(ForeignDomainTest, AServiceThatDiesWithoutUnbindingGetsItsTornKickUndone) {
+  // With direct upcalls, a service killed inside a kick can leave the port pending with nothing
+  // raised (EventChannels::dom0_close, owner_gone). Its connection drops: the domain raises the
+  // guest. A service that unbinds first raises nothing.
+  std::vector<EventFd> lines;
+  std::vector<UniqueFd> theirs;
+  lines.push_back(EventFd::create().value());
+  theirs.emplace_back(::dup(lines.back().fd()));
+  on_io([&] { domain_->enable_direct_upcalls(std::move(theirs), domain_->mem().view()); });
+  auto* si = reinterpret_cast<SharedInfo*>(domain_->pages(Domain::kSharedInfoGfn, 1).data());
+  for (const bool unbinds_first : {true, false}) {
+    SCOPED_TRACE(unbinds_first ? "unbinds, then goes" : "dies bound");
+    auto port = domain_->evtchn().alloc_unbound(0);
+    ASSERT_TRUE(port);
+    const int before = sink_.count.load();
+    {
+      auto d = ForeignDomain::connect(9, "dies", run_dir_);
+      std::uint32_t dom0_port = 0;
+      auto ch = d.bind(*port, &dom0_port);
+      std::atomic_ref<std::uint64_t>(si->evtchn_pending[*port / 64]).fetch_or(std::uint64_t{1} << (*port % 64));
+      if (unbinds_first) d.unbind(dom0_port);
+    }
+    // The connection's close is served on the domain's loop (bounded wait).
+    for (int i = 0; i < 500; ++i) {
+      auto st = domain_->evtchn().status(*port);
+      if (st && st->status == EvtchnStat::unbound) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    on_io([] {});  // whatever the close queued has run
+    EXPECT_EQ(sink_.count.load(), unbinds_first ? before : before + 1);
+    std::atomic_ref<std::uint64_t>(si->evtchn_pending[*port / 64]).store(0);
+    std::atomic_ref<std::uint8_t>(si->vcpu_info[0].evtchn_upcall_pending).store(0);
+    std::atomic_ref<std::uint64_t>(si->vcpu_info[0].evtchn_pending_sel).store(0);
+    ASSERT_TRUE(domain_->evtchn().close(*port));
+  }
+}
+
 TEST_F(ForeignDomainTest, XenstoreRingIsExported) {
   auto d = ForeignDomain::connect(9, "xenstored", run_dir_);
   auto x = d.xenstore();

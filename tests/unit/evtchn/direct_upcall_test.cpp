@@ -220,7 +220,7 @@ TEST_F(DirectUpcallTest, AKickTornByTheBackendsDeathIsUndoneWhenItsEndpointClose
     ASSERT_TRUE(direct_->kick(dp));
     EXPECT_EQ(line(0), 0u) << "stuck: the kick stopped at a bit already set";
     const auto before = sink_.calls().size();
-    ASSERT_TRUE(ev_->dom0_close(dp));
+    ASSERT_TRUE(ev_->dom0_close(dp, /*owner_gone=*/true));
     // The guest scans on every vCPU it got an upcall for (Linux's 2-level handler, in order).
     const auto calls = sink_.calls();
     bool vcpu0 = false;
@@ -244,6 +244,13 @@ TEST_F(DirectUpcallTest, AKickTornByTheBackendsDeathIsUndoneWhenItsEndpointClose
     ASSERT_TRUE(ev_->close(p));
     ASSERT_TRUE(ev_->close(q));
   }
+  // A live service's own close (it stopped kicking first; also what a guest's device shutdown
+  // leads to) raises nothing.
+  auto [p, dp] = bound_port();
+  std::atomic_ref<std::uint64_t>(si().evtchn_pending[p / 64]).fetch_or(std::uint64_t{1} << (p % 64));
+  const auto before = sink_.calls().size();
+  ASSERT_TRUE(ev_->dom0_close(dp));
+  EXPECT_EQ(sink_.calls().size(), before);
 }
 
 TEST_F(DirectUpcallTest, Dom0PortNotifyGoesDirectAndFallsBackToFromDom0) {

@@ -51,10 +51,13 @@ struct VifSettings {
   NetbackConfig queue;           // sg, rx_gso, rate, resume
 };
 
-// The host TAP's MAC for vif <domid>.<devid>: fe:ff:<domid>:<devid, low 16 bits> (locally
-// administered, unicast; Linux netback gives every vif fe:ff:ff:ff:ff:ff). A TAP otherwise gets a
-// random MAC at each creation, and after a restart the domain's frames to the host would go to
-// the old one — which its neighbour cache keeps while TCP confirms the entry — and be dropped.
+// The host TAP's MAC for vif <domid>.<devid>: fe:ff, then domid and the low 16 bits of devid,
+// each big-endian (locally administered, unicast; Linux netback gives every vif
+// fe:ff:ff:ff:ff:ff, which keeps a bridge from taking the vif's address — xpv routes, each TAP is
+// a link of its own, so two vifs of one domain 65536 devids apart sharing a MAC is harmless). A
+// TAP otherwise gets a random MAC at each creation, and after a restart the domain's frames to
+// the host could go to the old one — its neighbour cache keeps it until the host's own traffic
+// (an ARP request) or the entry's timers refresh it — and be dropped.
 std::array<std::uint8_t, 6> host_side_mac(std::uint16_t domid, std::uint32_t devid) noexcept;
 
 class VifConnection {

@@ -60,6 +60,9 @@ class ControlHandler {
   virtual GrantTableInfo grant_table() = 0;
   virtual Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) = 0;
   virtual Expected<void, int> unbind(std::uint32_t port) = 0;
+  // A port of a client whose connection dropped without unbinding it: the client died or exited,
+  // maybe in the middle of a notification (EventChannels::dom0_close, owner_gone).
+  virtual Expected<void, int> release(std::uint32_t port) { return unbind(port); }
   virtual Expected<XenstoreInfo, int> xenstore() = 0;
   // Starts a domain that was created paused; EALREADY when it runs already (a process domain
   // always runs).

@@ -91,6 +91,7 @@ class Domain final : public ControlHandler {
   GrantTableInfo grant_table() override;
   Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) override;
   Expected<void, int> unbind(std::uint32_t port) override;
+  Expected<void, int> release(std::uint32_t port) override;
   Expected<XenstoreInfo, int> xenstore() override;
   Expected<void, int> unpause() override;
   // A domain created paused (xpv-vmm --paused): fn starts it; it returns false when the domain
@@ -105,6 +106,7 @@ class Domain final : public ControlHandler {
   Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) override;
 
  private:
+  Expected<void, int> close_endpoint(std::uint32_t port, bool owner_gone);
   void watch_kicks(std::uint32_t dom0_port);
   void finish_setup();
 

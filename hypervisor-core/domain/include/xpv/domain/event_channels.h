@@ -208,15 +208,17 @@ class EventChannels {
   Expected<Dom0Fds, XenErrno> dom0_alloc_unbound() noexcept;
   // dom0's EVTCHNOP_close on its endpoint. EINVAL for an unknown endpoint. The fds already
   // handed out stay open (their owners close them) but no longer reach the guest.
-  // With a direct table attached and the endpoint connected, every vCPU the guest sees gets an
-  // upcall (upcall_pending set, the sink called), and the guest port its selector bit if it is
-  // pending and unmasked. A service killed in the middle of DirectUpcall::kick (the domain closes
-  // its endpoints when its control connection drops) can leave any prefix of steps 1–5 done —
-  // the port pending, a selector bit with no upcall_pending, upcall_pending with no interrupt —
-  // while the guest's own scan clears what it meets; each of those stops every later delivery
-  // to that port, that selector word or that vCPU at "already set". At worst one spurious upcall
-  // per vCPU.
-  Expected<void, XenErrno> dom0_close(Port dom0_port) noexcept;
+  // owner_gone: the service that held the endpoint is gone without closing it (its control
+  // connection dropped). Then, with a direct table attached and the endpoint connected, every
+  // vCPU the guest sees gets an upcall (upcall_pending set, the sink called), and the guest port
+  // its selector bit if it is pending and unmasked. A service killed in the middle of
+  // DirectUpcall::kick can leave any prefix of steps 1–5 done — the port pending, a selector bit
+  // with no upcall_pending, upcall_pending with no interrupt — while the guest's own scan clears
+  // what it meets; each of those stops every later delivery to that port, that selector word or
+  // that vCPU at "already set". At worst one spurious upcall per vCPU, and only when a service
+  // died or exited without unbinding: a live one closes its endpoints after its threads stopped
+  // kicking, and a guest shutting its devices down is left alone.
+  Expected<void, XenErrno> dom0_close(Port dom0_port, bool owner_gone = false) noexcept;
   Expected<Dom0EndpointStatus, XenErrno> dom0_status(Port dom0_port) const noexcept;
 
   // The endpoint's from_dom0 eventfd, borrowed for the event loop's poll set; valid until
