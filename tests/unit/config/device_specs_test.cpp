@@ -121,6 +121,10 @@ TEST(VifSpec, AllKeys) {
 TEST(VifSpec, ErrorsNameTheItem) {
   EXPECT_EQ(error_of([] { parse_vif_spec("mac=01:00:00:00:00:01"); }),
             "vif spec 'mac=01:00:00:00:00:01': '01:00:00:00:00:01' is not a unicast MAC address (aa:bb:cc:dd:ee:ff)");
+  EXPECT_EQ(error_of([] { parse_vif_spec("mac=fe:ff:00:01:00:00"); }),
+            "vif spec 'mac=fe:ff:00:01:00:00': 'fe:ff:00:01:00:00': MAC addresses fe:ff:* are the host sides of vifs");
+  EXPECT_TRUE(parse_vif_spec("mac=fe:fe:00:01:00:00").mac);
+  EXPECT_TRUE(parse_vif_spec("mac=02:ff:00:01:00:00").mac);
   EXPECT_EQ(error_of([] { parse_vif_spec("ip=10.0.0.300"); }),
             "vif spec 'ip=10.0.0.300': '10.0.0.300' is not an IPv4 host address with an optional /1../30 prefix");
   EXPECT_EQ(error_of([] { parse_vif_spec("model=e1000"); }),

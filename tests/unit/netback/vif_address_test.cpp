@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
+#include <set>
+
 #include "xpv/netback/backend.h"
+#include "xpv/netback/connection.h"
 #include "xpv/netback/vif_address.h"
 
 namespace xpv::netback {
@@ -42,6 +47,23 @@ TEST(RateNode, BytesCommaMicroseconds) {
   EXPECT_EQ(none->first, 0u);
   for (const char* bad : {"", "125000", "125000,", ",50000", "1,0", "-1,5", "1,2,3", "1.5,2"}) {
     EXPECT_FALSE(parse_rate_node(bad)) << bad;
+  }
+}
+
+TEST(HostSideMac, IsFeFfThenTheDomidThenTheDevidEachBigEndian) {
+  using Mac = std::array<std::uint8_t, 6>;
+  EXPECT_EQ(host_side_mac(1, 0), (Mac{0xfe, 0xff, 0x00, 0x01, 0x00, 0x00}));
+  EXPECT_EQ(host_side_mac(0x1234, 0xabcd), (Mac{0xfe, 0xff, 0x12, 0x34, 0xab, 0xcd}));
+  EXPECT_EQ(host_side_mac(0x7ff0, 0x1ffff), (Mac{0xfe, 0xff, 0x7f, 0xf0, 0xff, 0xff}));  // devid's low 16 bits
+  // Unicast (bit 0 clear) and locally administered (bit 1 set), for every vif.
+  EXPECT_EQ(host_side_mac(7, 3)[0] & 0x03, 0x02);
+  // Each (domid, devid) pair with a 16-bit devid has its own; a restart gets the same one.
+  std::set<Mac> seen;
+  for (std::uint16_t dom : {1, 2, 256, 0x7fef}) {
+    for (std::uint32_t dev : {0u, 1u, 255u, 256u, 0xffffu}) {
+      EXPECT_TRUE(seen.insert(host_side_mac(dom, dev)).second) << dom << "/" << dev;
+      EXPECT_EQ(host_side_mac(dom, dev), host_side_mac(dom, dev));
+    }
   }
 }
 

@@ -210,6 +210,11 @@ VifSpec parse_vif_spec(std::string_view spec) {
     if (key == "mac") {
       v.mac = parse_mac(value);
       if (!v.mac) throw bad(fmt::format("'{}' is not a unicast MAC address (aa:bb:cc:dd:ee:ff)", value));
+      // xpv-netback names each vif's host side fe:ff:<domid>:<devid> (host_side_mac): a guest
+      // with such an address could be the host side of another vif, or of its own.
+      if (v.mac->bytes[0] == 0xfe && v.mac->bytes[1] == 0xff) {
+        throw bad(fmt::format("'{}': MAC addresses fe:ff:* are the host sides of vifs", value));
+      }
     } else if (key == "ip") {
       v.ip = parse_ipv4_cidr(value);
       if (!v.ip) throw bad(fmt::format("'{}' is not an IPv4 host address with an optional /1../30 prefix", value));
