@@ -384,6 +384,9 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     msr_trap_error_ = e.what();
     spdlog::debug("xen: no hypercall page for older kernels: {}", msr_trap_error_);
   }
+  // The fast sends' trap, before any vCPU runs; the stubs' routine or the hypercall page puts
+  // the routine into the guest later (install_fast_send, fill_hypercall_page).
+  prepare_fast_send();
   // The VM's resample thread outlives this object: it reaches the platform through live_.
   live_ = std::make_shared<std::atomic<xen::Platform*>>(platform_.get());
   vm.add_resample_line(kPlatformGsi, [live = live_] {
@@ -500,19 +503,16 @@ std::size_t XenDomain::pv_console_input(std::span<const std::uint8_t> bytes) noe
   return pv_console_ ? pv_console_->receive(bytes) : 0;
 }
 
-bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
-                                  const xen::KernelTables& tables) {
+void XenDomain::prepare_fast_send() {
   // XPV_EVTCHN_FAST_SEND=0: every send through the hypercall trap (measurements).
   if (const char* env = std::getenv("XPV_EVTCHN_FAST_SEND"); env != nullptr && std::string_view(env) == "0") {
     spdlog::info("xen: XPV_EVTCHN_FAST_SEND=0: event-channel sends go through the hypercall trap");
-    return false;
+    return;
   }
-  // The trap first (it throws only on a programming error), so that the routine never runs
-  // without it; it answers only once the routine is in place.
   send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
   // The routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall it stands
   // for, EVTCHNOP_send of the struct its lods read (rsi - 4); the result goes into rdx, which the
-  // routine moves into rax.
+  // routine moves into rax. It answers only once a routine is in the guest (installed).
   vm_.set_pio_trap(
       xen::kEvtchnSendPort,
       [this](kvm::VcpuContext& ctx) {
@@ -531,13 +531,22 @@ bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::Stub
         reassert(ctx.id());
       },
       4);
+}
+
+void XenDomain::fast_send_installed() {
+  if (send_routes_->installed.exchange(true, std::memory_order_acq_rel)) return;
+  domain_->evtchn().set_send_route_sink(send_routes_.get());
+}
+
+bool XenDomain::install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites,
+                                  const xen::KernelTables& tables) {
+  if (!send_routes_) return false;  // XPV_EVTCHN_FAST_SEND=0 (logged)
   if (auto fast = xen::patch_hypercall_stubs_fast_send(image, sites, xen::kHypercallPort, xen::kEvtchnSendPort, tables);
       !fast) {
     spdlog::warn("xen: event-channel sends go through the hypercall trap: {}", fast.error());
     return false;
   }
-  send_routes_->installed.store(true, std::memory_order_release);
-  domain_->evtchn().set_send_route_sink(send_routes_.get());
+  fast_send_installed();
   return true;
 }
 
@@ -596,9 +605,15 @@ bool XenDomain::fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept
                    value);
       return false;
     }
-    const auto bytes = xen::build_hypercall_page(xen::kHypercallPort);
+    // With the fast sends' trap in place, entry 32 holds the fast-send routine (stubs.h); the
+    // routes are made once it is in the guest's memory.
+    const bool fast = send_routes_ != nullptr;
+    const auto bytes = fast ? xen::build_hypercall_page(xen::kHypercallPort, xen::kEvtchnSendPort)
+                            : xen::build_hypercall_page(xen::kHypercallPort);
     std::memcpy(page->data(), bytes.data(), bytes.size());
-    spdlog::info("xen: vCPU {}: hypercall page at {:#x} filled with port-I/O stubs", vcpu, *gpa);
+    if (fast) fast_send_installed();
+    spdlog::info("xen: vCPU {}: hypercall page at {:#x} filled with port-I/O stubs{}", vcpu, *gpa,
+                 fast ? fmt::format("; sends to backends are KVM ioeventfds on port {:#x}", xen::kEvtchnSendPort) : "");
     return true;
   } catch (...) {
     return false;

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "xpv/xen/abi.h"
+
 namespace xpv::xen {
 
 namespace {
@@ -276,6 +278,25 @@ Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8
     }
   }
   return {};
+}
+
+std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port, std::uint8_t send_port) {
+  auto page = build_hypercall_page(port);
+  const std::uint8_t entry[] = {
+      0x83, 0xff, 0x04,              // cmp $4, %edi
+      0x75, 0x07,                    // jne +12
+      0xad,                          // lods (%rsi), %eax
+      0x99,                          // cltd
+      0xe7, send_port,               // out %eax, $SS
+      0x48, 0x92,                    // xchg %rax, %rdx
+      kRet,                          // ret
+      kMovImm32Eax, abi::kHcEventChannelOp, 0, 0, 0,  // +12: mov $32, %eax
+      kOutImm8Al, port,              // out %al, $PP
+      kRet,                          // ret
+  };
+  static_assert(sizeof entry <= kHypercallPageEntryBytes);
+  std::memcpy(page.data() + abi::kHcEventChannelOp * kHypercallPageEntryBytes, entry, sizeof entry);
+  return page;
 }
 
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port) {

@@ -20,7 +20,9 @@
 #include "xpv/kvm/linux_boot.h"
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/vm.h"
+#include "xpv/unique_fd.h"
 #include "xpv/vmm/xen_domain.h"
+#include "xpv/xen/config.h"
 #include "xpv/xen/stubs.h"
 #include "xpv/test/kvm.h"
 
@@ -62,7 +64,7 @@ struct TinyRun {
 
 // Runs `c` at 0x100000 in long mode on a 1-vCPU, 32 MiB Xen domain until it stops (60 s
 // watchdog); prepare() fills guest memory first, inspect() looks at the VM before teardown.
-TinyRun run_tiny(const Code& c, const std::function<void(kvm::Vm&)>& prepare,
+TinyRun run_tiny(const Code& c, const std::function<void(kvm::Vm&, XenDomain&)>& prepare,
                  const std::function<void(kvm::Vm&, XenDomain&)>& inspect) {
   TinyRun out;
   char tmpl[] = "/tmp/xpv-xenvm-XXXXXX";
@@ -89,7 +91,7 @@ TinyRun run_tiny(const Code& c, const std::function<void(kvm::Vm&)>& prepare,
     auto code = vm.memory().translate(0x100000, c.b.size());
     EXPECT_TRUE(code);
     if (code) std::memcpy(code->data(), c.b.data(), c.b.size());
-    prepare(vm);
+    prepare(vm, xen);
     kvm::LinuxBootEntry e;
     e.rip = 0x100000;
     vm.boot_cpu_long_mode(e);
@@ -135,7 +137,7 @@ TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
   c.stop();
   const auto r = run_tiny(
       c,
-      [](kvm::Vm& vm) {
+      [](kvm::Vm& vm, XenDomain&) {
         const std::uint32_t port = 4000;
         std::memcpy(vm.memory().translate(kArgs, 4)->data(), &port, 4);
       },
@@ -172,10 +174,11 @@ struct PageRun {
   std::array<std::uint8_t, 4096> page{};  // kHypercallPageGpa afterwards
 };
 
-PageRun run_page_guest(const Code& c, const std::function<void(kvm::Vm&, XenDomain&)>& more) {
+PageRun run_page_guest(const Code& c, const std::function<void(kvm::Vm&, XenDomain&)>& more,
+                       const std::function<void(kvm::Vm&, XenDomain&)>& prepare = [](kvm::Vm&, XenDomain&) {}) {
   PageRun out;
   out.run = run_tiny(
-      c, [](kvm::Vm&) {},
+      c, prepare,
       [&](kvm::Vm& vm, XenDomain& xen) {
         out.trapped = xen.hypercall_page_msr();
         std::memcpy(out.page.data(), vm.memory().translate(kHypercallPageGpa, 4096)->data(), 4096);
@@ -204,9 +207,66 @@ TEST(XenHypercallGuest, TheHypercallPageMsrGivesAPageToCallThrough) {
   });
   if (!r.trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
   ASSERT_EQ(r.run.stop, kvm::StopReason::poweroff) << r.run.message;
-  EXPECT_EQ(r.page, xen::build_hypercall_page(xen::kHypercallPort));
+  EXPECT_EQ(r.page, xen::build_hypercall_page(xen::kHypercallPort, xen::kEvtchnSendPort));
   EXPECT_EQ(version, (4 << 16) | 17);
   EXPECT_EQ(unknown, -38);
+}
+
+// Through the page's event_channel_op entry (stubs.h), EVTCHNOP_send on a port connected to a
+// dom0 endpoint signals the endpoint's eventfd inside KVM — the dispatcher never sees it — while
+// a send on a port that is not connected still reaches the dispatcher and gets its error.
+TEST(XenHypercallGuest, TheHypercallPageSendsToABackendWithoutTheDispatcher) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  constexpr std::uint32_t kRouted = kArgs, kBad = kArgs + 8;  // struct evtchn_send { port }
+  Code c;
+  c.wrmsr(xen::kHypercallPageMsr, kHypercallPageGpa);
+  auto send = [&](std::uint32_t arg, std::uint32_t result) {
+    c.mov_edi(4);  // EVTCHNOP_send
+    c.mov_rsi(arg);
+    c.call_abs(kHypercallPageGpa + 32 * 32);
+    c.store_rax(result);
+  };
+  send(kRouted, kResults);
+  send(kRouted, kResults + 8);
+  send(kBad, kResults + 16);
+  c.mov_edi(0);  // XENVER_version: the page's other entries still work
+  c.call_abs(kHypercallPageGpa + 17 * 32);
+  c.store_rax(kResults + 24);
+  c.stop();
+  UniqueFd to_dom0;
+  std::uint64_t kicks_before = 0, kicks = 0;
+  std::int64_t got[4] = {};
+  const auto r = run_page_guest(
+      c,
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        std::memcpy(got, vm.memory().translate(kResults, sizeof got)->data(), sizeof got);
+        EXPECT_EQ(xen.platform().evtchn_calls(4), 1u) << "only the send on the unconnected port reached the dispatcher";
+        std::uint64_t v = 0;
+        if (::read(to_dom0.get(), &v, sizeof v) == static_cast<ssize_t>(sizeof v)) kicks = v;
+      },
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        // A backend's endpoint on a guest port the guest left unbound for dom 0.
+        auto& ev = xen.domain().evtchn();
+        auto port = ev.alloc_unbound(0);
+        ASSERT_TRUE(port);
+        auto fds = ev.bind_to_dom0(*port);
+        ASSERT_TRUE(fds);
+        to_dom0 = std::move(fds->to_dom0);
+        std::uint64_t v = 0;  // the bind's own notification (event_channels.h)
+        if (::read(to_dom0.get(), &v, sizeof v) == static_cast<ssize_t>(sizeof v)) kicks_before = v;
+        const std::uint32_t routed = *port, bad = 4000;
+        std::memcpy(vm.memory().translate(kRouted, 4)->data(), &routed, 4);
+        std::memcpy(vm.memory().translate(kBad, 4)->data(), &bad, 4);
+      });
+  if (!r.trapped) GTEST_SKIP() << "this KVM cannot hand MSR writes to the VMM";
+  ASSERT_EQ(r.run.stop, kvm::StopReason::poweroff) << r.run.message;
+  EXPECT_EQ(kicks_before, 1u);
+  EXPECT_EQ(kicks, 2u) << "both sends on the connected port signalled its eventfd";
+  EXPECT_EQ(got[0], 0);
+  EXPECT_EQ(got[1], 0);
+  EXPECT_EQ(got[2], -22) << "EINVAL for a port not in use, from the dispatcher";
+  EXPECT_EQ(got[3], (4 << 16) | 17);
 }
 
 TEST(XenHypercallGuest, AHypercallPageIndexBeyondTheOfferFaultsAndWritesNothing) {

@@ -353,6 +353,27 @@ TEST(XenStubs, HypercallPageEntriesAreMovOutRet) {
   EXPECT_EQ(build_hypercall_page(0x42)[32 * 7 + 6], 0x42);
 }
 
+TEST(XenStubs, AFastSendHypercallPageChangesOnlyEventChannelOp) {
+  const auto plain = build_hypercall_page(0xe8);
+  const auto fast = build_hypercall_page(0xe8, 0xe4);
+  for (std::size_t i = 0; i < 4096; ++i) {
+    if (i / 32 == 32) continue;
+    ASSERT_EQ(fast[i], plain[i]) << "byte " << i << " of entry " << i / 32;
+  }
+  const std::uint8_t* e = fast.data() + 32 * 32;
+  const Bytes want = {0x83, 0xff, 0x04,              // cmp $4, %edi
+                      0x75, 0x07,                    // jne +12
+                      0xad, 0x99,                    // lods; cltd
+                      0xe7, 0xe4,                    // out %eax, $0xe4
+                      0x48, 0x92, 0xc3,              // xchg %rax, %rdx; ret
+                      0xb8, 0x20, 0x00, 0x00, 0x00,  // +12: mov $32, %eax
+                      0xe6, 0xe8, 0xc3};             // out %al, $0xe8; ret
+  EXPECT_EQ(Bytes(e, e + want.size()), want);
+  for (std::size_t j = want.size(); j < 32; ++j) EXPECT_EQ(e[j], 0xcc) << "+" << j;
+  EXPECT_EQ(build_hypercall_page(0x42, 0x43)[32 * 32 + 8], 0x43);
+  EXPECT_EQ(build_hypercall_page(0x42, 0x43)[32 * 32 + 18], 0x42);
+}
+
 TEST(XenStubs, HypercallPageMsrValueIsAFrameAndAnIndex) {
   auto a = hypercall_page_address(0x1234'5000);
   ASSERT_TRUE(a);

@@ -43,7 +43,21 @@
 //   b8 ii ii ii ii   mov $i, %eax
 //   e6 PP            out %al, $PP
 //   c3               ret
-// followed by 24 bytes of cc (int3), for i = 0..127.
+// followed by 24 bytes of cc (int3), for i = 0..127. With fast sends (the second overload of
+// build_hypercall_page), entry 32, HYPERVISOR_event_channel_op, is the routine's equivalent:
+//   +0   83 ff 04      cmp $4, %edi            EVTCHNOP_send?
+//   +3   75 07         jne +12
+//   +5   ad            lods (%rsi), %eax       the port; rsi += 4 (rsi is in/out there too)
+//   +6   99            cltd                    edx = 0, the result unless the VMM writes another
+//   +7   e7 SS         out %eax, $SS           a KVM ioeventfd, or the same trap as the stubs'
+//   +9   48 92         xchg %rax, %rdx         rax = the result
+//   +11  c3            ret
+//   +12  b8 20 00 00 00  mov $32, %eax         every other command, as the other entries
+//   +17  e6 PP         out %al, $PP
+//   +19  c3            ret
+// and int3 up to 32 bytes. The hypercall page is called with the same two-argument convention
+// as the stubs (rdi/rsi in/out, rdx clobbered), so the same trap serves both. 64-bit guests
+// only, as the hypercall trap itself (a 32-bit kernel passes arguments in ebx, ecx, ...).
 //
 // Such a kernel carries its own placeholder for that page — page-aligned, 128 identical 32-byte
 // entries of one `ret` (c3) padded with int3 (cc) or nop (90) bytes, in whatever order — which
@@ -113,8 +127,10 @@ Expected<void, std::string> patch_hypercall_stubs_fast_send(std::span<std::uint8
                                                             std::uint8_t port, std::uint8_t send_port,
                                                             const KernelTables& tables);
 
-// The 4 KiB hypercall page for kernels that use the hypercall-page MSR (layout above).
+// The 4 KiB hypercall page for kernels that use the hypercall-page MSR (layout above); the
+// second form with the fast-send entry for event_channel_op (send_port = SS).
 std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port);
+std::array<std::uint8_t, 4096> build_hypercall_page(std::uint8_t port, std::uint8_t send_port);
 
 // The MSR Xen's CPUID leaf 0x40000002 names (ebx) and how many pages it offers (eax).
 inline constexpr std::uint32_t kHypercallPageMsr = 0x4000'0000;

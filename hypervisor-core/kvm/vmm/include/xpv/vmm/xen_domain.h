@@ -111,7 +111,7 @@ class XenDomain {
   std::unique_ptr<Forward> forward_;
   std::unique_ptr<domain::Domain> domain_;
   // In-kernel event-channel sends (xen/stubs.h fast send): KVM ioeventfds for the ports connected
-  // to backends, installed once the kernel's stubs hold the fast-send routine.
+  // to backends, made once the kernel's stubs or its hypercall page hold the fast-send routine.
   std::unique_ptr<SendRoutes> send_routes_;
   std::unique_ptr<xen::Platform> platform_;
   std::unique_ptr<platform_pci::XenPlatformDevice> device_;
@@ -123,8 +123,14 @@ class XenDomain {
   std::unique_ptr<PvConsole> pv_console_;
   // Hypercall-page MSR (stubs.h): trapped when this KVM can; else why not.
   bool fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept;
-  // The fast-send routine over the stubs and its routes (false: not installed, and why is logged).
+  // Fast sends (xen/stubs.h): prepare_fast_send (constructor) makes the routes' sink and the
+  // trap of port kEvtchnSendPort unless XPV_EVTCHN_FAST_SEND=0; install_fast_send writes the
+  // routine over the stubs (false: not installed, and why is logged); fast_send_installed, once a
+  // routine is in the guest (the stubs' or the hypercall page's), lets the trap answer and makes
+  // the routes, once.
+  void prepare_fast_send();
   bool install_fast_send(std::span<std::uint8_t> image, const xen::StubSites& sites, const xen::KernelTables& tables);
+  void fast_send_installed();
   bool msr_trap_ = false;
   std::string msr_trap_error_;
   std::mutex unpause_mu_;
