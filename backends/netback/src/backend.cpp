@@ -52,6 +52,11 @@ bool rx_fill_adaptive() { return env_switch("XPV_NETBACK_RX_FILL", "ring", "adap
 // that packet and leaving the rest in the TAP as vhost-net does (`head`, the default).
 bool rx_drain_all() { return env_switch("XPV_NETBACK_RX_DRAIN", "head", "all"); }
 
+// XPV_NETBACK_TX_RESPOND=early: every queue copies a guest-tx packet out of the guest's pages
+// and answers it before handing it to the TAP (NetbackConfig::tx_respond_early); `after` (the
+// default) writes it from the guest's pages and answers once the TAP has taken it.
+bool tx_respond_early() { return env_switch("XPV_NETBACK_TX_RESPOND", "after", "early"); }
+
 }  // namespace
 
 std::optional<std::pair<std::uint64_t, std::uint64_t>> parse_rate_node(const std::string& s) noexcept {
@@ -444,6 +449,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.resume = resume;
     s.queue.rx_fill_adaptive = rx_fill_adaptive();
     s.queue.rx_drain = rx_drain_all() || s.queue.rx_fill_adaptive;  // as NetbackQueue enforces
+    s.queue.tx_respond_early = tx_respond_early();
     s.queue.share = &share_;
     s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;
@@ -453,10 +459,11 @@ void Backend::connect(Device& d, bool resume) {
     });
     d.generation = generation;
     spdlog::info("{}: {} queue(s), {} event channels, sg {}, gso v4 {} v6 {}, csum offload {}; rx fill {}, "
-                 "backlog while the guest is behind: {}",
+                 "backlog while the guest is behind: {}; tx answered {}",
                  d.name, nq, rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum,
                  s.queue.rx_fill_adaptive ? "adaptive" : "ring",
-                 s.queue.rx_drain ? "drained into the flow queue" : "left in the TAP");
+                 s.queue.rx_drain ? "drained into the flow queue" : "left in the TAP",
+                 s.queue.tx_respond_early ? "before the TAP takes it (copied)" : "after the TAP took it");
   } catch (const std::exception& e) {
     fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
     return;

@@ -72,6 +72,7 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   tx_maps_.reserve(kXenNetifNrSlotsMin);
   tx_iov_.reserve(kXenNetifNrSlotsMin + 1);
   tx_hdr_.resize(kHdrCopy);
+  if (cfg_.tx_respond_early) tx_copy_.resize(0xffff);  // a tx packet's size is 16 bits
   rx_held_.reserve(kRxDirectSlots);
   rx_iov_.reserve(kRxDirectSlots + 1);
   if (cfg_.resume) {
@@ -137,6 +138,28 @@ void NetbackQueue::tx_respond(std::int16_t status) noexcept {
     }
   }
   tx_resp_pending_ = true;
+}
+
+void NetbackQueue::tx_unmap() noexcept {
+  for (gnttab::GrantHandle h : tx_maps_) {
+    if (auto r = mapper_.unmap(h); !r) {
+      spdlog::critical("{}: unmap of our own grant handle failed: {}", name_, gnttab::to_string(r.error()));
+      std::abort();
+    }
+  }
+  tx_maps_.clear();
+}
+
+void NetbackQueue::tx_written(ssize_t w, std::size_t size, std::size_t& bytes) noexcept {
+  if (w < 0) {
+    // The host stack refused it (queue full, interface down): a drop on the wire, not a guest
+    // fault — the guest is answered OKAY as a NIC would.
+    counters_.tx_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  counters_.tx_packets.fetch_add(1, std::memory_order_relaxed);
+  counters_.tx_bytes.fetch_add(size, std::memory_order_relaxed);
+  bytes = size;
 }
 
 NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
@@ -257,26 +280,25 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     if (!v) {
       guest_error("tx packet id {}: {}", first.id, to_string(v.error()));
       status = kNetifRspError;
+    } else if (cfg_.tx_respond_early) {
+      tx_vnet_ = *v;
+      std::size_t n = 0;
+      for (std::size_t i = 1; i < tx_iov_.size(); ++i) {  // [0] is the vnet header
+        std::memcpy(tx_copy_.data() + n, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
+        n += tx_iov_[i].iov_len;  // the slots add up to first.size (validated above)
+      }
+      tx_unmap();
+      tx_respond(kNetifRspOkay);
+      if (!disabled()) push_and_notify();
+      const iovec iov[2] = {{&tx_vnet_, sizeof tx_vnet_}, {tx_copy_.data(), n}};
+      tx_written(::writev(tap_, iov, 2), first.size, bytes);
+      return Step::moved;
     } else {
       tx_vnet_ = *v;
-      const ssize_t w = ::writev(tap_, tx_iov_.data(), static_cast<int>(tx_iov_.size()));
-      if (w < 0) {
-        // The host stack refused it (queue full, interface down): a drop on the wire, not a
-        // guest fault — the guest is answered OKAY as a NIC would.
-        counters_.tx_dropped.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        counters_.tx_packets.fetch_add(1, std::memory_order_relaxed);
-        counters_.tx_bytes.fetch_add(first.size, std::memory_order_relaxed);
-        bytes = first.size;
-      }
+      tx_written(::writev(tap_, tx_iov_.data(), static_cast<int>(tx_iov_.size())), first.size, bytes);
     }
   }
-  for (gnttab::GrantHandle h : tx_maps_) {
-    if (auto r = mapper_.unmap(h); !r) {
-      spdlog::critical("{}: unmap of our own grant handle failed: {}", name_, gnttab::to_string(r.error()));
-      std::abort();
-    }
-  }
+  tx_unmap();
   tx_respond(status);
   if (status != kNetifRspOkay) {
     counters_.tx_errors.fetch_add(1, std::memory_order_relaxed);

@@ -98,6 +98,13 @@ struct NetbackConfig {
   // XPV_NETBACK_RX_DRAIN=all: flow order, a second copy for what waits there). Measured in
   // backends/README.md "Fairness". Always on with rx_fill_adaptive.
   bool rx_drain = false;
+  // When a guest-tx packet is answered: after the TAP's writev has handed it to the host stack
+  // (false, the default: zero copy, the data written straight from the guest's pages), or
+  // before it (true, the daemon's XPV_NETBACK_TX_RESPOND=early: the packet is copied out, its
+  // pages let go of, answered and the guest notified, then written — so the guest's transmit
+  // completion does not wait for the host's receive path that writev runs; what Linux netback's
+  // grant copy gives for traffic to the host). An experiment: backends/README.md "Fairness".
+  bool tx_respond_early = false;
   std::uint64_t rx_fill_period_us = RxFillLimit::kPeriodUs;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
@@ -178,6 +185,8 @@ class NetbackQueue {
   bool tx_turn() noexcept;
   bool rx_turn() noexcept;
   Step tx_one(std::size_t& bytes) noexcept;
+  void tx_unmap() noexcept;  // lets go of the packet's pages (tx_maps_)
+  void tx_written(ssize_t w, std::size_t size, std::size_t& bytes) noexcept;  // counts a writev
   Step rx_one(std::size_t& bytes) noexcept;
   void rx_ingest(int max) noexcept;  // reads up to `max` packets from the TAP into rx_queue_
   Step rx_direct(std::size_t& bytes) noexcept;  // read one packet straight into held buffers
@@ -218,6 +227,7 @@ class NetbackQueue {
   std::vector<iovec> tx_iov_;
   VnetHdr tx_vnet_{};
   std::vector<std::uint8_t> tx_hdr_;  // the first bytes of a packet, contiguous, for parsing
+  std::vector<std::uint8_t> tx_copy_;  // tx_respond_early: the packet, copied out of the guest
 
   // RX state.
   VnetHdr rx_vnet_{};
