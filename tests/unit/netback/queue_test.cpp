@@ -120,6 +120,27 @@ VnetHdr tcpv4_gso_hdr() {
   return h;
 }
 
+// The queue's event channel, with a look at the host end of the "TAP" at each notification:
+// whether a frame was already written to it then (MSG_PEEK, non-blocking).
+class PeekingChannel final : public domain::EventChannel {
+ public:
+  PeekingChannel(std::unique_ptr<domain::EventChannel> inner, int host, std::vector<bool>& frame_there)
+      : inner_(std::move(inner)), host_(host), frame_there_(frame_there) {}
+  Expected<void, int> notify() noexcept override {
+    char b = 0;
+    frame_there_.push_back(::recv(host_, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0);
+    return inner_->notify();
+  }
+  Expected<std::uint64_t, int> consume() noexcept override { return inner_->consume(); }
+  Expected<std::uint64_t, int> wait(int timeout_ms) noexcept override { return inner_->wait(timeout_ms); }
+  int wait_fd() const noexcept override { return inner_->wait_fd(); }
+
+ private:
+  std::unique_ptr<domain::EventChannel> inner_;
+  int host_;
+  std::vector<bool>& frame_there_;
+};
+
 // Public, so that the scenarios run in both rx_drain modes below can be plain functions.
 class NetbackQueueTest : public ::testing::Test {
  public:
@@ -142,8 +163,10 @@ class NetbackQueueTest : public ::testing::Test {
     auto tx = NetifTxBackRing::attach(txm->writable());
     auto rx = NetifRxBackRing::attach(rxm->writable());
     ASSERT_TRUE(tx && rx);
-    queue_ = std::make_unique<NetbackQueue>("vif7.0-q0", *mapper_, std::move(*tx), std::move(*rx),
-                                            fe_.make_channel(), nullptr, tap_.get(), cfg);
+    std::unique_ptr<domain::EventChannel> ch = fe_.make_channel();
+    if (peek_at_notify_) ch = std::make_unique<PeekingChannel>(std::move(ch), host_.get(), frame_at_notify_);
+    queue_ = std::make_unique<NetbackQueue>("vif7.0-q0", *mapper_, std::move(*tx), std::move(*rx), std::move(ch),
+                                            nullptr, tap_.get(), cfg);
   }
 
   // Puts `frame` into data pages granted from gfn `gfn` on, one slot per page-sized piece.
@@ -204,6 +227,8 @@ class NetbackQueueTest : public ::testing::Test {
 
   FakeFrontend fe_;
   UniqueFd tap_, host_;
+  bool peek_at_notify_ = false;      // start(): the channel records frame_at_notify_
+  std::vector<bool> frame_at_notify_;  // per notification: a frame was in the "TAP" already
   std::unique_ptr<gnttab::GrantMapper> mapper_;
   std::unique_ptr<NetbackQueue> queue_;
 };
@@ -225,6 +250,7 @@ TEST_F(NetbackQueueTest, TxPacketAnsweredBeforeTheTapWriteIsAssembledTheSame) {
 void tx_packet_with_gso_and_fragments_is_assembled(NetbackQueueTest& t, NetbackConfig cfg) {
   auto& fe_ = t.fe_;
   auto& queue_ = t.queue_;
+  t.peek_at_notify_ = true;
   t.start(cfg);
   const auto frame = tcp_frame(10000);  // 3 slots
   auto s = t.slots_for(frame, 16, 1);
@@ -259,6 +285,42 @@ void tx_packet_with_gso_and_fragments_is_assembled(NetbackQueueTest& t, NetbackC
   EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
   EXPECT_EQ(queue_->counters().tx_bytes.load(), 10000u);
   EXPECT_EQ(fe_.notifications(), 1u);
+  // The one difference: when the guest heard of its answer, the TAP had the frame (after) or
+  // not yet (early).
+  ASSERT_EQ(t.frame_at_notify_.size(), 1u);
+  EXPECT_EQ(t.frame_at_notify_[0], !cfg.tx_respond_early);
+}
+
+// Early answers for packets the TAP then refuses, and for the largest packet there is.
+TEST_F(NetbackQueueTest, TxAnsweredEarlyIsStillOkayWhenTheTapRefusesItAndTheLargestPacketFits) {
+  NetbackConfig cfg;
+  cfg.tx_respond_early = true;
+  start(cfg);
+  const auto big = tcp_frame(0xffff);  // 16 slots: the largest size a tx request can carry
+  for (const auto& r : slots_for(big, 16, 0)) fe_.tx(r);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  auto got = host_read();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->second, big);
+  auto r = fe_.tx_responses();
+  ASSERT_EQ(r.size(), 16u);
+  for (const auto& rsp : r) EXPECT_EQ(rsp.status, kNetifRspOkay);
+  // Fill the "TAP" until it takes no more (bounded): the next packet's write fails.
+  const std::vector<std::uint8_t> filler(60000, 0);
+  int filled = 0;
+  while (filled < 10000 && ::send(tap_.get(), filler.data(), filler.size(), MSG_DONTWAIT) > 0) ++filled;
+  ASSERT_LT(filled, 10000);
+  const auto small = tcp_frame(1000);
+  fe_.tx(slots_for(small, 40, 100)[0]);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  r = fe_.tx_responses();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].id, 100);
+  EXPECT_EQ(r[0].status, kNetifRspOkay) << "a drop on the wire, as a NIC's";
+  EXPECT_EQ(queue_->counters().tx_dropped.load(), 1u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
 }
 
 TEST_F(NetbackQueueTest, MalformedTxPacketsGetErrorResponses) {

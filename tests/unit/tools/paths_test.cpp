@@ -1,28 +1,13 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "xpv/test/scoped_env.h"
 #include "xpv/toolstack/paths.h"
 
 namespace xpv::toolstack {
 namespace {
 
-// Sets (or unsets) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = ::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using xpv::test::ScopedEnv;
 
 TEST(Paths, DefaultsThenEnvThenCli) {
   ScopedEnv a("XPV_RUN_DIR", nullptr), b("XPV_LOG_DIR", nullptr), c("XENSTORED_PATH", nullptr), d("XPV_BIN_DIR", nullptr);

@@ -3,6 +3,8 @@
 //
 //   guest TX: tx ring ──pop (copies)──► validate slots ──map grants ro──► VnetHdr + iovec
 //             ──writev──► TAP (host stack)          responses in ring order, one per slot
+//             (tx_respond_early: ──memcpy──► own buffer, unmap, respond, push + notify, then
+//             ──writev──► TAP)
 //   guest RX: with rx buffers for the largest packet (kRxDirectSlots) popped and mapped
 //             writable: TAP ──readv (VnetHdr + frame) straight into those pages──► rx responses
 //             (+ GSO extra-info slot); with fewer posted: TAP ──readv──► bounce buffer ──wait for
@@ -10,8 +12,9 @@
 //             (netfront grants writable buffers; whether we copy or map is ours to choose)
 //
 // Fairness: a FairScheduler (fair_scheduler.h) decides which direction runs next; each turn
-// moves a bounded batch (quantum bytes, max packets), responses are pushed after every turn, so a
-// bulk TX stream cannot starve RX or the other way round.
+// moves a bounded batch (quantum bytes, max packets), responses are pushed after every turn (and
+// with tx_respond_early after every tx packet), so a bulk TX stream cannot starve RX or the other
+// way round.
 //
 // Flow-fair, bounded buffering (the XSA-392 lesson): while the frontend has not posted buffers for
 // the next packet, netback keeps reading the TAP into an RxFlowQueue (rx_flow_queue.h) instead of
@@ -101,9 +104,12 @@ struct NetbackConfig {
   // When a guest-tx packet is answered: after the TAP's writev has handed it to the host stack
   // (false, the default: zero copy, the data written straight from the guest's pages), or
   // before it (true, the daemon's XPV_NETBACK_TX_RESPOND=early: the packet is copied out, its
-  // pages let go of, answered and the guest notified, then written — so the guest's transmit
-  // completion does not wait for the host's receive path that writev runs; what Linux netback's
-  // grant copy gives for traffic to the host). An experiment: backends/README.md "Fairness".
+  // pages let go of, answered, pushed and the guest notified if it asked, then written — so the
+  // guest's transmit completion does not wait for the host's receive path that writev runs. Linux
+  // netback grant-maps all but a packet's first 128 bytes and answers when the host stack lets
+  // go of the pages, which for traffic to the host itself is when its receive path copies them
+  // early on (skb_orphan_frags_rx), before TCP runs. An experiment: backends/README.md
+  // "Fairness".
   bool tx_respond_early = false;
   std::uint64_t rx_fill_period_us = RxFillLimit::kPeriodUs;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it

@@ -55,8 +55,9 @@
 //   +12  b8 20 00 00 00  mov $32, %eax         every other command, as the other entries
 //   +17  e6 PP         out %al, $PP
 //   +19  c3            ret
-// and int3 up to 32 bytes. The hypercall page is called with the same two-argument convention
-// as the stubs (rdi/rsi in/out, rdx clobbered), so the same trap serves both. 64-bit guests
+// and int3 up to 32 bytes. Linux's callers of the page (_hypercall2, privcmd_call) use the
+// same convention as its stubs' (rdi/rsi in/out, rdx clobbered), so the same trap serves both;
+// the VMM accepts no other kernel with a hypercall page (find_hypercall_page_placeholder). 64-bit guests
 // only, as the hypercall trap itself (a 32-bit kernel passes arguments in ebx, ecx, ...).
 //
 // Such a kernel carries its own placeholder for that page — page-aligned, 128 identical 32-byte
