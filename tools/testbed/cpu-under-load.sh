@@ -60,8 +60,11 @@ W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 . "$(dirname "$0")/guests.sh"
 ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
-waitfor() { # file marker: bounded at 200 s
-  i=0; while [ $i -lt 200 ]; do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1)); done
+waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see window)
+  i=0; while [ $i -lt 200 ]; do
+    grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1))
+    [ $((i % 60)) -ne 0 ] || echo "waiting for '$2' in $1 ($i s)"
+  done
   echo "no '$2' in $1 within 200 s"; return 1
 }
 snap() { # every L1 thread as "tid comm ticks runs wait" (comm's blanks as _; runs: the times it
@@ -77,6 +80,7 @@ S $ss"
 }
 window() { # name iperf3-args [second-args]: 20 s of iperf3 (with second-args, a second client at
   # the same time, its JSON in iperf-NAME-r.json); threads read 3 s into it and 5 s later
+  echo "$1: window"  # progress on stdout, so that xpv testbed's --quiet-limit sees the run alive
   cat /proc/net/dev > $OUT/dev0-$1.txt
   timeout 60 iperf3 -J -i $INTERVAL -c 10.0.0.2 -t 20 $2 > $OUT/iperf-$1.json 2>&1 & p=$!
   p2=; if [ $# -ge 3 ]; then timeout 60 iperf3 -J -i $INTERVAL -c 10.0.0.2 -t 20 $3 > $OUT/iperf-$1-r.json 2>&1 & p2=$!; fi
@@ -94,6 +98,7 @@ boot_end() { # name console how: one line in boots.txt — did the guest get to 
   # what its VMM says became of it (a guest that died mid-run and one that hung look alike on the
   # console: both just stop)
   if grep -q XPV-DONE "$2" 2>/dev/null; then echo "$1: done"; else echo "$1: not done; $3"; fi >> $OUT/boots.txt
+  tail -n 1 $OUT/boots.txt
 }
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
