@@ -280,8 +280,7 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     if (!v) {
       guest_error("tx packet id {}: {}", first.id, to_string(v.error()));
       status = kNetifRspError;
-    } else if (cfg_.tx_respond_early) {
-      tx_vnet_ = *v;
+    } else if (tx_vnet_ = *v; cfg_.tx_respond_early) {
       std::size_t n = 0;
       for (std::size_t i = 1; i < tx_iov_.size(); ++i) {  // [0] is the vnet header
         std::memcpy(tx_copy_.data() + n, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
@@ -294,7 +293,6 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
       tx_written(::writev(tap_, iov, 2), first.size, bytes);
       return Step::moved;
     } else {
-      tx_vnet_ = *v;
       tx_written(::writev(tap_, tx_iov_.data(), static_cast<int>(tx_iov_.size())), first.size, bytes);
     }
   }
