@@ -57,6 +57,11 @@ bool rx_drain_all() { return env_switch("XPV_NETBACK_RX_DRAIN", "head", "all"); 
 // default) writes it from the guest's pages and answers once the TAP has taken it.
 bool tx_respond_early() { return env_switch("XPV_NETBACK_TX_RESPOND", "after", "early"); }
 
+// XPV_NETBACK_STEER=spread: a vif with several queues spreads its busy flows over them (which
+// TAP queue a flow's guest-tx packets are written on decides where its host->guest packets come
+// back: flow_steering.h); `guest` (the default) leaves each flow on the queue the guest sends it on.
+bool steer_spread() { return env_switch("XPV_NETBACK_STEER", "guest", "spread"); }
+
 }  // namespace
 
 std::optional<std::pair<std::uint64_t, std::uint64_t>> parse_rate_node(const std::string& s) noexcept {
@@ -450,6 +455,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rx_fill_adaptive = rx_fill_adaptive();
     s.queue.rx_drain = rx_drain_all() || s.queue.rx_fill_adaptive;  // as NetbackQueue enforces
     s.queue.tx_respond_early = tx_respond_early();
+    s.steer = steer_spread();
     s.queue.share = &share_;
     s.queue.share_group = generation + 1;  // unique per connection, never 0: one weight per vif
     const Key key = d.key;
@@ -459,11 +465,12 @@ void Backend::connect(Device& d, bool resume) {
     });
     d.generation = generation;
     spdlog::info("{}: {} queue(s), {} event channels, sg {}, gso v4 {} v6 {}, csum offload {}; rx fill {}, "
-                 "backlog while the guest is behind: {}; tx answered {}",
+                 "backlog while the guest is behind: {}; tx answered {}; flows {}",
                  d.name, nq, rings.front().rx_evtchn ? "split" : "shared", sg, gso4, gso6, csum,
                  s.queue.rx_fill_adaptive ? "adaptive" : "ring",
                  s.queue.rx_drain ? "drained into the flow queue" : "left in the TAP",
-                 s.queue.tx_respond_early ? "before the TAP takes it (copied)" : "after the TAP took it");
+                 s.queue.tx_respond_early ? "before the TAP takes it (copied)" : "after the TAP took it",
+                 s.steer && nq > 1 ? "spread over the queues by netback" : "on the guest's queue");
   } catch (const std::exception& e) {
     fatal(d, XenbusState::closing, EINVAL, std::string(resume ? "reconnecting: " : "connecting: ") + e.what());
     return;

@@ -32,7 +32,17 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
     }
     // A guest grows its grant table as it needs refs: look at its frames as they are now.
     dom_->refresh_grant_frames();
-    for (unsigned i = 0; i < queues.size(); ++i) add_queue(i, queues[i], settings.queue);
+    NetbackConfig cfg = settings.queue;
+    for (unsigned i = 0; i < tap_.queues(); ++i) tap_fds_.push_back(tap_.fd(i));
+    if (settings.steer && queues.size() > 1) {
+      steer_ = std::make_unique<FlowSteering>(FlowSteeringConfig{.queues = static_cast<unsigned>(queues.size())});
+      cfg.steer = steer_.get();
+      cfg.tap_fds = tap_fds_;
+    }
+    for (unsigned i = 0; i < queues.size(); ++i) {
+      cfg.queue_index = i;
+      add_queue(i, queues[i], cfg);
+    }
   } catch (...) {
     teardown();
     throw;
@@ -119,13 +129,15 @@ void VifConnection::teardown() noexcept {
       spdlog::info("{}: guest tx {} packets {} bytes (errors {}, dropped {}); guest rx {} packets {} bytes "
                    "(queued {}, dropped {}, overflow {}, errors {}); rx fill limit {} (held back {}, grew {}, shrank {}); "
                    "turns tx {} rx {} ({} / {} ms); new tx requests found {} times, {} us after the last look on average "
-                   "({} times after 1 ms or more, at most {} us); notifications {}; wakeups {}; fair waits {}; rate-limited {}",
+                   "({} times after 1 ms or more, at most {} us); notifications {}; wakeups {}; fair waits {}; rate-limited {}; "
+                   "tx written on another queue's TAP queue {}",
                    q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped),
                    n(c.rx_packets), n(c.rx_bytes), n(c.rx_queued), n(c.rx_dropped), n(c.rx_overflow), n(c.rx_errors),
                    n(c.rx_fill_limit), n(c.rx_fill_holds), n(c.rx_fill_grows), n(c.rx_fill_shrinks), n(c.tx_turns), n(c.rx_turns),
                    n(c.tx_turn_us) / 1000, n(c.rx_turn_us) / 1000, n(c.tx_found),
                    n(c.tx_found) ? n(c.tx_found_after_us) / n(c.tx_found) : 0, n(c.tx_found_after_1ms),
-                   n(c.tx_found_after_max_us), n(c.notifications), n(c.wakeups), n(c.fair_waits), n(c.rate_limited));
+                   n(c.tx_found_after_max_us), n(c.notifications), n(c.wakeups), n(c.fair_waits), n(c.rate_limited),
+                   n(c.tx_steered));
     }
     q->queue.reset();
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
@@ -141,7 +153,9 @@ void VifConnection::teardown() noexcept {
     }
     q->dom0_ports.clear();
   }
+  if (steer_) spdlog::info("{}: flow steering moved {} flow(s)", name_, steer_->moves());
   queues_.clear();
+  tap_fds_.clear();
   tap_ = Tap();  // the interface vanishes with its fds
 }
 

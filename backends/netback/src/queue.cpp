@@ -60,6 +60,9 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   // TAP's arrival order: with it, the backlog is always drained into rx_queue_.
   if (cfg_.rx_fill_adaptive) cfg_.rx_drain = true;
   if (!tx_evtchn_) throw std::invalid_argument("netback: no event channel");
+  if (cfg_.steer != nullptr && (cfg_.queue_index >= cfg_.tap_fds.size() || cfg_.tap_fds[cfg_.queue_index] != tap_)) {
+    throw std::invalid_argument("netback: flow steering needs every TAP queue's fd, this queue's at its index");
+  }
   auto s = domain::EventFd::create();
   if (!s) throw std::system_error(s.error(), std::generic_category(), "eventfd");
   stop_ = std::move(*s);
@@ -160,6 +163,30 @@ void NetbackQueue::tx_written(ssize_t w, std::size_t size, std::size_t& bytes) n
   counters_.tx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.tx_bytes.fetch_add(size, std::memory_order_relaxed);
   bytes = size;
+}
+
+int NetbackQueue::tx_fd(std::span<const std::uint8_t> head, std::size_t size) noexcept {
+  if (cfg_.steer == nullptr) return tap_;
+  const auto key = FlowSteering::flow_key(head);
+  if (!key) return tap_;
+  unsigned q = cfg_.queue_index;
+  try {
+    q = cfg_.steer->on_tx(*key, cfg_.queue_index, size, now_us());
+  } catch (const std::exception&) {  // no memory for the table's entry: as without steering
+  }
+  if (q == cfg_.queue_index || q >= cfg_.tap_fds.size()) return tap_;
+  counters_.tx_steered.fetch_add(1, std::memory_order_relaxed);
+  return cfg_.tap_fds[q];
+}
+
+void NetbackQueue::rx_steer_seen(std::span<const std::uint8_t> head, std::size_t size) noexcept {
+  if (cfg_.steer == nullptr) return;
+  if (const auto key = FlowSteering::flow_key(head)) {
+    try {
+      cfg_.steer->on_rx(*key, cfg_.queue_index, size, now_us());
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
@@ -280,20 +307,23 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     if (!v) {
       guest_error("tx packet id {}: {}", first.id, to_string(v.error()));
       status = kNetifRspError;
-    } else if (tx_vnet_ = *v; cfg_.tx_respond_early) {
-      std::size_t n = 0;
-      for (std::size_t i = 1; i < tx_iov_.size(); ++i) {  // [0] is the vnet header
-        std::memcpy(tx_copy_.data() + n, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
-        n += tx_iov_[i].iov_len;  // the slots add up to first.size (validated above)
-      }
-      tx_unmap();
-      tx_respond(kNetifRspOkay);
-      if (!disabled()) push_and_notify();
-      const iovec iov[2] = {{&tx_vnet_, sizeof tx_vnet_}, {tx_copy_.data(), n}};
-      tx_written(::writev(tap_, iov, 2), first.size, bytes);
-      return Step::moved;
     } else {
-      tx_written(::writev(tap_, tx_iov_.data(), static_cast<int>(tx_iov_.size())), first.size, bytes);
+      tx_vnet_ = *v;
+      const int fd = tx_fd(std::span<const std::uint8_t>(tx_hdr_.data(), hdr), first.size);
+      if (cfg_.tx_respond_early) {
+        std::size_t n = 0;
+        for (std::size_t i = 1; i < tx_iov_.size(); ++i) {  // [0] is the vnet header
+          std::memcpy(tx_copy_.data() + n, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
+          n += tx_iov_[i].iov_len;  // the slots add up to first.size (validated above)
+        }
+        tx_unmap();
+        tx_respond(kNetifRspOkay);
+        if (!disabled()) push_and_notify();
+        const iovec iov[2] = {{&tx_vnet_, sizeof tx_vnet_}, {tx_copy_.data(), n}};
+        tx_written(::writev(fd, iov, 2), first.size, bytes);
+        return Step::moved;
+      }
+      tx_written(::writev(fd, tx_iov_.data(), static_cast<int>(tx_iov_.size())), first.size, bytes);
     }
   }
   tx_unmap();
@@ -457,6 +487,7 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
     }
   }
   if (rx_fill_.adaptive()) rx_fill_.saw_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
+  rx_steer_seen(rx_held_[0].page.first(std::min(rx_len_, kPage)), rx_len_);
   rx_respond(*off, data_slots, /*failed=*/false);
   rx_stalled_ = false;  // the frontend takes packets again
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
@@ -531,6 +562,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     counters_.rx_errors.fetch_add(1, std::memory_order_relaxed);
   }
   rx_fill_.saw_flow(p->flow);
+  if (!failed) rx_steer_seen(rx_held_[0].page.first(std::min(rx_len_, kPage)), rx_len_);
   rx_respond(*off, data_slots, failed);
   rx_queue_.pop();
   if (failed) return Step::dropped;

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -186,12 +187,12 @@ class NetbackQueueTest : public ::testing::Test {
     return out;
   }
 
-  // A frame the queue wrote to the "TAP" (nullopt if none).
-  std::optional<std::pair<VnetHdr, std::vector<std::uint8_t>>> host_read() {
+  // A frame the queue wrote to the "TAP" (nullopt if none); `fd`: another "TAP" queue's host end.
+  std::optional<std::pair<VnetHdr, std::vector<std::uint8_t>>> host_read(int fd = -1) {
     VnetHdr h{};
     std::vector<std::uint8_t> buf(70000);
     iovec iov[2] = {{&h, sizeof h}, {buf.data(), buf.size()}};
-    const ssize_t n = ::readv(host_.get(), iov, 2);
+    const ssize_t n = ::readv(fd < 0 ? host_.get() : fd, iov, 2);
     if (n < static_cast<ssize_t>(sizeof h)) return std::nullopt;
     buf.resize(static_cast<std::size_t>(n) - sizeof h);
     return std::make_pair(h, buf);
@@ -942,6 +943,84 @@ TEST_F(NetbackQueueTest, ARateWindowThatReopensIsNotCountedAsNewTxRequests) {
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().tx_packets.load(), 2u);
   EXPECT_EQ(queue_->counters().tx_found.load(), 1u);
+}
+
+// A TCP frame of `len` bytes from 10.0.0.<src>:<sport> to 10.0.0.<dst>:<dport>.
+std::vector<std::uint8_t> flow_frame(std::uint8_t src, std::uint16_t sport, std::uint8_t dst, std::uint16_t dport,
+                                     std::size_t len) {
+  auto f = tcp_frame(len);
+  const std::uint8_t ends[8] = {10, 0, 0, src, 10, 0, 0, dst};
+  std::memcpy(&f[14 + 12], ends, sizeof ends);
+  f[14 + 6] = f[14 + 7] = 0;  // not a fragment
+  f[14 + 20] = static_cast<std::uint8_t>(sport >> 8);
+  f[14 + 21] = static_cast<std::uint8_t>(sport);
+  f[14 + 22] = static_cast<std::uint8_t>(dport >> 8);
+  f[14 + 23] = static_cast<std::uint8_t>(dport);
+  return f;
+}
+
+// Flow steering (flow_steering.h): the queue writes a guest-tx packet on the TAP queue the vif's
+// table picks for its flow, and tells the table of the rx packets it delivers.
+TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+  UniqueFd tap1(sv[0]), host1(sv[1]);
+  // A: the guest's sending flow; B: its receiving flow (here its ACK); C: another flow to it.
+  const auto a = flow_frame(2, 40001, 1, 5202, 1200), b_ack = flow_frame(2, 40000, 1, 5201, 66),
+             c = flow_frame(1, 5300, 2, 40002, 300);
+  const auto key_a = FlowSteering::flow_key(a), key_b = FlowSteering::flow_key(b_ack);
+  ASSERT_TRUE(key_a && key_b);
+  FlowSteeringConfig sc;
+  sc.queues = 2;
+  sc.period_us = 1000;
+  sc.heavy_bytes = 10000;  // the test's own packets are far lighter: nothing moves but A below
+  sc.hold_us = sc.idle_us = 3'600'000'000ull;
+  FlowSteering steer(sc);
+  // Both busy on queue 0 in one period; when it ends, A (the flow netback writes) is moved.
+  const auto t0 = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                 std::chrono::steady_clock::now().time_since_epoch())
+                                                 .count());
+  steer.on_rx(*key_b, 0, 50000, t0);
+  ASSERT_EQ(steer.on_tx(*key_a, 0, 50000, t0), 0u);
+  ASSERT_EQ(steer.on_tx(*key_a, 0, 1, t0 + 1000), 1u);
+
+  NetbackConfig cfg;
+  const int fds[2] = {tap_.get(), tap1.get()};
+  cfg.steer = &steer;
+  cfg.queue_index = 0;
+  cfg.tap_fds = fds;
+  start(cfg);
+  fe_.tx(slots_for(a, 16, 0)[0]);
+  fe_.tx(slots_for(b_ack, 17, 1)[0]);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  auto on1 = host_read(host1.get()), on0 = host_read();
+  ASSERT_TRUE(on1 && on0);
+  EXPECT_EQ(on1->second, a) << "A went out on queue 1's TAP fd";
+  EXPECT_EQ(on0->second, b_ack) << "B stays on this queue's";
+  EXPECT_FALSE(host_read(host1.get()));
+  EXPECT_FALSE(host_read());
+  EXPECT_EQ(queue_->counters().tx_steered.load(), 1u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 2u);
+  for (const auto& r : fe_.tx_responses()) EXPECT_EQ(r.status, kNetifRspOkay);
+
+  // rx: what the queue delivers is reported to the table (C is new to it).
+  for (std::uint16_t i = 0; i < 8; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
+  fe_.rx_push();
+  host_write({}, c);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
+  EXPECT_EQ(steer.flows(), 3u);
+}
+
+TEST_F(NetbackQueueTest, AQueueWhoseFdIsNotAtItsIndexIsRefused) {
+  FlowSteering steer(FlowSteeringConfig{.queues = 2});
+  NetbackConfig cfg;
+  const int fds[2] = {tap_.get() + 100, tap_.get()};
+  cfg.steer = &steer;
+  cfg.queue_index = 0;
+  cfg.tap_fds = fds;
+  EXPECT_THROW(start(cfg), std::invalid_argument);
 }
 
 TEST_F(NetbackQueueTest, RunStopsOnRequestAndMovesTraffic) {

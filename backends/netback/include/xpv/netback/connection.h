@@ -7,6 +7,8 @@
 //        │ GrantMapper (one per queue, owned by its thread from start on)
 //        ▼
 //   NetbackQueue q ◄──► TAP vif<N>.<devid> fd q ◄──► host stack (address from the vif's `ip`)
+//   (with VifSettings::steer a queue may write a guest-tx packet on another queue's fd: the
+//   vif's FlowSteering picks, flow_steering.h)
 //
 // The host TAP is configured before any queue starts: MTU (the vif's `mtu`), the host address
 // of the vif's subnet (vif_address.h), link up. It vanishes with its fds, so a connection that
@@ -49,6 +51,10 @@ struct VifSettings {
   std::optional<VifAddresses> addresses;  // none: the host TAP gets no address
   TapOffload offload;            // what the frontend accepts on its rx ring
   NetbackConfig queue;           // sg, rx_gso, rate, resume
+  // With more than one queue: netback chooses which queue each busy flow's host->guest packets
+  // come back on (flow_steering.h; the daemon's XPV_NETBACK_STEER=spread); false: where its
+  // guest-tx packets came from, as Linux netback.
+  bool steer = false;
 };
 
 // The host TAP's MAC for vif <domid>.<devid>: fe:ff, then domid and the low 16 bits of devid,
@@ -94,6 +100,8 @@ class VifConnection {
   std::shared_ptr<domain::ForeignDomain> dom_;
   std::function<void(unsigned)> on_exit_;
   Tap tap_;
+  std::vector<int> tap_fds_;              // tap_'s fd per queue (the queues' NetbackConfig::tap_fds)
+  std::unique_ptr<FlowSteering> steer_;   // with VifSettings::steer and more than one queue
   std::vector<std::unique_ptr<Queue>> queues_;
 };
 

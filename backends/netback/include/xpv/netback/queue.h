@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <sys/uio.h>
 #include <vector>
@@ -72,6 +73,7 @@
 #include "xpv/gnttab/mapper.h"
 #include "xpv/netback/fair_scheduler.h"
 #include "xpv/netback/fair_share.h"
+#include "xpv/netback/flow_steering.h"
 #include "xpv/netback/offload.h"
 #include "xpv/netback/rate_limiter.h"
 #include "xpv/netback/rx_fill_limit.h"
@@ -112,6 +114,13 @@ struct NetbackConfig {
   // "Fairness".
   bool tx_respond_early = false;
   std::uint64_t rx_fill_period_us = RxFillLimit::kPeriodUs;
+  // Which TAP queue a guest-tx packet is written on, and so which netif queue its flow's
+  // host->guest packets come back on (flow_steering.h): null, its own (`tap_fd`); else the vif's
+  // table decides, `queue_index` is this queue's index and `tap_fds` every TAP queue's fd by
+  // index (the daemon's XPV_NETBACK_STEER=spread; an experiment: backends/README.md "Fairness").
+  FlowSteering* steer = nullptr;
+  unsigned queue_index = 0;
+  std::span<const int> tap_fds;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
   bool resume = false;
@@ -145,6 +154,7 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> tx_found_after_us{0};   // their summed time since the last look
   std::atomic<std::uint64_t> tx_found_after_max_us{0};
   std::atomic<std::uint64_t> tx_found_after_1ms{0};  // of them, after 1 ms or more
+  std::atomic<std::uint64_t> tx_steered{0};  // guest-tx packets written on another queue's TAP queue (steer)
 };
 
 class NetbackQueue {
@@ -193,6 +203,8 @@ class NetbackQueue {
   Step tx_one(std::size_t& bytes) noexcept;
   void tx_unmap() noexcept;  // lets go of the packet's pages (tx_maps_)
   void tx_written(ssize_t w, std::size_t size, std::size_t& bytes) noexcept;  // counts a writev
+  int tx_fd(std::span<const std::uint8_t> head, std::size_t size) noexcept;  // the TAP fd to write on
+  void rx_steer_seen(std::span<const std::uint8_t> head, std::size_t size) noexcept;  // tells cfg_.steer
   Step rx_one(std::size_t& bytes) noexcept;
   void rx_ingest(int max) noexcept;  // reads up to `max` packets from the TAP into rx_queue_
   Step rx_direct(std::size_t& bytes) noexcept;  // read one packet straight into held buffers

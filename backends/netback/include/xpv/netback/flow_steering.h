@@ -1,0 +1,97 @@
+// FlowSteering — which netif queue of a multi-queue vif each busy flow's host→guest packets
+// arrive on, chosen by xpv-netback instead of by chance.
+//
+// Who decides today: the guest picks a tx queue per flow (Linux netfront: the flow's hash modulo
+// the queue count), and the kernel's multi-queue TAP sends a flow's host→guest packets back to
+// the TAP queue its packets were last *written* on (tun's flow table, keyed by a symmetric flow
+// hash; entries age out after 3 s). netback writes each guest-tx packet on the TAP queue of the
+// netif queue it came from, so a flow's two directions share one netif queue — and whether two
+// busy flows share one is chance: with two queues, half of the time. When they do (iperf3's two
+// flows of a `--bidir` or a two-process pair), one netback thread, one rx ring and one guest
+// interrupt carry both, and the guest's sending flow waits: its ACKs queue in the rx ring behind
+// the other flow's data, its tx completions behind that data's copies (backends/README.md
+// "Fairness": pairs on one queue 0.21–0.27 min/max, on two 0.54–0.57).
+//
+// What this does: netback writes a flow's guest-tx packets on a TAP queue it chooses, and the
+// kernel then returns the flow's host→guest packets on that queue, hence to that netif queue's
+// ring and thread (tested against the real tun: net_path_test `Tap.*`). Per vif, one table:
+//
+//   flow      = TCP or UDP over IPv4/IPv6, keyed by a symmetric hash of its addresses and ports
+//               (both directions one flow); anything else is not steered
+//   on_tx     = a guest-tx packet of the flow arrived on queue q: count its bytes; a new flow is
+//               written where it came from (q), as before, until it is moved
+//   on_rx     = a host→guest packet of the flow was read from queue q: count, note q
+//   every period (the first call after it ends): a flow that moved ≥ heavy_bytes in it is busy;
+//               its queue is where its host→guest packets were seen in the period (else where it
+//               is written). If one queue holds two or more busy flows while another holds none,
+//               the busiest flow that netback writes (a flow it has seen tx packets of) is moved
+//               to the emptiest queue; then no move for `hold_us`
+//   idle      = a flow not seen for idle_us is forgotten (tun forgets it after 3 s too)
+//
+// A single busy flow is never moved; nothing changes until two busy flows share a queue while
+// another is idle. A move can reorder the few packets of the moved flow that were already in the
+// old queue (TCP tolerates that; at most one move per hold_us). The table is bounded (max_flows;
+// flows beyond it are written where they came from).
+//
+// Threads: every queue thread of the vif calls on_tx/on_rx; one mutex, held for a map lookup
+// per packet (a period's evaluation walks the table: at most max_flows entries).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+
+namespace xpv::netback {
+
+struct FlowSteeringConfig {
+  unsigned queues = 1;                   // the vif's netif queues (= TAP queues)
+  std::uint64_t period_us = 200'000;     // how often the table is looked at
+  std::uint64_t heavy_bytes = 512 << 10; // bytes in a period that make a flow busy (~21 Mbit/s)
+  std::uint64_t hold_us = 1'000'000;     // after a move, the next no sooner than this
+  std::uint64_t idle_us = 3'000'000;     // a flow unseen this long is forgotten
+  std::size_t max_flows = 1024;
+};
+
+class FlowSteering {
+ public:
+  explicit FlowSteering(FlowSteeringConfig cfg);
+
+  // The symmetric key of an Ethernet frame's TCP/UDP flow (802.1Q tag allowed; IPv4 without
+  // fragments, IPv6 with TCP/UDP as its first next header); nullopt for anything else or a frame
+  // too short to tell. Both directions of a flow get the same key.
+  static std::optional<std::uint64_t> flow_key(std::span<const std::uint8_t> frame) noexcept;
+
+  // A guest-tx packet of flow `key` that came on netif queue `arrival`: the TAP queue to write
+  // it on.
+  unsigned on_tx(std::uint64_t key, unsigned arrival, std::size_t bytes, std::uint64_t now_us);
+  // A host→guest packet of flow `key`, read from TAP queue `queue`.
+  void on_rx(std::uint64_t key, unsigned queue, std::size_t bytes, std::uint64_t now_us);
+
+  std::uint64_t moves() const;  // flows moved so far
+  std::size_t flows() const;    // flows in the table now
+
+ private:
+  struct Flow {
+    int write_q = -1;          // where its guest-tx packets are written; -1: none seen yet
+    int rx_q = -1;             // where its host→guest packets were last read
+    std::uint64_t bytes = 0;   // this period, both directions
+    bool rx_seen = false;      // host→guest packets in this period
+    std::uint64_t last_us = 0;
+  };
+  Flow* find(std::uint64_t key, std::uint64_t now_us);  // inserted if there is room
+  void look(std::uint64_t now_us);                      // the period's evaluation (lock held)
+
+  const FlowSteeringConfig cfg_;
+  mutable std::mutex m_;
+  std::unordered_map<std::uint64_t, Flow> flows_;
+  std::uint64_t period_start_us_ = 0;
+  bool started_ = false;
+  std::uint64_t last_move_us_ = 0;
+  bool moved_ = false;
+  std::uint64_t moves_ = 0;
+};
+
+}  // namespace xpv::netback

@@ -1,0 +1,161 @@
+#include "xpv/netback/flow_steering.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+namespace xpv::netback {
+
+namespace {
+
+constexpr std::size_t kEth = 14;
+
+// One end of a flow: address (4 or 16 bytes, zero-padded) and port.
+struct End {
+  std::uint8_t addr[16] = {};
+  std::uint8_t port[2] = {};
+  bool operator<(const End& o) const noexcept {
+    const int c = std::memcmp(addr, o.addr, sizeof addr);
+    return c != 0 ? c < 0 : std::memcmp(port, o.port, sizeof port) < 0;
+  }
+};
+
+}  // namespace
+
+FlowSteering::FlowSteering(FlowSteeringConfig cfg) : cfg_(cfg) {
+  if (cfg_.queues == 0 || cfg_.max_flows == 0) throw std::invalid_argument("flow steering: queues and max_flows > 0");
+}
+
+std::optional<std::uint64_t> FlowSteering::flow_key(std::span<const std::uint8_t> f) noexcept {
+  std::size_t off = kEth;
+  if (f.size() < kEth) return std::nullopt;
+  std::uint16_t type = static_cast<std::uint16_t>(f[12] << 8 | f[13]);
+  if (type == 0x8100 || type == 0x88a8) {
+    if (f.size() < off + 4) return std::nullopt;
+    type = static_cast<std::uint16_t>(f[16] << 8 | f[17]);
+    off += 4;
+  }
+  End a, b;
+  std::uint8_t proto = 0;
+  std::size_t l4 = 0;
+  std::size_t alen = 0;
+  if (type == 0x0800) {
+    if (f.size() < off + 20) return std::nullopt;
+    const std::size_t ihl = std::size_t{f[off] & 0x0fu} * 4;
+    if ((f[off] >> 4) != 4 || ihl < 20) return std::nullopt;
+    if (((f[off + 6] << 8 | f[off + 7]) & 0x3fff) != 0) return std::nullopt;  // a fragment: no ports
+    proto = f[off + 9];
+    alen = 4;
+    std::memcpy(a.addr, &f[off + 12], 4);
+    std::memcpy(b.addr, &f[off + 16], 4);
+    l4 = off + ihl;
+  } else if (type == 0x86dd) {
+    if (f.size() < off + 40 || (f[off] >> 4) != 6) return std::nullopt;
+    proto = f[off + 6];
+    alen = 16;
+    std::memcpy(a.addr, &f[off + 8], 16);
+    std::memcpy(b.addr, &f[off + 24], 16);
+    l4 = off + 40;
+  } else {
+    return std::nullopt;
+  }
+  if ((proto != 6 && proto != 17) || f.size() < l4 + 4) return std::nullopt;
+  std::memcpy(a.port, &f[l4], 2);
+  std::memcpy(b.port, &f[l4 + 2], 2);
+  if (b < a) std::swap(a, b);  // both directions: one key
+  // FNV-1a (64-bit) over protocol, address length and the two ends in order.
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&](const std::uint8_t* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  const std::uint8_t head[2] = {proto, static_cast<std::uint8_t>(alen)};
+  mix(head, 2);
+  mix(a.addr, sizeof a.addr);
+  mix(a.port, 2);
+  mix(b.addr, sizeof b.addr);
+  mix(b.port, 2);
+  return h;
+}
+
+FlowSteering::Flow* FlowSteering::find(std::uint64_t key, std::uint64_t now_us) {
+  if (!started_) {
+    started_ = true;
+    period_start_us_ = now_us;
+  }
+  auto it = flows_.find(key);
+  if (it == flows_.end()) {
+    if (flows_.size() >= cfg_.max_flows) return nullptr;
+    it = flows_.emplace(key, Flow{}).first;
+  }
+  it->second.last_us = std::max(it->second.last_us, now_us);
+  return &it->second;
+}
+
+unsigned FlowSteering::on_tx(std::uint64_t key, unsigned arrival, std::size_t bytes, std::uint64_t now_us) {
+  std::lock_guard l(m_);
+  Flow* f = find(key, now_us);
+  if (f == nullptr) return arrival;
+  f->bytes += bytes;
+  if (f->write_q < 0) f->write_q = static_cast<int>(arrival);
+  look(now_us);
+  return static_cast<unsigned>(f->write_q);
+}
+
+void FlowSteering::on_rx(std::uint64_t key, unsigned queue, std::size_t bytes, std::uint64_t now_us) {
+  std::lock_guard l(m_);
+  Flow* f = find(key, now_us);
+  if (f == nullptr) return;
+  f->bytes += bytes;
+  f->rx_q = static_cast<int>(queue);
+  f->rx_seen = true;
+  look(now_us);
+}
+
+void FlowSteering::look(std::uint64_t now_us) {
+  // Callers on other threads may pass a slightly older time: never a negative interval.
+  auto since = [&](std::uint64_t t) { return now_us > t ? now_us - t : 0; };
+  if (since(period_start_us_) < cfg_.period_us) return;
+  period_start_us_ = now_us;
+  std::erase_if(flows_, [&](const auto& kv) { return since(kv.second.last_us) >= cfg_.idle_us; });
+  std::vector<unsigned> busy(cfg_.queues, 0);
+  auto where = [](const Flow& f) { return f.rx_seen ? f.rx_q : f.write_q; };
+  for (const auto& [key, f] : flows_) {
+    const int q = where(f);
+    if (f.bytes >= cfg_.heavy_bytes && q >= 0 && static_cast<unsigned>(q) < cfg_.queues) ++busy[static_cast<unsigned>(q)];
+  }
+  const bool may_move = !moved_ || since(last_move_us_) >= cfg_.hold_us;
+  const auto most = std::max_element(busy.begin(), busy.end());
+  const auto least = std::min_element(busy.begin(), busy.end());
+  if (may_move && *most >= 2 && *least == 0) {
+    const int from = static_cast<int>(most - busy.begin());
+    Flow* pick = nullptr;
+    for (auto& [key, f] : flows_) {
+      if (f.bytes >= cfg_.heavy_bytes && where(f) == from && f.write_q >= 0 && (pick == nullptr || f.bytes > pick->bytes)) {
+        pick = &f;
+      }
+    }
+    if (pick != nullptr) {
+      pick->write_q = static_cast<int>(least - busy.begin());
+      moved_ = true;
+      last_move_us_ = now_us;
+      ++moves_;
+    }
+  }
+  for (auto& [key, f] : flows_) {
+    f.bytes = 0;
+    f.rx_seen = false;
+  }
+}
+
+std::uint64_t FlowSteering::moves() const {
+  std::lock_guard l(m_);
+  return moves_;
+}
+
+std::size_t FlowSteering::flows() const {
+  std::lock_guard l(m_);
+  return flows_.size();
+}
+
+}  // namespace xpv::netback

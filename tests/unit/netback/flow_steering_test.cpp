@@ -1,0 +1,195 @@
+// FlowSteering: the flow key (both directions one flow) and the rule that spreads busy flows
+// over a vif's queues (flow_steering.h). Times are the caller's: synthetic microseconds here.
+#include "xpv/netback/flow_steering.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <vector>
+
+namespace xpv::netback {
+namespace {
+
+// An Ethernet frame: IPv4 (or IPv6 with `v6`) carrying protocol `proto` from src:sport to
+// dst:dport; addresses are the last byte of 10.0.0.x (fd00::x).
+std::vector<std::uint8_t> frame(std::uint8_t src, std::uint16_t sport, std::uint8_t dst, std::uint16_t dport,
+                                std::uint8_t proto = 6, bool v6 = false, std::size_t len = 80) {
+  std::vector<std::uint8_t> f(len, 0);
+  std::size_t l4 = 0;
+  if (v6) {
+    f[12] = 0x86;
+    f[13] = 0xdd;
+    f[14] = 0x60;
+    f[14 + 6] = proto;
+    f[14 + 8] = 0xfd;
+    f[14 + 8 + 15] = src;
+    f[14 + 24] = 0xfd;
+    f[14 + 24 + 15] = dst;
+    l4 = 14 + 40;
+  } else {
+    f[12] = 0x08;
+    f[13] = 0x00;
+    f[14] = 0x45;
+    f[14 + 9] = proto;
+    const std::array<std::uint8_t, 4> s{10, 0, 0, src}, d{10, 0, 0, dst};
+    std::memcpy(&f[14 + 12], s.data(), 4);
+    std::memcpy(&f[14 + 16], d.data(), 4);
+    l4 = 14 + 20;
+  }
+  f[l4] = static_cast<std::uint8_t>(sport >> 8);
+  f[l4 + 1] = static_cast<std::uint8_t>(sport);
+  f[l4 + 2] = static_cast<std::uint8_t>(dport >> 8);
+  f[l4 + 3] = static_cast<std::uint8_t>(dport);
+  return f;
+}
+
+std::uint64_t key(const std::vector<std::uint8_t>& f) {
+  auto k = FlowSteering::flow_key(f);
+  EXPECT_TRUE(k);
+  return k.value_or(0);
+}
+
+TEST(FlowSteering, BothDirectionsOfAFlowHaveOneKeyAndOtherFlowsAnother) {
+  const auto out = frame(2, 40000, 1, 5201), back = frame(1, 5201, 2, 40000);
+  EXPECT_EQ(key(out), key(back));
+  EXPECT_NE(key(out), key(frame(2, 40001, 1, 5201)));       // another source port
+  EXPECT_NE(key(out), key(frame(2, 40000, 1, 5201, 17)));   // UDP, same ports
+  EXPECT_NE(key(out), key(frame(3, 40000, 1, 5201)));       // another address
+  EXPECT_EQ(key(frame(2, 40000, 1, 5201, 6, true)), key(frame(1, 5201, 2, 40000, 6, true)));
+  EXPECT_NE(key(frame(2, 40000, 1, 5201, 6, true)), key(out));
+  // An 802.1Q tag in front of the same flow: its key.
+  auto tagged = out;
+  tagged.insert(tagged.begin() + 12, {0x81, 0x00, 0x00, 0x05});
+  EXPECT_EQ(key(tagged), key(out));
+}
+
+TEST(FlowSteering, WhatIsNotATcpOrUdpFlowHasNoKey) {
+  EXPECT_FALSE(FlowSteering::flow_key(frame(2, 1, 1, 2, 1)));  // ICMP
+  auto arp = frame(2, 1, 1, 2);
+  arp[12] = 0x08;
+  arp[13] = 0x06;
+  EXPECT_FALSE(FlowSteering::flow_key(arp));
+  auto fragment = frame(2, 40000, 1, 5201);
+  fragment[14 + 7] = 0x10;  // offset 16 x 8 bytes
+  EXPECT_FALSE(FlowSteering::flow_key(fragment));
+  const auto whole = frame(2, 40000, 1, 5201);
+  EXPECT_FALSE(FlowSteering::flow_key(std::span(whole).first(14 + 20 + 2)));  // ports cut off
+  EXPECT_FALSE(FlowSteering::flow_key(std::span(whole).first(10)));
+  auto bad_version = whole;
+  bad_version[14] = 0x65;
+  EXPECT_FALSE(FlowSteering::flow_key(bad_version));
+}
+
+FlowSteeringConfig two_queues() {
+  FlowSteeringConfig c;
+  c.queues = 2;
+  c.period_us = 100;
+  c.heavy_bytes = 1000;
+  c.hold_us = 1000;
+  c.idle_us = 5000;
+  return c;
+}
+
+// The shared-queue pair: the guest sends flow A's data and flow B's ACKs on queue 0, and B's
+// data (and A's ACKs) come back on queue 0.
+TEST(FlowSteering, TwoBusyFlowsOnOneQueueAreSpreadOverAnIdleOne) {
+  FlowSteering s(two_queues());
+  const std::uint64_t a = 1, b = 2;
+  EXPECT_EQ(s.on_tx(a, 0, 3000, 0), 0u);  // new flows: where they came from
+  EXPECT_EQ(s.on_tx(b, 0, 60, 10), 0u);
+  s.on_rx(b, 0, 9000, 20);
+  s.on_rx(a, 0, 60, 30);
+  EXPECT_EQ(s.moves(), 0u);
+  // The period is over: both busy on queue 0, queue 1 idle -> the busiest (B) is moved.
+  EXPECT_EQ(s.on_tx(b, 0, 60, 100), 1u);
+  EXPECT_EQ(s.moves(), 1u);
+  EXPECT_EQ(s.on_tx(a, 0, 3000, 110), 0u) << "the other stays";
+  EXPECT_EQ(s.on_tx(b, 0, 60, 120), 1u) << "and the moved one stays moved";
+}
+
+TEST(FlowSteering, ALoneBusyFlowIsNeverMoved) {
+  FlowSteering s(two_queues());
+  for (std::uint64_t t = 0; t < 3000; t += 10) {
+    EXPECT_EQ(s.on_tx(7, 1, 60, t), 1u);
+    s.on_rx(7, 1, 9000, t + 5);
+    s.on_rx(8, 1, 30, t + 6);  // a light flow on the same queue (600 bytes a period)
+    EXPECT_EQ(s.on_tx(8, 1, 30, t + 7), 1u);
+  }
+  EXPECT_EQ(s.moves(), 0u);
+}
+
+TEST(FlowSteering, NothingMovesWhileEveryQueueHasABusyFlow) {
+  FlowSteering s(two_queues());
+  for (std::uint64_t t = 0; t < 3000; t += 10) {
+    s.on_rx(1, 0, 5000, t);
+    s.on_rx(2, 0, 5000, t);
+    s.on_rx(3, 1, 5000, t);
+    EXPECT_EQ(s.on_tx(1, 0, 60, t + 1), 0u);
+    EXPECT_EQ(s.on_tx(2, 0, 60, t + 1), 0u);
+  }
+  EXPECT_EQ(s.moves(), 0u);
+}
+
+TEST(FlowSteering, AFlowNetbackNeverWroteIsNotMoved) {
+  FlowSteering s(two_queues());  // two busy host->guest UDP streams on queue 0, nothing back
+  for (std::uint64_t t = 0; t < 3000; t += 10) {
+    s.on_rx(1, 0, 5000, t);
+    s.on_rx(2, 0, 5000, t);
+  }
+  EXPECT_EQ(s.moves(), 0u);
+}
+
+// Three busy flows on queue 0 of three: one move per hold time, each to an idle queue.
+TEST(FlowSteering, MovesWaitForTheHoldTime) {
+  FlowSteeringConfig c = two_queues();
+  c.queues = 3;
+  FlowSteering s(c);
+  unsigned q[4] = {0, 0, 0, 0};  // where each flow is written, as the kernel then returns it
+  auto round = [&](std::uint64_t t) {
+    for (std::uint64_t f = 1; f <= 3; ++f) {
+      s.on_rx(f, q[f], 4000 + 1000 * f, t);
+      q[f] = s.on_tx(f, 0, 60, t + 1);
+    }
+  };
+  for (std::uint64_t t = 0; t <= 100; t += 10) round(t);
+  EXPECT_EQ(s.moves(), 1u);
+  EXPECT_EQ(q[3], 1u) << "the busiest went to the first idle queue";
+  for (std::uint64_t t = 110; t < 1100; t += 10) round(t);
+  EXPECT_EQ(s.moves(), 1u) << "no second move within the hold time";
+  for (std::uint64_t t = 1100; t <= 1300; t += 10) round(t);
+  EXPECT_EQ(s.moves(), 2u);
+  EXPECT_EQ(q[2], 2u);
+  EXPECT_EQ(q[1], 0u);
+  for (std::uint64_t t = 1310; t <= 4000; t += 10) round(t);
+  EXPECT_EQ(s.moves(), 2u) << "one busy flow per queue: settled";
+}
+
+TEST(FlowSteering, IdleFlowsAreForgottenAndTheTableIsBounded) {
+  FlowSteeringConfig c = two_queues();
+  c.max_flows = 2;
+  FlowSteering s(c);
+  EXPECT_EQ(s.on_tx(1, 1, 60, 0), 1u);
+  EXPECT_EQ(s.on_tx(2, 0, 60, 0), 0u);
+  EXPECT_EQ(s.on_tx(3, 1, 60, 0), 1u) << "no room: written where it came from";
+  EXPECT_EQ(s.flows(), 2u);
+  s.on_rx(1, 1, 60, 4000);
+  s.on_rx(1, 1, 60, 6000);  // a look: flow 2 unseen for 6000 us
+  EXPECT_EQ(s.flows(), 1u);
+}
+
+TEST(FlowSteering, ACallerWhoseClockReadCameEarlierStartsNoPeriodAndForgetsNothing) {
+  FlowSteering s(two_queues());
+  s.on_rx(1, 0, 60, 10'000);
+  s.on_rx(2, 0, 60, 9'999);  // a caller whose clock read came a little earlier
+  EXPECT_EQ(s.flows(), 2u) << "neither flow looks idle for ages";
+}
+
+TEST(FlowSteering, ZeroQueuesAreRefused) {
+  FlowSteeringConfig c;
+  c.queues = 0;
+  EXPECT_THROW(FlowSteering{c}, std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace xpv::netback
