@@ -97,7 +97,7 @@ unsigned FlowSteering::on_tx(std::uint64_t key, unsigned arrival, std::size_t by
   Flow* f = find(key, now_us);
   if (f == nullptr) return arrival;
   f->bytes += bytes;
-  if (f->write_q < 0) f->write_q = static_cast<int>(arrival);
+  if (!f->moved) f->write_q = static_cast<int>(arrival);  // the guest's choice until we move it
   look(now_us);
   return static_cast<unsigned>(f->write_q);
 }
@@ -137,6 +137,7 @@ void FlowSteering::look(std::uint64_t now_us) {
     }
     if (pick != nullptr) {
       pick->write_q = static_cast<int>(least - busy.begin());
+      pick->moved = true;
       moved_ = true;
       last_move_us_ = now_us;
       ++moves_;

@@ -108,6 +108,23 @@ TEST(FlowSteering, TwoBusyFlowsOnOneQueueAreSpreadOverAnIdleOne) {
   EXPECT_EQ(s.on_tx(b, 0, 60, 120), 1u) << "and the moved one stays moved";
 }
 
+// Until netback moves a flow, each packet goes where the guest sent it (Linux netfront may pick
+// another queue for a flow, e.g. a server's SYN-ACK and its later data), as without steering.
+TEST(FlowSteering, UntilMovedAFlowFollowsTheGuestsQueue) {
+  FlowSteering s(two_queues());
+  EXPECT_EQ(s.on_tx(5, 0, 60, 0), 0u);
+  EXPECT_EQ(s.on_tx(5, 1, 60, 10), 1u);
+  EXPECT_EQ(s.on_tx(5, 0, 60, 20), 0u);
+  // Moved, it stays where netback put it whatever queue its packets come on.
+  s.on_rx(6, 0, 9000, 30);
+  EXPECT_EQ(s.on_tx(6, 0, 60, 40), 0u);
+  EXPECT_EQ(s.on_tx(5, 0, 3000, 50), 0u);
+  EXPECT_EQ(s.on_tx(6, 0, 60, 100), 1u);
+  EXPECT_EQ(s.moves(), 1u);
+  EXPECT_EQ(s.on_tx(6, 0, 60, 110), 1u);
+  EXPECT_EQ(s.on_tx(6, 1, 60, 120), 1u);
+}
+
 TEST(FlowSteering, ALoneBusyFlowIsNeverMoved) {
   FlowSteering s(two_queues());
   for (std::uint64_t t = 0; t < 3000; t += 10) {

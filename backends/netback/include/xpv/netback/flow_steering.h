@@ -18,8 +18,8 @@
 //
 //   flow      = TCP or UDP over IPv4/IPv6, keyed by a symmetric hash of its addresses and ports
 //               (both directions one flow); anything else is not steered
-//   on_tx     = a guest-tx packet of the flow arrived on queue q: count its bytes; a new flow is
-//               written where it came from (q), as before, until it is moved
+//   on_tx     = a guest-tx packet of the flow arrived on queue q: count its bytes; until the
+//               flow is moved it is written where each packet came from (q), as without steering
 //   on_rx     = a host→guest packet of the flow was read from queue q: count, note q
 //   every period (the first call after it ends): a flow that moved ≥ heavy_bytes in it is busy;
 //               its queue is where its host→guest packets were seen in the period (else where it
@@ -76,6 +76,7 @@ class FlowSteering {
  private:
   struct Flow {
     int write_q = -1;          // where its guest-tx packets are written; -1: none seen yet
+    bool moved = false;        // write_q is ours; until then the queue each packet came on
     int rx_q = -1;             // where its host→guest packets were last read
     std::uint64_t bytes = 0;   // this period, both directions
     bool rx_seen = false;      // host→guest packets in this period
