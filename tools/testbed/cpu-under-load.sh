@@ -60,9 +60,12 @@ W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
 . "$(dirname "$0")/guests.sh"
 ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
-waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see window)
+waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see window); ends
+  # early once the guest is gone (STOPPED, a test set per boot: its VMM said it stopped)
   i=0; while [ $i -lt 200 ]; do
-    grep -q "$2" "$1" 2>/dev/null && return 0; sleep 1; i=$((i+1))
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    if [ -n "${STOPPED:-}" ] && eval "$STOPPED" 2>/dev/null; then echo "the guest stopped: no '$2' in $1"; return 1; fi
+    sleep 1; i=$((i+1))
     [ $((i % 60)) -ne 0 ] || echo "waiting for '$2' in $1 ($i s)"
   done
   echo "no '$2' in $1 within 200 s"; return 1
@@ -103,10 +106,12 @@ boot_end() { # name console how: one line in boots.txt — did the guest get to 
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
+  STOPPED="grep -q 'guest stopped' $W/log/xpv-vmm-load$1.log"
   if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then renice_backend; measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi
   waitfor $W/log/console-load$1.log "XPV-DONE\|XPV-FATAL"
   how=$(grep -h -o 'guest stopped: [^(]*' $W/log/xpv-vmm-load$1.log 2>/dev/null | head -n 1)
   boot_end ${2:-x}$1 $W/log/console-load$1.log "xpv-vmm: ${how:-the guest still ran}"
+  STOPPED=
   $XPV destroy load$1 > /dev/null 2>&1
   mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 dies later
 }
@@ -133,8 +138,10 @@ boot_q() { # n [name letter, default q]
   ip tuntap add dev xpvtap0 mode tap && ip addr add 10.0.0.1/24 dev xpvtap0 && ip link set xpvtap0 up
   qemu_guest load$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
   qemu=$!
+  STOPPED="! kill -0 $qemu"  # -no-reboot: QEMU exits when its guest resets itself
   if waitfor $OUT/console-qemu$1.log XPV-IPERF3-LISTENING; then renice_backend; measure ${2:-q}$1 $OUT/console-qemu$1.log; else rc=1; fi
   waitfor $OUT/console-qemu$1.log "XPV-DONE\|XPV-FATAL"
+  STOPPED=
   sleep 3
   if kill -0 $qemu 2>/dev/null; then how="QEMU: the guest still ran"
   else how="QEMU had exited (with -no-reboot: the guest reset itself, a triple fault or a reboot)"; fi
