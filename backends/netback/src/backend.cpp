@@ -57,10 +57,11 @@ bool rx_drain_all() { return env_switch("XPV_NETBACK_RX_DRAIN", "head", "all"); 
 // default) writes it from the guest's pages and answers once the TAP has taken it.
 bool tx_respond_early() { return env_switch("XPV_NETBACK_TX_RESPOND", "after", "early"); }
 
-// XPV_NETBACK_STEER=spread: a vif with several queues spreads its busy flows over them (which
-// TAP queue a flow's guest-tx packets are written on decides where its host->guest packets come
-// back: flow_steering.h); `guest` (the default) leaves each flow on the queue the guest sends it on.
-bool steer_spread() { return env_switch("XPV_NETBACK_STEER", "guest", "spread"); }
+// A vif with several queues spreads its busy flows over them (which TAP queue a flow's guest-tx
+// packets are written on decides where its host->guest packets come back: flow_steering.h), the
+// default since session 39; XPV_NETBACK_STEER=guest leaves each flow on the queue the guest sends
+// it on, as Linux netback does.
+bool steer_spread() { return !env_switch("XPV_NETBACK_STEER", "spread", "guest"); }
 
 }  // namespace
 

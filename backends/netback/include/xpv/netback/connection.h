@@ -52,8 +52,8 @@ struct VifSettings {
   TapOffload offload;            // what the frontend accepts on its rx ring
   NetbackConfig queue;           // sg, rx_gso, rate, resume
   // With more than one queue: netback chooses which queue each busy flow's host->guest packets
-  // come back on (flow_steering.h; the daemon's XPV_NETBACK_STEER=spread); false: where its
-  // guest-tx packets came from, as Linux netback.
+  // come back on (flow_steering.h; the daemon's default, XPV_NETBACK_STEER=spread); false (its
+  // XPV_NETBACK_STEER=guest): where its guest-tx packets came from, as Linux netback.
   bool steer = false;
 };
 

@@ -33,6 +33,9 @@
 // old queue (TCP tolerates that; at most one move per hold_us). The table is bounded (max_flows;
 // flows beyond it are written where they came from).
 //
+// xpv-netback does this for every vif with more than one queue unless XPV_NETBACK_STEER=guest
+// (backends/README.md "Fairness" has what it measured).
+//
 // Threads: every queue thread of the vif calls on_tx/on_rx; one mutex, held for a map lookup
 // per packet (a period's evaluation walks the table: at most max_flows entries).
 #pragma once

@@ -117,7 +117,7 @@ struct NetbackConfig {
   // Which TAP queue a guest-tx packet is written on, and so which netif queue its flow's
   // host->guest packets come back on (flow_steering.h): null, its own (`tap_fd`); else the vif's
   // table decides, `queue_index` is this queue's index and `tap_fds` every TAP queue's fd by
-  // index (the daemon's XPV_NETBACK_STEER=spread; an experiment: backends/README.md "Fairness").
+  // index (the daemon's default with more than one queue; backends/README.md "Fairness").
   FlowSteering* steer = nullptr;
   unsigned queue_index = 0;
   std::span<const int> tap_fds;
