@@ -43,6 +43,23 @@ namespace asio = boost::asio;
 
 int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 
+// Root, /dev/net/tun and iproute2's `ip`: what every test here needs.
+bool can_make_taps() {
+  return ::geteuid() == 0 && ::access("/dev/net/tun", R_OK | W_OK) == 0 && sh("command -v ip") == 0;
+}
+
+// A network namespace made with `ip netns add` for one test, deleted with this object.
+struct ScratchNetns {
+  explicit ScratchNetns(std::string n) : name(std::move(n)), made(sh("ip netns add " + name) == 0) {}
+  ~ScratchNetns() {
+    if (made) (void)sh("ip netns del " + name);
+  }
+  ScratchNetns(const ScratchNetns&) = delete;
+  ScratchNetns& operator=(const ScratchNetns&) = delete;
+  std::string name;
+  bool made;
+};
+
 // FNV-1a over a byte stream: the payload checksum both ends compute.
 struct Fnv {
   std::uint64_t h = 1469598103934665603ull;
@@ -140,7 +157,7 @@ class NetPath : public ::testing::TestWithParam<unsigned> {
   }
 
   void SetUp() override {
-    if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v ip") != 0) {
+    if (!can_make_taps()) {
       GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
     }
     const int pid = static_cast<int>(::getpid());
@@ -369,15 +386,12 @@ TEST_F(NetPathFault, OtherVifsKeepWorkingWhenOneIsDisabled) {
 }
 
 TEST(Tap, MultiQueueInsideANamespace) {
-  if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v ip") != 0) {
+  if (!can_make_taps()) {
     GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
   }
-  const std::string ns = "xpv-tap-" + std::to_string(::getpid());
-  ASSERT_EQ(sh("ip netns add " + ns), 0);
-  struct Cleanup {
-    std::string ns;
-    ~Cleanup() { (void)sh("ip netns del " + ns); }
-  } cleanup{ns};
+  const ScratchNetns scratch("xpv-tap-" + std::to_string(::getpid()));
+  ASSERT_TRUE(scratch.made);
+  const std::string& ns = scratch.name;
   const std::string name = "xpvq" + std::to_string(::getpid() % 100000);
   {
     auto tap = netback::Tap::create({name, "/run/netns/" + ns, 2, {true, true, false}});
@@ -397,15 +411,12 @@ TEST(Tap, MultiQueueInsideANamespace) {
 // TAP in a namespace the test makes asks a UDP socket there through queue 0, 1, then 0 again;
 // each answer must come back on the queue its question went out on.
 TEST(Tap, AFlowsAnswersComeBackOnTheQueueItWasLastWrittenOn) {
-  if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0 || sh("command -v ip") != 0) {
+  if (!can_make_taps()) {
     GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
   }
-  const std::string ns = "xpv-steer-" + std::to_string(::getpid());
-  ASSERT_EQ(sh("ip netns add " + ns), 0);
-  struct Cleanup {
-    std::string ns;
-    ~Cleanup() { (void)sh("ip netns del " + ns); }
-  } cleanup{ns};
+  const ScratchNetns scratch("xpv-steer-" + std::to_string(::getpid()));
+  ASSERT_TRUE(scratch.made);
+  const std::string& ns = scratch.name;
   const std::string name = "xpvs" + std::to_string(::getpid() % 100000);
   const std::array<std::uint8_t, 6> host_mac{0x02, 0, 0, 0, 0, 1}, guest_mac{0x02, 0, 0, 0, 0, 2};
   auto tap = netback::Tap::create({name, "/run/netns/" + ns, 2, {}});
