@@ -64,7 +64,10 @@ waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see
   # early once the guest is gone (STOPPED, a test set per boot: its VMM said it stopped)
   i=0; while [ $i -lt 200 ]; do
     grep -q "$2" "$1" 2>/dev/null && return 0
-    if [ -n "${STOPPED:-}" ] && eval "$STOPPED" 2>/dev/null; then echo "the guest stopped: no '$2' in $1"; return 1; fi
+    if [ -n "${STOPPED:-}" ] && eval "$STOPPED" 2>/dev/null; then
+      grep -q "$2" "$1" 2>/dev/null && return 0  # it came just before the guest stopped
+      echo "the guest stopped: no '$2' in $1"; return 1
+    fi
     sleep 1; i=$((i+1))
     [ $((i % 60)) -ne 0 ] || echo "waiting for '$2' in $1 ($i s)"
   done
@@ -105,6 +108,7 @@ boot_end() { # name console how: one line in boots.txt — did the guest get to 
 }
 boot_x() { # n [name letter, default x]
   xpv_guest load$1 $IMG $W/x.ext4 "$ARGS" > $W/x.cfg
+  rm -f $W/log/console-load$1.log $W/log/xpv-vmm-load$1.log  # a rerun in this L1 starts clean
   $XPV create $W/x.cfg > $OUT/create-$1.log 2>&1
   STOPPED="grep -q 'guest stopped' $W/log/xpv-vmm-load$1.log"
   if waitfor $W/log/console-load$1.log XPV-IPERF3-LISTENING; then renice_backend; measure ${2:-x}$1 $W/log/console-load$1.log; else rc=1; fi

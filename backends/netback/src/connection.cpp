@@ -153,7 +153,7 @@ void VifConnection::teardown() noexcept {
     }
     q->dom0_ports.clear();
   }
-  if (steer_) spdlog::info("{}: flow steering moved {} flow(s)", name_, steer_->moves());
+  if (steer_) spdlog::info("{}: flow steering made {} move(s)", name_, steer_->moves());
   queues_.clear();
   tap_fds_.clear();
   tap_ = Tap();  // the interface vanishes with its fds

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <stdexcept>
-#include <vector>
 
 namespace xpv::netback {
 
@@ -23,8 +23,22 @@ struct End {
 
 }  // namespace
 
-FlowSteering::FlowSteering(FlowSteeringConfig cfg) : cfg_(cfg) {
-  if (cfg_.queues == 0 || cfg_.max_flows == 0) throw std::invalid_argument("flow steering: queues and max_flows > 0");
+std::size_t FlowSteering::SeededHash::operator()(std::uint64_t k) const noexcept {
+  // splitmix64's finaliser over the key and a per-table seed: a guest that picks its addresses
+  // and ports cannot line its flows up in one bucket (the default hash is the key itself).
+  std::uint64_t z = k ^ seed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<std::size_t>(z ^ (z >> 31));
+}
+
+FlowSteering::FlowSteering(FlowSteeringConfig cfg)
+    : cfg_(cfg), flows_(0, SeededHash{(std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()}) {
+  if (cfg_.queues == 0 || cfg_.max_flows == 0 || cfg_.period_us == 0 || cfg_.idle_us <= cfg_.period_us) {
+    throw std::invalid_argument("flow steering: queues, max_flows and period_us > 0, idle_us > period_us");
+  }
+  flows_.reserve(cfg_.max_flows);
+  busy_.resize(cfg_.queues);
 }
 
 std::optional<std::uint64_t> FlowSteering::flow_key(std::span<const std::uint8_t> f) noexcept {
@@ -97,8 +111,9 @@ unsigned FlowSteering::on_tx(std::uint64_t key, unsigned arrival, std::size_t by
   Flow* f = find(key, now_us);
   if (f == nullptr) return arrival;
   f->bytes += bytes;
+  f->tx_seen = true;
   if (!f->moved) f->write_q = static_cast<int>(arrival);  // the guest's choice until we move it
-  look(now_us);
+  look(now_us);  // keeps f: it was seen just now (idle_us > 0) and it moved bytes in this period
   return static_cast<unsigned>(f->write_q);
 }
 
@@ -117,26 +132,34 @@ void FlowSteering::look(std::uint64_t now_us) {
   auto since = [&](std::uint64_t t) { return now_us > t ? now_us - t : 0; };
   if (since(period_start_us_) < cfg_.period_us) return;
   period_start_us_ = now_us;
-  std::erase_if(flows_, [&](const auto& kv) { return since(kv.second.last_us) >= cfg_.idle_us; });
-  std::vector<unsigned> busy(cfg_.queues, 0);
+  // Forget flows unseen for idle_us; with the table full, also those that moved nothing in this
+  // period (a moved one among them goes back to the guest's queue), so new flows find room.
+  const bool full = flows_.size() >= cfg_.max_flows;
+  std::erase_if(flows_, [&](const auto& kv) {
+    return since(kv.second.last_us) >= cfg_.idle_us || (full && kv.second.bytes == 0);
+  });
+  std::fill(busy_.begin(), busy_.end(), 0u);
   auto where = [](const Flow& f) { return f.rx_seen ? f.rx_q : f.write_q; };
   for (const auto& [key, f] : flows_) {
     const int q = where(f);
-    if (f.bytes >= cfg_.heavy_bytes && q >= 0 && static_cast<unsigned>(q) < cfg_.queues) ++busy[static_cast<unsigned>(q)];
+    if (f.bytes >= cfg_.heavy_bytes && q >= 0 && static_cast<unsigned>(q) < cfg_.queues) ++busy_[static_cast<unsigned>(q)];
   }
   const bool may_move = !moved_ || since(last_move_us_) >= cfg_.hold_us;
-  const auto most = std::max_element(busy.begin(), busy.end());
-  const auto least = std::min_element(busy.begin(), busy.end());
+  const auto most = std::max_element(busy_.begin(), busy_.end());
+  const auto least = std::min_element(busy_.begin(), busy_.end());
   if (may_move && *most >= 2 && *least == 0) {
-    const int from = static_cast<int>(most - busy.begin());
+    const int from = static_cast<int>(most - busy_.begin());
+    // Only a flow netback wrote in this period can be moved: the kernel learns its new queue
+    // from the next packet written, so one with no guest-tx packets (a UDP stream to the guest)
+    // would stay where it is.
     Flow* pick = nullptr;
     for (auto& [key, f] : flows_) {
-      if (f.bytes >= cfg_.heavy_bytes && where(f) == from && f.write_q >= 0 && (pick == nullptr || f.bytes > pick->bytes)) {
+      if (f.bytes >= cfg_.heavy_bytes && where(f) == from && f.tx_seen && (pick == nullptr || f.bytes > pick->bytes)) {
         pick = &f;
       }
     }
     if (pick != nullptr) {
-      pick->write_q = static_cast<int>(least - busy.begin());
+      pick->write_q = static_cast<int>(least - busy_.begin());
       pick->moved = true;
       moved_ = true;
       last_move_us_ = now_us;
@@ -145,8 +168,15 @@ void FlowSteering::look(std::uint64_t now_us) {
   }
   for (auto& [key, f] : flows_) {
     f.bytes = 0;
-    f.rx_seen = false;
+    f.rx_seen = f.tx_seen = false;
   }
+}
+
+std::optional<FlowSteering::FlowView> FlowSteering::flow(std::uint64_t key) const {
+  std::lock_guard l(m_);
+  auto it = flows_.find(key);
+  if (it == flows_.end()) return std::nullopt;
+  return FlowView{it->second.write_q, it->second.rx_q, it->second.bytes, it->second.moved};
 }
 
 std::uint64_t FlowSteering::moves() const {

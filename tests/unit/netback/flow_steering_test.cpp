@@ -202,10 +202,70 @@ TEST(FlowSteering, ACallerWhoseClockReadCameEarlierStartsNoPeriodAndForgetsNothi
   EXPECT_EQ(s.flows(), 2u) << "neither flow looks idle for ages";
 }
 
-TEST(FlowSteering, ZeroQueuesAreRefused) {
+TEST(FlowSteering, ABadConfigIsRefused) {
   FlowSteeringConfig c;
   c.queues = 0;
   EXPECT_THROW(FlowSteering{c}, std::invalid_argument);
+  c = two_queues();
+  c.idle_us = c.period_us;  // a flow could be forgotten in the call that just saw it
+  EXPECT_THROW(FlowSteering{c}, std::invalid_argument);
+  c = two_queues();
+  c.max_flows = 0;
+  EXPECT_THROW(FlowSteering{c}, std::invalid_argument);
+}
+
+// The busiest movable flow goes, wherever it is in the table: first in, in the middle, last.
+TEST(FlowSteering, TheBusiestFlowIsTheOneMoved) {
+  for (std::uint64_t busiest = 1; busiest <= 3; ++busiest) {
+    FlowSteering s(two_queues());
+    for (std::uint64_t f = 1; f <= 3; ++f) {
+      s.on_rx(f, 0, f == busiest ? 9000 : 5000, 0);
+      EXPECT_EQ(s.on_tx(f, 0, 60, 1), 0u);
+    }
+    EXPECT_EQ(s.on_tx(busiest, 0, 60, 100), 1u) << "busiest " << busiest;
+    for (std::uint64_t f = 1; f <= 3; ++f) {
+      if (f != busiest) {
+        EXPECT_EQ(s.on_tx(f, 0, 60, 101), 0u) << "busiest " << busiest << ", flow " << f;
+      }
+    }
+  }
+}
+
+// A flow that netback does not write now cannot be moved (the kernel would never learn it), so
+// the busy flow that is written goes instead: here a host->guest UDP stream whose guest sent one
+// datagram once, and a TCP flow beside it on queue 0.
+TEST(FlowSteering, OnlyAFlowWrittenInThePeriodIsMoved) {
+  FlowSteering s(two_queues());
+  const std::uint64_t udp = 1, tcp = 2;
+  EXPECT_EQ(s.on_tx(udp, 0, 60, 0), 0u);
+  for (std::uint64_t t = 100; t <= 190; t += 10) {  // the next period: UDP only received
+    s.on_rx(udp, 0, 9000, t);
+    s.on_rx(tcp, 0, 3000, t);
+    EXPECT_EQ(s.on_tx(tcp, 0, 60, t + 1), 0u);
+  }
+  EXPECT_EQ(s.on_tx(tcp, 0, 60, 200), 1u);
+  EXPECT_EQ(s.moves(), 1u);
+  auto u = s.flow(udp);
+  ASSERT_TRUE(u);
+  EXPECT_FALSE(u->moved);
+}
+
+// A full table makes room at the next look: flows that moved nothing in the period go.
+TEST(FlowSteering, AFullTableDropsTheFlowsThatMovedNothing) {
+  FlowSteeringConfig c = two_queues();
+  c.max_flows = 2;
+  FlowSteering s(c);
+  s.on_rx(1, 0, 60, 0);
+  s.on_rx(2, 0, 60, 0);
+  s.on_rx(1, 0, 60, 100);  // a look: both moved bytes in that period
+  EXPECT_EQ(s.flows(), 2u);
+  s.on_rx(3, 0, 60, 150);
+  EXPECT_FALSE(s.flow(3)) << "no room yet";
+  s.on_rx(1, 0, 60, 200);  // a look: full, flow 2 moved nothing since the last
+  EXPECT_EQ(s.flows(), 1u);
+  EXPECT_FALSE(s.flow(2));
+  s.on_rx(3, 0, 60, 210);
+  EXPECT_TRUE(s.flow(3));
 }
 
 }  // namespace

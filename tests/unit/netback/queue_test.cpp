@@ -970,11 +970,13 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
              c = flow_frame(1, 5300, 2, 40002, 300);
   const auto key_a = FlowSteering::flow_key(a), key_b = FlowSteering::flow_key(b_ack);
   ASSERT_TRUE(key_a && key_b);
+  // Periods of an hour: the table is looked at only at the synthetic times below, never at the
+  // queue's own (steady_clock) ones, so what the queue reports stays there to be checked.
   FlowSteeringConfig sc;
   sc.queues = 2;
-  sc.period_us = 1000;
-  sc.heavy_bytes = 10000;  // the test's own packets are far lighter: nothing moves but A below
-  sc.hold_us = sc.idle_us = 3'600'000'000ull;
+  sc.period_us = sc.hold_us = 3'600'000'000ull;
+  sc.idle_us = 2 * sc.period_us;
+  sc.heavy_bytes = 10000;
   FlowSteering steer(sc);
   // Both busy on queue 0 in one period; when it ends, A (the flow netback writes) is moved.
   const auto t0 = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
@@ -982,7 +984,7 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
                                                  .count());
   steer.on_rx(*key_b, 0, 50000, t0);
   ASSERT_EQ(steer.on_tx(*key_a, 0, 50000, t0), 0u);
-  ASSERT_EQ(steer.on_tx(*key_a, 0, 1, t0 + 1000), 1u);
+  ASSERT_EQ(steer.on_tx(*key_a, 0, 1, t0 + sc.period_us), 1u);
 
   NetbackConfig cfg;
   const int fds[2] = {tap_.get(), tap1.get()};
@@ -1004,13 +1006,32 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
   EXPECT_EQ(queue_->counters().tx_packets.load(), 2u);
   for (const auto& r : fe_.tx_responses()) EXPECT_EQ(r.status, kNetifRspOkay);
 
-  // rx: what the queue delivers is reported to the table (C is new to it).
+  // rx: what the queue delivers is reported to the table, with its queue and size — through
+  // the queued path (fewer buffers than the largest packet needs), then straight into the pages.
+  const auto key_c = FlowSteering::flow_key(c);
+  ASSERT_TRUE(key_c);
+  EXPECT_FALSE(steer.flow(*key_c));
   for (std::uint16_t i = 0; i < 8; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
   fe_.rx_push();
   host_write({}, c);
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 1u);
+  for (std::uint16_t i = 8; i < 8 + NetbackQueue::kRxDirectSlots; ++i) fe_.post_rx(i, fe_.grant(100 + i, false));
+  fe_.rx_push();
+  host_write({}, c);
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().rx_packets.load(), 2u);
+  EXPECT_EQ(queue_->counters().rx_queued.load(), 1u) << "the second went straight in";
+  auto fc = steer.flow(*key_c);
+  ASSERT_TRUE(fc);
+  EXPECT_EQ(fc->rx_q, 0);
+  EXPECT_EQ(fc->bytes, 2 * c.size());
   EXPECT_EQ(steer.flows(), 3u);
+  auto fa = steer.flow(*key_a);
+  ASSERT_TRUE(fa);
+  EXPECT_TRUE(fa->moved);
+  EXPECT_EQ(fa->write_q, 1);
 }
 
 TEST_F(NetbackQueueTest, AQueueWhoseFdIsNotAtItsIndexIsRefused) {

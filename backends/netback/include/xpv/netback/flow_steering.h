@@ -24,14 +24,19 @@
 //   every period (the first call after it ends): a flow that moved ≥ heavy_bytes in it is busy;
 //               its queue is where its host→guest packets were seen in the period (else where it
 //               is written). If one queue holds two or more busy flows while another holds none,
-//               the busiest flow that netback writes (a flow it has seen tx packets of) is moved
-//               to the emptiest queue; then no move for `hold_us`
-//   idle      = a flow not seen for idle_us is forgotten (tun forgets it after 3 s too)
+//               the busiest of them that netback wrote in the period (it had guest-tx packets:
+//               the kernel learns the new queue from the next one) is moved to the emptiest
+//               queue; then no move for `hold_us`
+//   idle      = a flow not seen for idle_us is forgotten (tun forgets it after 3 s too); with the
+//               table full, so is every flow that moved nothing in the period
 //
 // A single busy flow is never moved; nothing changes until two busy flows share a queue while
 // another is idle. A move can reorder the few packets of the moved flow that were already in the
 // old queue (TCP tolerates that; at most one move per hold_us). The table is bounded (max_flows;
-// flows beyond it are written where they came from).
+// flows beyond it are written where they came from) and hashed with a random seed, so a guest
+// choosing its addresses and ports cannot pile its flows into one bucket. The host→guest side
+// of a flow is recognised from the delivered packet in the guest's page: a guest that rewrites
+// it can only misdirect the accounting of its own vif.
 //
 // xpv-netback does this for every vif with more than one queue unless XPV_NETBACK_STEER=guest
 // (backends/README.md "Fairness" has what it measured).
@@ -46,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <vector>
 
 namespace xpv::netback {
 
@@ -73,8 +79,15 @@ class FlowSteering {
   // A host→guest packet of flow `key`, read from TAP queue `queue`.
   void on_rx(std::uint64_t key, unsigned queue, std::size_t bytes, std::uint64_t now_us);
 
-  std::uint64_t moves() const;  // flows moved so far
+  std::uint64_t moves() const;  // moves made so far
   std::size_t flows() const;    // flows in the table now
+  // One flow as the table has it now (for tests and diagnostics): bytes are this period's.
+  struct FlowView {
+    int write_q, rx_q;
+    std::uint64_t bytes;
+    bool moved;
+  };
+  std::optional<FlowView> flow(std::uint64_t key) const;
 
  private:
   struct Flow {
@@ -83,14 +96,20 @@ class FlowSteering {
     int rx_q = -1;             // where its host→guest packets were last read
     std::uint64_t bytes = 0;   // this period, both directions
     bool rx_seen = false;      // host→guest packets in this period
+    bool tx_seen = false;      // guest-tx packets in this period (only such a flow can be moved)
     std::uint64_t last_us = 0;
+  };
+  struct SeededHash {
+    std::uint64_t seed;
+    std::size_t operator()(std::uint64_t k) const noexcept;
   };
   Flow* find(std::uint64_t key, std::uint64_t now_us);  // inserted if there is room
   void look(std::uint64_t now_us);                      // the period's evaluation (lock held)
 
   const FlowSteeringConfig cfg_;
   mutable std::mutex m_;
-  std::unordered_map<std::uint64_t, Flow> flows_;
+  std::unordered_map<std::uint64_t, Flow, SeededHash> flows_;  // reserved for max_flows
+  std::vector<unsigned> busy_;                                 // per queue, in look()
   std::uint64_t period_start_us_ = 0;
   bool started_ = false;
   std::uint64_t last_move_us_ = 0;
