@@ -144,7 +144,7 @@ void FlowSteering::look(std::uint64_t now_us) {
     const int q = where(f);
     if (f.bytes >= cfg_.heavy_bytes && q >= 0 && static_cast<unsigned>(q) < cfg_.queues) ++busy_[static_cast<unsigned>(q)];
   }
-  const bool may_move = !moved_ || since(last_move_us_) >= cfg_.hold_us;
+  const bool may_move = moves_ == 0 || since(last_move_us_) >= cfg_.hold_us;
   const auto most = std::max_element(busy_.begin(), busy_.end());
   const auto least = std::min_element(busy_.begin(), busy_.end());
   if (may_move && *most >= 2 && *least == 0) {
@@ -161,7 +161,6 @@ void FlowSteering::look(std::uint64_t now_us) {
     if (pick != nullptr) {
       pick->write_q = static_cast<int>(least - busy_.begin());
       pick->moved = true;
-      moved_ = true;
       last_move_us_ = now_us;
       ++moves_;
     }

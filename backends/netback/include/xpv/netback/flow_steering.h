@@ -1,7 +1,7 @@
 // FlowSteering — which netif queue of a multi-queue vif each busy flow's host→guest packets
 // arrive on, chosen by xpv-netback instead of by chance.
 //
-// Who decides today: the guest picks a tx queue per flow (Linux netfront: the flow's hash modulo
+// Who decides without it: the guest picks a tx queue per flow (Linux netfront: the flow's hash modulo
 // the queue count), and the kernel's multi-queue TAP sends a flow's host→guest packets back to
 // the TAP queue its packets were last *written* on (tun's flow table, keyed by a symmetric flow
 // hash; entries age out after 3 s). netback writes each guest-tx packet on the TAP queue of the
@@ -113,7 +113,6 @@ class FlowSteering {
   std::uint64_t period_start_us_ = 0;
   bool started_ = false;
   std::uint64_t last_move_us_ = 0;
-  bool moved_ = false;
   std::uint64_t moves_ = 0;
 };
 
