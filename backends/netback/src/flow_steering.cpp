@@ -1,5 +1,7 @@
 #include "xpv/netback/flow_steering.h"
 
+#include "xpv/netback/offload.h"
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -8,8 +10,6 @@
 namespace xpv::netback {
 
 namespace {
-
-constexpr std::size_t kEth = 14;
 
 // One end of a flow: address (4 or 16 bytes, zero-padded) and port.
 struct End {
@@ -42,48 +42,23 @@ FlowSteering::FlowSteering(FlowSteeringConfig cfg)
 }
 
 std::optional<std::uint64_t> FlowSteering::flow_key(std::span<const std::uint8_t> f) noexcept {
-  std::size_t off = kEth;
-  if (f.size() < kEth) return std::nullopt;
-  std::uint16_t type = static_cast<std::uint16_t>(f[12] << 8 | f[13]);
-  if (type == 0x8100 || type == 0x88a8) {
-    if (f.size() < off + 4) return std::nullopt;
-    type = static_cast<std::uint16_t>(f[16] << 8 | f[17]);
-    off += 4;
-  }
-  End a, b;
-  std::uint8_t proto = 0;
-  std::size_t l4 = 0;
-  std::size_t alen = 0;
-  if (type == 0x0800) {
-    if (f.size() < off + 20) return std::nullopt;
-    const std::size_t ihl = std::size_t{f[off] & 0x0fu} * 4;
-    if ((f[off] >> 4) != 4 || ihl < 20) return std::nullopt;
-    if (((f[off + 6] << 8 | f[off + 7]) & 0x3fff) != 0) return std::nullopt;  // a fragment: no ports
-    proto = f[off + 9];
-    alen = 4;
-    std::memcpy(a.addr, &f[off + 12], 4);
-    std::memcpy(b.addr, &f[off + 16], 4);
-    l4 = off + ihl;
-  } else if (type == 0x86dd) {
-    if (f.size() < off + 40 || (f[off] >> 4) != 6) return std::nullopt;
-    proto = f[off + 6];
-    alen = 16;
-    std::memcpy(a.addr, &f[off + 8], 16);
-    std::memcpy(b.addr, &f[off + 24], 16);
-    l4 = off + 40;
-  } else {
+  const auto ip = parse_ip(f);
+  if (!ip || ip->fragment || (ip->proto != 6 && ip->proto != 17) || f.size() < ip->l4_offset + 4) {
     return std::nullopt;
   }
-  if ((proto != 6 && proto != 17) || f.size() < l4 + 4) return std::nullopt;
-  std::memcpy(a.port, &f[l4], 2);
-  std::memcpy(b.port, &f[l4 + 2], 2);
+  End a, b;
+  const std::size_t alen = ip->src.size();
+  std::memcpy(a.addr, ip->src.data(), alen);
+  std::memcpy(b.addr, ip->dst.data(), alen);
+  std::memcpy(a.port, &f[ip->l4_offset], 2);
+  std::memcpy(b.port, &f[ip->l4_offset + 2], 2);
   if (b < a) std::swap(a, b);  // both directions: one key
   // FNV-1a (64-bit) over protocol, address length and the two ends in order.
   std::uint64_t h = 14695981039346656037ull;
   auto mix = [&](const std::uint8_t* p, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   };
-  const std::uint8_t head[2] = {proto, static_cast<std::uint8_t>(alen)};
+  const std::uint8_t head[2] = {ip->proto, static_cast<std::uint8_t>(alen)};
   mix(head, 2);
   mix(a.addr, sizeof a.addr);
   mix(a.port, 2);

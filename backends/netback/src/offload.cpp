@@ -8,7 +8,7 @@ namespace {
 std::uint16_t be16(std::span<const std::uint8_t> f, std::size_t off) noexcept {
   return static_cast<std::uint16_t>((f[off] << 8) | f[off + 1]);
 }
-constexpr std::uint16_t kEtherIpv4 = 0x0800, kEtherIpv6 = 0x86dd, kEtherVlan = 0x8100;
+constexpr std::uint16_t kEtherIpv4 = 0x0800, kEtherIpv6 = 0x86dd, kEtherVlan = 0x8100, kEtherQinQ = 0x88a8;
 constexpr std::uint8_t kProtoTcp = 6, kProtoUdp = 17;
 }  // namespace
 
@@ -24,28 +24,33 @@ const char* to_string(PacketError e) noexcept {
   return "?";
 }
 
-Expected<L4Info, PacketError> parse_l4(std::span<const std::uint8_t> f) noexcept {
+Expected<IpHeaders, PacketError> parse_ip(std::span<const std::uint8_t> f) noexcept {
   if (f.size() < kEthHeader) return fail(PacketError::truncated);
   std::size_t off = 12;
   std::uint16_t type = be16(f, off);
   off += 2;
-  if (type == kEtherVlan) {
+  if (type == kEtherVlan || type == kEtherQinQ) {
     if (f.size() < off + 4) return fail(PacketError::truncated);
     type = be16(f, off + 2);
     off += 4;
   }
-  L4Info info;
+  IpHeaders h;
   if (type == kEtherIpv4) {
     if (f.size() < off + 20) return fail(PacketError::truncated);
     if ((f[off] >> 4) != 4) return fail(PacketError::bad_ip);
     const std::size_t ihl = std::size_t{f[off] & 0x0fu} * 4;
     if (ihl < 20) return fail(PacketError::bad_ip);
-    info.proto = f[off + 9];
+    h.proto = f[off + 9];
+    h.fragment = (be16(f, off + 6) & 0x3fff) != 0;
+    h.src = f.subspan(off + 12, 4);
+    h.dst = f.subspan(off + 16, 4);
     off += ihl;
   } else if (type == kEtherIpv6) {
     if (f.size() < off + 40) return fail(PacketError::truncated);
     if ((f[off] >> 4) != 6) return fail(PacketError::bad_ip);
     std::uint8_t next = f[off + 6];
+    h.src = f.subspan(off + 8, 16);
+    h.dst = f.subspan(off + 24, 16);
     off += 40;
     // Hop-by-hop (0), routing (43), destination options (60): length in 8-byte units, +8.
     for (int i = 0; next == 0 || next == 43 || next == 60; ++i) {
@@ -54,11 +59,23 @@ Expected<L4Info, PacketError> parse_l4(std::span<const std::uint8_t> f) noexcept
       next = f[off];
       off += (std::size_t{f[off + 1]} + 1) * 8;
     }
-    info.proto = next;
-    info.ipv6 = true;
+    h.proto = next;
+    h.ipv6 = true;
   } else {
     return fail(PacketError::not_ip);
   }
+  h.l4_offset = off;
+  return h;
+}
+
+Expected<L4Info, PacketError> parse_l4(std::span<const std::uint8_t> f) noexcept {
+  const auto ip = parse_ip(f);
+  if (!ip) return fail(ip.error());
+  if (ip->fragment) return fail(PacketError::bad_ip);
+  const std::size_t off = ip->l4_offset;
+  L4Info info;
+  info.proto = ip->proto;
+  info.ipv6 = ip->ipv6;
   if (info.proto == kProtoTcp) {
     if (f.size() < off + 20) return fail(PacketError::truncated);
     info.l4_hdr_len = static_cast<std::uint16_t>((f[off + 12] >> 4) * 4);

@@ -30,30 +30,19 @@ RxFlowQueue::RxFlowQueue(RxFlowConfig cfg, std::size_t max_packet)
 std::uint32_t RxFlowQueue::flow_of(std::span<const std::uint8_t> f) const noexcept {
   std::uint8_t key[40];
   std::size_t k = 0;
-  auto take = [&](std::size_t at, std::size_t n) {
-    std::memcpy(key + k, f.data() + at, n);
-    k += n;
+  auto take = [&](std::span<const std::uint8_t> bytes) {
+    std::memcpy(key + k, bytes.data(), bytes.size());
+    k += bytes.size();
   };
-  std::size_t off = kEthHeader;
-  std::uint16_t type = f.size() >= kEthHeader ? static_cast<std::uint16_t>(f[12] << 8 | f[13]) : 0;
-  if ((type == 0x8100 || type == 0x88a8) && f.size() >= off + 4) {
-    type = static_cast<std::uint16_t>(f[16] << 8 | f[17]);
-    off += 4;
-  }
-  if (type == 0x0800 && f.size() >= off + 20) {
-    const std::size_t ihl = std::size_t{f[off] & 0x0fu} * 4;
-    const std::uint8_t proto = f[off + 9];
-    const bool fragment = ((f[off + 6] << 8 | f[off + 7]) & 0x3fff) != 0;
-    key[k++] = proto;
-    take(off + 12, 8);
-    if (!fragment && ihl >= 20 && (proto == 6 || proto == 17) && f.size() >= off + ihl + 4) take(off + ihl, 4);
-  } else if (type == 0x86dd && f.size() >= off + 40) {
-    const std::uint8_t next = f[off + 6];
-    key[k++] = next;
-    take(off + 8, 32);
-    if ((next == 6 || next == 17) && f.size() >= off + 44) take(off + 40, 4);
+  if (const auto ip = parse_ip(f)) {
+    key[k++] = ip->proto;
+    take(ip->src);
+    take(ip->dst);
+    if (!ip->fragment && (ip->proto == 6 || ip->proto == 17) && f.size() >= ip->l4_offset + 4) {
+      take(f.subspan(ip->l4_offset, 4));
+    }
   } else {
-    take(0, std::min<std::size_t>(f.size(), kEthHeader));
+    take(f.first(std::min(f.size(), kEthHeader)));
   }
   // FNV-1a over the key, perturbed by the seed, then a final avalanche (murmur3's).
   std::uint32_t h = 2166136261u ^ cfg_.seed;

@@ -64,6 +64,21 @@ TEST(FlowSteering, BothDirectionsOfAFlowHaveOneKeyAndOtherFlowsAnother) {
   EXPECT_EQ(key(tagged), key(out));
 }
 
+TEST(FlowSteering, AnIpv6FlowBehindAnExtensionHeaderHasItsPorts) {
+  // A hop-by-hop header (8 bytes) between the IPv6 header and TCP.
+  auto with_hbh = [](std::uint8_t src, std::uint16_t sport, std::uint8_t dst, std::uint16_t dport) {
+    auto f = frame(src, sport, dst, dport, 6, true, 88);
+    f.insert(f.begin() + 14 + 40, {6, 0, 0, 0, 0, 0, 0, 0});  // next: TCP, length 8
+    f[14 + 6] = 0;                                          // IPv6 next: hop-by-hop
+    f.resize(88);
+    return f;
+  };
+  EXPECT_EQ(key(with_hbh(2, 40000, 1, 5201)), key(with_hbh(1, 5201, 2, 40000)));
+  EXPECT_NE(key(with_hbh(2, 40000, 1, 5201)), key(with_hbh(2, 40001, 1, 5201)));
+  EXPECT_EQ(key(with_hbh(2, 40000, 1, 5201)), key(frame(2, 40000, 1, 5201, 6, true)))
+      << "the same flow, with or without the extension header";
+}
+
 TEST(FlowSteering, WhatIsNotATcpOrUdpFlowHasNoKey) {
   EXPECT_FALSE(FlowSteering::flow_key(frame(2, 1, 1, 2, 1)));  // ICMP
   auto arp = frame(2, 1, 1, 2);

@@ -112,6 +112,55 @@ TEST(ParseL4, BadInputIsRefused) {
   EXPECT_EQ(parse_l4(short_doff).error(), PacketError::truncated);
 }
 
+TEST(ParseIp, AddressesTagsAndFragments) {
+  auto f = ipv4(6);
+  f[14 + 12] = 10, f[14 + 15] = 2;  // 10.0.0.2 → 10.0.0.1
+  f[14 + 16] = 10, f[14 + 19] = 1;
+  auto ip = parse_ip(f);
+  ASSERT_TRUE(ip);
+  EXPECT_EQ(ip->l4_offset, 14u + 20);
+  EXPECT_EQ(ip->proto, 6);
+  EXPECT_FALSE(ip->fragment);
+  ASSERT_EQ(ip->src.size(), 4u);
+  EXPECT_EQ(ip->src.data(), f.data() + 14 + 12) << "the addresses are the frame's own bytes";
+  EXPECT_EQ(ip->dst[0], 10);
+  EXPECT_EQ(ip->dst[3], 1);
+  // An 802.1ad (QinQ service) tag is skipped as an 802.1Q one is.
+  auto qinq = f;
+  qinq.insert(qinq.begin() + 12, {0x88, 0xa8, 0x00, 0x07});
+  ASSERT_TRUE(parse_ip(qinq));
+  EXPECT_EQ(parse_ip(qinq)->l4_offset, 18u + 20);
+  // A fragment (more fragments, or an offset) is told; the transport header may not be there,
+  // so the offloads refuse it (as Linux's skb_checksum_setup does).
+  auto first = f, later = f;
+  first[14 + 6] = 0x20;
+  later[14 + 7] = 0x10;
+  EXPECT_TRUE(parse_ip(first)->fragment);
+  EXPECT_TRUE(parse_ip(later)->fragment);
+  EXPECT_EQ(parse_l4(first).error(), PacketError::bad_ip);
+  EXPECT_EQ(parse_l4(later).error(), PacketError::bad_ip);
+  // The don't-fragment bit alone is not a fragment.
+  auto df = f;
+  df[14 + 6] = 0x40;
+  EXPECT_FALSE(parse_ip(df)->fragment);
+  EXPECT_TRUE(parse_l4(df));
+  // IPv6: 16-byte addresses; the transport header past a hop-by-hop header need not be in the
+  // frame for parse_ip (parse_l4 then says truncated).
+  const auto v6 = ipv6_tcp(true);
+  auto ip6 = parse_ip(std::span(v6).first(14 + 40 + 8));
+  ASSERT_TRUE(ip6);
+  EXPECT_TRUE(ip6->ipv6);
+  EXPECT_EQ(ip6->src.size(), 16u);
+  EXPECT_EQ(ip6->src.data(), v6.data() + 14 + 8);
+  EXPECT_EQ(ip6->dst.data(), v6.data() + 14 + 24);
+  EXPECT_EQ(ip6->l4_offset, 14u + 48);
+  EXPECT_EQ(ip6->proto, 6);
+  EXPECT_EQ(parse_l4(std::span(v6).first(14 + 48)).error(), PacketError::truncated);
+  auto v4_in_v6 = v6;
+  v4_in_v6[14] = 0x40;
+  EXPECT_EQ(parse_ip(v4_in_v6).error(), PacketError::bad_ip);
+}
+
 TEST(VnetFromNetif, PlainAndValidated) {
   auto h = vnet_from_netif({}, {});
   ASSERT_TRUE(h);

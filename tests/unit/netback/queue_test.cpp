@@ -105,6 +105,7 @@ std::vector<std::uint8_t> tcp_frame(std::size_t len) {
   f[12] = 0x08;
   f[13] = 0x00;
   f[14] = 0x45;
+  f[14 + 6] = f[14 + 7] = 0;  // not a fragment
   f[14 + 9] = 6;
   f[14 + 20 + 12] = 5 << 4;
   return f;

@@ -68,9 +68,9 @@ class FlowSteering {
  public:
   explicit FlowSteering(FlowSteeringConfig cfg);
 
-  // The symmetric key of an Ethernet frame's TCP/UDP flow (802.1Q tag allowed; IPv4 without
-  // fragments, IPv6 with TCP/UDP as its first next header); nullopt for anything else or a frame
-  // too short to tell. Both directions of a flow get the same key.
+  // The symmetric key of an Ethernet frame's TCP/UDP flow (headers as parse_ip reads them, in
+  // offload.h; IPv4 fragments have none); nullopt for anything else or a frame too short to tell.
+  // Both directions of a flow get the same key.
   static std::optional<std::uint64_t> flow_key(std::span<const std::uint8_t> frame) noexcept;
 
   // A guest-tx packet of flow `key` that came on netif queue `arrival`: the TAP queue to write

@@ -62,6 +62,21 @@ enum class PacketError : std::uint8_t {
 };
 const char* to_string(PacketError e) noexcept;
 
+// Where a frame's network header is and the flow it names, as far as the frame holds it.
+struct IpHeaders {
+  std::size_t l4_offset = 0;          // past the IPv4 options / the skipped IPv6 extension headers
+  std::uint8_t proto = 0;             // IPv4 protocol / the IPv6 header after those extensions
+  bool ipv6 = false;
+  bool fragment = false;              // an IPv4 fragment (MF or an offset): no transport header
+  std::span<const std::uint8_t> src;  // the addresses, 4 or 16 bytes, inside the frame
+  std::span<const std::uint8_t> dst;
+};
+// Parses Ethernet (one optional 802.1Q or 802.1ad tag), then IPv4 or IPv6 (hop-by-hop, routing,
+// destination options extension headers skipped, at most 4). The transport header is not read:
+// l4_offset may lie at or past the frame's end. The one header parser under the offloads
+// (parse_l4), netback's flow steering and its rx flow queue.
+Expected<IpHeaders, PacketError> parse_ip(std::span<const std::uint8_t> frame) noexcept;
+
 // Where the transport header is.
 struct L4Info {
   std::uint16_t l4_offset = 0;   // from the start of the frame
@@ -69,8 +84,8 @@ struct L4Info {
   std::uint8_t proto = 0;        // 6 TCP, 17 UDP
   bool ipv6 = false;
 };
-// Parses Ethernet (one optional 802.1Q tag), IPv4 or IPv6 (hop-by-hop, routing, destination
-// options extension headers skipped, at most 4), then TCP or UDP.
+// parse_ip, then TCP or UDP. An IPv4 fragment is refused (bad_ip), as Linux's
+// skb_checksum_setup refuses it: its transport header may not be there.
 Expected<L4Info, PacketError> parse_l4(std::span<const std::uint8_t> frame) noexcept;
 
 // The netif view of a packet's offloads.

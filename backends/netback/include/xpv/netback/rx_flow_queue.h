@@ -82,8 +82,8 @@ class RxFlowQueue {
   // Drops everything (a frontend that stopped taking packets); returns how many.
   std::size_t clear() noexcept;
 
-  // The flow bucket of a frame: Ethernet (+802.1Q), IPv4/IPv6 addresses and protocol, TCP/UDP
-  // ports (not for IPv4 fragments); a frame that is not IP hashes by its MACs and ethertype.
+  // The flow bucket of a frame: what parse_ip finds (protocol, addresses) and the TCP/UDP ports
+  // (not for IPv4 fragments); a frame parse_ip refuses hashes by its MACs and ethertype.
   std::uint32_t flow_of(std::span<const std::uint8_t> frame) const noexcept;
 
  private:
