@@ -132,18 +132,21 @@ void VbdConnection::teardown() noexcept {
     if (q->queue) {
       // What this queue did in its life: the log line an operator reads after a run.
       const QueueCounters& c = q->queue->counters();
+      const auto end = q->queue->ring_end_state();
       auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
       spdlog::info("{}: requests {} (reads {}, writes {}, flushes {}, discards {}; errors {}, unsupported {}); "
                    "sectors read {} written {}; batches {}, notifications {}, wakeups {}, held {}; "
                    "polling: {} waits ended spinning, {} slept; answered {} us after being taken on average; "
                    "{} taken with nothing outstanding, {} us after the push that answered the last on average "
-                   "(and {} after {} ms or more)",
+                   "(and {} after {} ms or more); ring left: {} published and not taken, {} taken and not answered, "
+                   "{} answered since the frontend last looked (req_prod {}, rsp_prod {}, rsp_event {})",
                    q->queue->name(), n(c.requests), n(c.reads), n(c.writes), n(c.flushes), n(c.discards),
                    n(c.errors), n(c.unsupported), n(c.sectors_read), n(c.sectors_written), n(c.batches),
                    n(c.notifications), n(c.wakeups), n(c.held), n(c.poll_hits), n(c.poll_misses),
                    n(c.answered) == 0 ? 0 : n(c.answered_us) / n(c.answered), n(c.idle_gaps),
                    n(c.idle_gaps) == 0 ? 0 : n(c.idle_gap_us) / n(c.idle_gaps), n(c.long_idle_gaps),
-                   kLongIdleGapUs / 1000);
+                   kLongIdleGapUs / 1000, end.untaken, q->queue->unanswered(), end.responses_unlooked, end.req_prod,
+                   end.rsp_prod, end.rsp_event);
     }
     q->queue.reset();  // waits for the kernel to finish with the guest's pages
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);

@@ -125,19 +125,22 @@ void VifConnection::teardown() noexcept {
     if (q->queue) {
       // What this queue moved in its life: the log line an operator reads after a run.
       const NetbackCounters& c = q->queue->counters();
+      const auto tx_end = q->queue->tx_end_state();
+      const auto rx_end = q->queue->rx_end_state();
       auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
       spdlog::info("{}: guest tx {} packets {} bytes (errors {}, dropped {}); guest rx {} packets {} bytes "
                    "(queued {}, dropped {}, overflow {}, errors {}); rx fill limit {} (held back {}, grew {}, shrank {}); "
                    "turns tx {} rx {} ({} / {} ms); new tx requests found {} times, {} us after the last look on average "
                    "({} times after 1 ms or more, at most {} us); notifications {}; wakeups {}; fair waits {}; rate-limited {}; "
-                   "tx written on another queue's TAP queue {}",
+                   "tx written on another queue's TAP queue {}; rings left: tx {} published and not taken, {} answered "
+                   "since the frontend last looked; rx {} buffers posted, {} answered since the frontend last looked",
                    q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped),
                    n(c.rx_packets), n(c.rx_bytes), n(c.rx_queued), n(c.rx_dropped), n(c.rx_overflow), n(c.rx_errors),
                    n(c.rx_fill_limit), n(c.rx_fill_holds), n(c.rx_fill_grows), n(c.rx_fill_shrinks), n(c.tx_turns), n(c.rx_turns),
                    n(c.tx_turn_us) / 1000, n(c.rx_turn_us) / 1000, n(c.tx_found),
                    n(c.tx_found) ? n(c.tx_found_after_us) / n(c.tx_found) : 0, n(c.tx_found_after_1ms),
                    n(c.tx_found_after_max_us), n(c.notifications), n(c.wakeups), n(c.fair_waits), n(c.rate_limited),
-                   n(c.tx_steered));
+                   n(c.tx_steered), tx_end.untaken, tx_end.responses_unlooked, rx_end.untaken, rx_end.responses_unlooked);
     }
     q->queue.reset();
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);

@@ -440,4 +440,60 @@ TEST(RingAbi, FrontRingInteroperatesWithOfficialBackMacros_abi) {
   }
 }
 
+// BackRing::end_state, the diagnostic a back end logs when it stops, against the official front
+// macros: published requests it never took, and responses the front end has not looked at since
+// they were pushed — until the front end's final check, which arms rsp_event past them.
+TEST(RingAbi, EndStateTellsUntakenRequestsAndUnlookedResponses_abi) {
+  PageBuf page = pages(1);
+  auto* sring = reinterpret_cast<blkif_sring*>(page.get());
+  blkif_front_ring_t front;
+  SHARED_RING_INIT(sring);
+  FRONT_RING_INIT(&front, sring, XEN_PAGE_SIZE);
+  auto back = xr::BlkifBackRing::attach(std::span(page.get(), XEN_PAGE_SIZE));
+  ASSERT_TRUE(back);
+  auto fresh = back->end_state();
+  EXPECT_EQ(fresh.untaken, 0u);
+  EXPECT_EQ(fresh.responses_unlooked, 0u) << "a fresh ring: rsp_event = rsp_prod + 1";
+
+  for (unsigned i = 0; i < 3; ++i) {
+    blkif_request* r = RING_GET_REQUEST(&front, front.req_prod_pvt);
+    std::memset(r, 0, sizeof(*r));
+    r->id = i;
+    front.req_prod_pvt++;
+  }
+  int notify = 0;
+  RING_PUSH_REQUESTS_AND_CHECK_NOTIFY(&front, notify);
+  EXPECT_TRUE(notify);
+  EXPECT_EQ(back->end_state().untaken, 3u);
+  for (unsigned i = 0; i < 2; ++i) {
+    auto req = back->pop_request();
+    ASSERT_TRUE(req);
+    ASSERT_TRUE(back->produce_response({req->id, 0, 0, xr::kBlkifRspOkay, {}}));
+  }
+  EXPECT_TRUE(back->push_responses());
+  auto mid = back->end_state();
+  EXPECT_EQ(mid.req_prod, 3u);
+  EXPECT_EQ(mid.untaken, 1u);
+  EXPECT_EQ(mid.rsp_prod, 2u);
+  EXPECT_EQ(mid.responses_unlooked, 2u) << "pushed past rsp_event 1, not yet consumed";
+
+  // The front end consumes one: it has not made its final check, so both still count.
+  front.rsp_cons++;
+  EXPECT_EQ(back->end_state().responses_unlooked, 2u);
+  front.rsp_cons++;
+  int work = 0;
+  RING_FINAL_CHECK_FOR_RESPONSES(&front, work);
+  EXPECT_FALSE(work);
+  auto after = back->end_state();
+  EXPECT_EQ(after.rsp_event, 3u);
+  EXPECT_EQ(after.responses_unlooked, 0u);
+  EXPECT_EQ(after.untaken, 1u) << "the third request is still the back end's";
+  ASSERT_TRUE(back->pop_request());
+  EXPECT_EQ(back->end_state().untaken, 0u);
+
+  // A front end that wrote a req_prod more than a ring ahead: no count is made of it.
+  sring->req_prod = 3 + 1000;
+  EXPECT_EQ(back->end_state().untaken, 0u);
+}
+
 }  // namespace

@@ -472,6 +472,28 @@ class BackRing {
     return static_cast<RingIdx>(prod - event) < size();
   }
 
+  // How the front end left the ring, read once when the back end stops (a diagnostic: the front
+  // end may still be writing). Where a guest's I/O stalled, it tells a back end that missed
+  // published requests (untaken > 0) from a front end that did not look at the responses it was
+  // told of (responses_unlooked > 0: its rsp_event, which a front end sets one past the last
+  // response it has seen before it waits, is still at or before rsp_prod) and from a front end
+  // that was not waiting on this ring at all (both 0).
+  struct EndState {
+    RingIdx req_prod = 0, req_event = 0, rsp_prod = 0, rsp_event = 0;  // as read
+    RingIdx untaken = 0;            // req_prod - req_cons (0 when req_prod is out of range)
+    RingIdx responses_unlooked = 0; // rsp_prod - rsp_event + 1 when rsp_event <= rsp_prod (one ring)
+  };
+  EndState end_state() const noexcept {
+    EndState e;
+    e.req_prod = mem_.req_prod().load(std::memory_order_acquire);
+    e.req_event = mem_.req_event().load(std::memory_order_relaxed);
+    e.rsp_prod = mem_.rsp_prod().load(std::memory_order_relaxed);
+    e.rsp_event = mem_.rsp_event().load(std::memory_order_acquire);
+    if (static_cast<RingIdx>(e.req_prod - req_cons_) <= size()) e.untaken = e.req_prod - req_cons_;
+    if (static_cast<RingIdx>(e.rsp_prod - e.rsp_event) < size()) e.responses_unlooked = e.rsp_prod - e.rsp_event + 1;
+    return e;
+  }
+
   // RING_FINAL_CHECK_FOR_REQUESTS: call before sleeping on the event channel. If nothing is
   // pending, set req_event = req_cons + 1 and re-check; false means sleep is safe.
   Expected<bool, RingError> final_check_for_requests() noexcept {

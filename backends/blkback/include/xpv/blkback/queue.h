@@ -118,6 +118,9 @@ class BlkifQueue {
   unsigned in_flight() const noexcept { return io_.in_flight(); }
   // Requests taken from the ring and not yet answered (in the kernel, or completed and held).
   std::uint32_t unanswered() const noexcept { return ring_.unanswered(); }
+  // How the frontend left the ring (BackRing::end_state): for the log line when the queue stops;
+  // read it only when run() has returned.
+  ring::BlkifBackRing::EndState ring_end_state() const noexcept { return ring_.end_state(); }
 
  private:
   struct Pending;

@@ -183,6 +183,10 @@ class NetbackQueue {
   bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
   const NetbackCounters& counters() const noexcept { return counters_; }
   const std::string& name() const noexcept { return name_; }
+  // How the frontend left the rings (BackRing::end_state): for the log line when the queue
+  // stops; read them only when run() has returned.
+  ring::NetifTxBackRing::EndState tx_end_state() const noexcept { return tx_.end_state(); }
+  ring::NetifRxBackRing::EndState rx_end_state() const noexcept { return rx_.end_state(); }
 
  private:
   enum class Step { none, moved, dropped, blocked };
