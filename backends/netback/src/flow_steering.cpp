@@ -97,6 +97,7 @@ void FlowSteering::on_rx(std::uint64_t key, unsigned queue, std::size_t bytes, s
   Flow* f = find(key, now_us);
   if (f == nullptr) return;
   f->bytes += bytes;
+  f->rx_bytes += bytes;
   f->rx_q = static_cast<int>(queue);
   f->rx_seen = true;
   look(now_us);
@@ -124,12 +125,15 @@ void FlowSteering::look(std::uint64_t now_us) {
   const auto least = std::min_element(busy_.begin(), busy_.end());
   if (may_move && *most >= 2 && *least == 0) {
     const int from = static_cast<int>(most - busy_.begin());
-    // Only a flow netback wrote in this period can be moved: the kernel learns its new queue
-    // from the next packet written, so one with no guest-tx packets (a UDP stream to the guest)
-    // would stay where it is.
+    // A move changes where the flow's host→guest packets go, so the flow with the most of them
+    // goes (a sending flow's are its ACKs: moving it would relieve the queue of nothing). Only a
+    // flow netback wrote in this period can be moved: the kernel learns its new queue from the
+    // next packet written, so one with no guest-tx packets (a UDP stream to the guest) would
+    // stay where it is.
     Flow* pick = nullptr;
     for (auto& [key, f] : flows_) {
-      if (f.bytes >= cfg_.heavy_bytes && where(f) == from && f.tx_seen && (pick == nullptr || f.bytes > pick->bytes)) {
+      if (f.rx_bytes >= cfg_.heavy_bytes && where(f) == from && f.tx_seen &&
+          (pick == nullptr || f.rx_bytes > pick->rx_bytes)) {
         pick = &f;
       }
     }
@@ -141,7 +145,7 @@ void FlowSteering::look(std::uint64_t now_us) {
     }
   }
   for (auto& [key, f] : flows_) {
-    f.bytes = 0;
+    f.bytes = f.rx_bytes = 0;
     f.rx_seen = f.tx_seen = false;
   }
 }
@@ -150,7 +154,7 @@ std::optional<FlowSteering::FlowView> FlowSteering::flow(std::uint64_t key) cons
   std::lock_guard l(m_);
   auto it = flows_.find(key);
   if (it == flows_.end()) return std::nullopt;
-  return FlowView{it->second.write_q, it->second.rx_q, it->second.bytes, it->second.moved};
+  return FlowView{it->second.write_q, it->second.rx_q, it->second.bytes, it->second.rx_bytes, it->second.moved};
 }
 
 std::uint64_t FlowSteering::moves() const {

@@ -123,6 +123,34 @@ TEST(FlowSteering, TwoBusyFlowsOnOneQueueAreSpreadOverAnIdleOne) {
   EXPECT_EQ(s.on_tx(b, 0, 60, 120), 1u) << "and the moved one stays moved";
 }
 
+// What a move moves is a flow's host->guest side: of two busy flows sharing a queue, the one
+// receiving goes, however much more the sending one wrote — moving that one would move only its
+// ACKs. Two flows that both mostly send are left alone.
+TEST(FlowSteering, TheFlowMovedIsTheOneWithTheMostHostToGuestBytes) {
+  FlowSteering s(two_queues());
+  const std::uint64_t up = 1, down = 2;
+  EXPECT_EQ(s.on_tx(up, 0, 20000, 0), 0u);  // the guest's upload: data out, ACKs in
+  s.on_rx(up, 0, 300, 5);
+  EXPECT_EQ(s.on_tx(down, 0, 300, 10), 0u);  // its download: ACKs out, data in
+  s.on_rx(down, 0, 9000, 15);
+  auto u = s.flow(up);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->bytes, 20300u);
+  EXPECT_EQ(u->rx_bytes, 300u);
+  EXPECT_EQ(s.on_tx(down, 0, 300, 100), 1u) << "the download moved";
+  EXPECT_EQ(s.on_tx(up, 0, 20000, 110), 0u) << "the upload stays";
+  EXPECT_EQ(s.moves(), 1u);
+
+  FlowSteering two_uploads(two_queues());
+  for (std::uint64_t t = 0; t < 3000; t += 10) {
+    EXPECT_EQ(two_uploads.on_tx(1, 0, 20000, t), 0u);
+    EXPECT_EQ(two_uploads.on_tx(2, 0, 20000, t + 1), 0u);
+    two_uploads.on_rx(1, 0, 60, t + 2);  // 600 bytes of ACKs a period: below heavy_bytes
+    two_uploads.on_rx(2, 0, 60, t + 3);
+  }
+  EXPECT_EQ(two_uploads.moves(), 0u);
+}
+
 // Until netback moves a flow, each packet goes where the guest sent it (Linux netfront may pick
 // another queue for a flow, e.g. a server's SYN-ACK and its later data), as without steering.
 TEST(FlowSteering, UntilMovedAFlowFollowsTheGuestsQueue) {

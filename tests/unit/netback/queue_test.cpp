@@ -966,7 +966,8 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
   UniqueFd tap1(sv[0]), host1(sv[1]);
-  // A: the guest's sending flow; B: its receiving flow (here its ACK); C: another flow to it.
+  // A and B: flows the guest receives on (what it sends of them here: a segment of A, B's ACK);
+  // C: another flow to it.
   const auto a = flow_frame(2, 40001, 1, 5202, 1200), b_ack = flow_frame(2, 40000, 1, 5201, 66),
              c = flow_frame(1, 5300, 2, 40002, 300);
   const auto key_a = FlowSteering::flow_key(a), key_b = FlowSteering::flow_key(b_ack);
@@ -979,12 +980,14 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
   sc.idle_us = 2 * sc.period_us;
   sc.heavy_bytes = 10000;
   FlowSteering steer(sc);
-  // Both busy on queue 0 in one period; when it ends, A (the flow netback writes) is moved.
+  // Both busy on queue 0 in one period; when it ends, A (netback wrote it in the period, B it
+  // did not) is moved.
   const auto t0 = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                                  std::chrono::steady_clock::now().time_since_epoch())
                                                  .count());
   steer.on_rx(*key_b, 0, 50000, t0);
-  ASSERT_EQ(steer.on_tx(*key_a, 0, 50000, t0), 0u);
+  steer.on_rx(*key_a, 0, 50000, t0);
+  ASSERT_EQ(steer.on_tx(*key_a, 0, 60, t0), 0u);
   ASSERT_EQ(steer.on_tx(*key_a, 0, 1, t0 + sc.period_us), 1u);
 
   NetbackConfig cfg;
@@ -1028,6 +1031,7 @@ TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) 
   ASSERT_TRUE(fc);
   EXPECT_EQ(fc->rx_q, 0);
   EXPECT_EQ(fc->bytes, 2 * c.size());
+  EXPECT_EQ(fc->rx_bytes, 2 * c.size());
   EXPECT_EQ(steer.flows(), 3u);
   auto fa = steer.flow(*key_a);
   ASSERT_TRUE(fa);

@@ -24,9 +24,12 @@
 //   every period (the first call after it ends): a flow that moved ≥ heavy_bytes in it is busy;
 //               its queue is where its host→guest packets were seen in the period (else where it
 //               is written). If one queue holds two or more busy flows while another holds none,
-//               the busiest of them that netback wrote in the period (it had guest-tx packets:
-//               the kernel learns the new queue from the next one) is moved to the emptiest
-//               queue; then no move for `hold_us`
+//               the one of them with the most host→guest bytes — at least heavy_bytes: a move
+//               changes where those go, nothing else — that netback wrote in the period (it had
+//               guest-tx packets: the kernel learns the new queue from the next one) is moved to
+//               the emptiest queue; then no move for `hold_us`. A flow that mostly sends (its
+//               host→guest side is ACKs) is not moved: that would split its ACKs from its data
+//               and relieve its queue of nothing
 //   idle      = a flow not seen for idle_us is forgotten (tun forgets it after 3 s too); with the
 //               table full, so is every flow that moved nothing in the period
 //
@@ -84,7 +87,7 @@ class FlowSteering {
   // One flow as the table has it now (for tests and diagnostics): bytes are this period's.
   struct FlowView {
     int write_q, rx_q;
-    std::uint64_t bytes;
+    std::uint64_t bytes, rx_bytes;
     bool moved;
   };
   std::optional<FlowView> flow(std::uint64_t key) const;
@@ -95,6 +98,7 @@ class FlowSteering {
     bool moved = false;        // write_q is ours; until then the queue each packet came on
     int rx_q = -1;             // where its host→guest packets were last read
     std::uint64_t bytes = 0;   // this period, both directions
+    std::uint64_t rx_bytes = 0;  // this period, host→guest (what a move moves)
     bool rx_seen = false;      // host→guest packets in this period
     bool tx_seen = false;      // guest-tx packets in this period (only such a flow can be moved)
     std::uint64_t last_us = 0;
