@@ -126,13 +126,14 @@ void FlowSteering::look(std::uint64_t now_us) {
   if (may_move && *most >= 2 && *least == 0) {
     const int from = static_cast<int>(most - busy_.begin());
     // A move changes where the flow's host→guest packets go, so the flow with the most of them
-    // goes (a sending flow's are its ACKs: moving it would relieve the queue of nothing). Only a
+    // goes, and only one that receives at least as much as it sends (a sending flow's are its
+    // ACKs: moving it would split them from its data and relieve the queue of nothing). Only a
     // flow netback wrote in this period can be moved: the kernel learns its new queue from the
     // next packet written, so one with no guest-tx packets (a UDP stream to the guest) would
     // stay where it is.
     Flow* pick = nullptr;
     for (auto& [key, f] : flows_) {
-      if (f.rx_bytes >= cfg_.heavy_bytes && where(f) == from && f.tx_seen &&
+      if (f.rx_bytes >= cfg_.heavy_bytes && f.rx_bytes >= f.bytes - f.rx_bytes && where(f) == from && f.tx_seen &&
           (pick == nullptr || f.rx_bytes > pick->rx_bytes)) {
         pick = &f;
       }

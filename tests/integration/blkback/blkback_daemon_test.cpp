@@ -379,15 +379,15 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
   EXPECT_GT(std::stoul(found[0][1]), 0u) << found[0].str();
   EXPECT_EQ(found[0][2], "0") << found[0].str();
   // The restarted process's last word on each queue: every request the guest published was
-  // taken and answered, and the guest had looked at every answer (the stall diagnostic of the
-  // line reads clean for a run that did not stall).
-  const std::regex left(R"(vbd3\.51712(q[0-9])?: requests [0-9]+ .*; ring left: ([0-9]+) published and not taken, ([0-9]+) taken and not answered, ([0-9]+) answered since the frontend last looked)");
+  // taken and answered (the stall diagnostic of the line reads clean for a run that did not
+  // stall). The count of answers since the frontend armed its event is not checked: this
+  // frontend polls, and a poll takes answers without arming.
+  const std::regex left(R"(vbd3\.51712(q[0-9])?: requests [0-9]+ .*; ring left: ([0-9]+) published and not taken, ([0-9]+) taken and not answered, [0-9]+ answered since the frontend last armed its event)");
   std::vector<std::smatch> ends(std::sregex_iterator(l.begin(), l.end(), left), std::sregex_iterator());
   ASSERT_FALSE(ends.empty()) << l;
   for (const auto& m : ends) {
     EXPECT_EQ(m[2], "0") << m.str();
     EXPECT_EQ(m[3], "0") << m.str();
-    EXPECT_EQ(m[4], "0") << m.str();
   }
   // What the restart found in the ring (informational: how many requests were redone).
   if (auto at = l.find("resuming at rsp_prod"); at != std::string::npos) {

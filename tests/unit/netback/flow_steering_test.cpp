@@ -141,14 +141,26 @@ TEST(FlowSteering, TheFlowMovedIsTheOneWithTheMostHostToGuestBytes) {
   EXPECT_EQ(s.on_tx(up, 0, 20000, 110), 0u) << "the upload stays";
   EXPECT_EQ(s.moves(), 1u);
 
+  // Two uploads whose ACKs alone are busy (2000 bytes a period, heavy_bytes 1000): still left
+  // alone, each sends more than it receives.
   FlowSteering two_uploads(two_queues());
   for (std::uint64_t t = 0; t < 3000; t += 10) {
     EXPECT_EQ(two_uploads.on_tx(1, 0, 20000, t), 0u);
     EXPECT_EQ(two_uploads.on_tx(2, 0, 20000, t + 1), 0u);
-    two_uploads.on_rx(1, 0, 60, t + 2);  // 600 bytes of ACKs a period: below heavy_bytes
-    two_uploads.on_rx(2, 0, 60, t + 3);
+    two_uploads.on_rx(1, 0, 200, t + 2);
+    two_uploads.on_rx(2, 0, 200, t + 3);
   }
   EXPECT_EQ(two_uploads.moves(), 0u);
+  // A request/response flow that receives as much as it sends may move.
+  FlowSteering even(two_queues());
+  for (std::uint64_t t = 0; t <= 100; t += 10) {
+    EXPECT_EQ(even.on_tx(1, 0, 20000, t), 0u);
+    even.on_rx(1, 0, 200, t + 2);
+    even.on_tx(2, 0, 3000, t + 3);
+    even.on_rx(2, 0, 3000, t + 4);
+  }
+  EXPECT_EQ(even.moves(), 1u);
+  EXPECT_EQ(even.on_tx(2, 0, 3000, 110), 1u);
 }
 
 // Until netback moves a flow, each packet goes where the guest sent it (Linux netfront may pick

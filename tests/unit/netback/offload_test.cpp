@@ -135,6 +135,7 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   auto first = f, later = f;
   first[14 + 6] = 0x20;
   later[14 + 7] = 0x10;
+  ASSERT_TRUE(parse_ip(first) && parse_ip(later));
   EXPECT_TRUE(parse_ip(first)->fragment);
   EXPECT_TRUE(parse_ip(later)->fragment);
   EXPECT_EQ(parse_l4(first).error(), PacketError::bad_ip);
@@ -142,6 +143,7 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   // The don't-fragment bit alone is not a fragment.
   auto df = f;
   df[14 + 6] = 0x40;
+  ASSERT_TRUE(parse_ip(df));
   EXPECT_FALSE(parse_ip(df)->fragment);
   EXPECT_TRUE(parse_l4(df));
   // IPv6: 16-byte addresses; the transport header past a hop-by-hop header need not be in the
@@ -159,6 +161,17 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   auto v4_in_v6 = v6;
   v4_in_v6[14] = 0x40;
   EXPECT_EQ(parse_ip(v4_in_v6).error(), PacketError::bad_ip);
+  // Cut short: inside the tag, inside the IPv4 header, inside an IPv6 extension header.
+  EXPECT_EQ(parse_ip(std::span(qinq).first(16)).error(), PacketError::truncated);
+  EXPECT_EQ(parse_ip(std::span(f).first(14 + 19)).error(), PacketError::truncated);
+  EXPECT_EQ(parse_ip(std::span(v6).first(14 + 40 + 7)).error(), PacketError::truncated);
+  // An IPv4 header whose options run past the frame: parse_ip says where the transport header
+  // would be; parse_l4 finds it missing.
+  auto long_ihl = ipv4(6);
+  long_ihl[14] = 0x4f;  // 60 bytes of header in a frame with 40 after the Ethernet header
+  ASSERT_TRUE(parse_ip(long_ihl));
+  EXPECT_EQ(parse_ip(long_ihl)->l4_offset, 14u + 60);
+  EXPECT_EQ(parse_l4(long_ihl).error(), PacketError::truncated);
 }
 
 TEST(VnetFromNetif, PlainAndValidated) {

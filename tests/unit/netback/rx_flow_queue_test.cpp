@@ -191,6 +191,24 @@ TEST(RxFlowQueue, FlowsAreFiveTuples) {
   // Truncated or not IP: hashed by what is there, never read past the end.
   EXPECT_LT(q.flow_of(std::span<const std::uint8_t>(a.data(), 20)), 1024u);
   EXPECT_LT(q.flow_of(std::span<const std::uint8_t>(a.data(), 5)), 1024u);
+  // An 802.1ad (QinQ service) tag in front: the same flow.
+  auto tagged = a;
+  tagged.insert(tagged.begin() + 12, {0x88, 0xa8, 0x00, 0x07});
+  EXPECT_EQ(q.flow_of(tagged), q.flow_of(a));
+  // IPv6 with a hop-by-hop header before TCP: the ports behind it make the flow.
+  auto v6 = [](std::uint16_t sport) {
+    std::vector<std::uint8_t> f(14 + 40 + 8 + 20, 0);
+    f[12] = 0x86, f[13] = 0xdd, f[14] = 0x60;  // next header 0: hop-by-hop
+    f[14 + 8] = 0xfd, f[14 + 23] = 1;          // fd00::1 → fd00::2
+    f[14 + 24] = 0xfd, f[14 + 39] = 2;
+    f[54] = 6;                                 // the extension: next TCP, 8 bytes
+    f[62] = static_cast<std::uint8_t>(sport >> 8), f[63] = static_cast<std::uint8_t>(sport);
+    f[64] = 0x14, f[65] = 0x51;
+    return f;
+  };
+  differ = 0;
+  for (std::uint16_t port = 1001; port < 1011; ++port) differ += q.flow_of(v6(port)) != q.flow_of(v6(1000));
+  EXPECT_GE(differ, 9u) << "other source ports behind the extension header are other flows";
 }
 
 TEST(RxFlowQueue, APoolSmallerThanOneFrameIsRefused) {

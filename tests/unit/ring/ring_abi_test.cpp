@@ -441,9 +441,9 @@ TEST(RingAbi, FrontRingInteroperatesWithOfficialBackMacros_abi) {
 }
 
 // BackRing::end_state, the diagnostic a back end logs when it stops, against the official front
-// macros: published requests it never took, and responses the front end has not looked at since
-// they were pushed — until the front end's final check, which arms rsp_event past them.
-TEST(RingAbi, EndStateTellsUntakenRequestsAndUnlookedResponses_abi) {
+// macros: published requests it never took, and responses pushed since the front end last armed
+// rsp_event — until its final check, which arms it past them.
+TEST(RingAbi, EndStateTellsUntakenRequestsAndResponsesSinceTheFrontEndArmed_abi) {
   PageBuf page = pages(1);
   auto* sring = reinterpret_cast<blkif_sring*>(page.get());
   blkif_front_ring_t front;
@@ -453,7 +453,7 @@ TEST(RingAbi, EndStateTellsUntakenRequestsAndUnlookedResponses_abi) {
   ASSERT_TRUE(back);
   auto fresh = back->end_state();
   EXPECT_EQ(fresh.untaken, 0u);
-  EXPECT_EQ(fresh.responses_unlooked, 0u) << "a fresh ring: rsp_event = rsp_prod + 1";
+  EXPECT_EQ(fresh.responses_since_armed, 0u) << "a fresh ring: rsp_event = rsp_prod + 1";
 
   for (unsigned i = 0; i < 3; ++i) {
     blkif_request* r = RING_GET_REQUEST(&front, front.req_prod_pvt);
@@ -475,18 +475,18 @@ TEST(RingAbi, EndStateTellsUntakenRequestsAndUnlookedResponses_abi) {
   EXPECT_EQ(mid.req_prod, 3u);
   EXPECT_EQ(mid.untaken, 1u);
   EXPECT_EQ(mid.rsp_prod, 2u);
-  EXPECT_EQ(mid.responses_unlooked, 2u) << "pushed past rsp_event 1, not yet consumed";
+  EXPECT_EQ(mid.responses_since_armed, 2u) << "pushed past rsp_event 1, not yet consumed";
 
   // The front end consumes one: it has not made its final check, so both still count.
   front.rsp_cons++;
-  EXPECT_EQ(back->end_state().responses_unlooked, 2u);
+  EXPECT_EQ(back->end_state().responses_since_armed, 2u);
   front.rsp_cons++;
   int work = 0;
   RING_FINAL_CHECK_FOR_RESPONSES(&front, work);
   EXPECT_FALSE(work);
   auto after = back->end_state();
   EXPECT_EQ(after.rsp_event, 3u);
-  EXPECT_EQ(after.responses_unlooked, 0u);
+  EXPECT_EQ(after.responses_since_armed, 0u);
   EXPECT_EQ(after.untaken, 1u) << "the third request is still the back end's";
   ASSERT_TRUE(back->pop_request());
   EXPECT_EQ(back->end_state().untaken, 0u);
@@ -494,6 +494,51 @@ TEST(RingAbi, EndStateTellsUntakenRequestsAndUnlookedResponses_abi) {
   // A front end that wrote a req_prod more than a ring ahead: no count is made of it.
   sring->req_prod = 3 + 1000;
   EXPECT_EQ(back->end_state().untaken, 0u);
+}
+
+// The same across the 32-bit wrap of the free-running indexes, and for a front end that polls:
+// it takes more than a ring of responses without arming, and all of them count.
+TEST(RingAbi, EndStateCountsAcrossTheIndexWrapAndPastOneRing_abi) {
+  PageBuf page = pages(1);
+  auto* sring = reinterpret_cast<blkif_sring*>(page.get());
+  blkif_front_ring_t front;
+  SHARED_RING_INIT(sring);
+  FRONT_RING_INIT(&front, sring, XEN_PAGE_SIZE);
+  constexpr RING_IDX kStart = 0xffffffffu - 40;  // 41 requests in, the indexes wrap
+  sring->req_prod = sring->rsp_prod = front.req_prod_pvt = front.rsp_cons = kStart;
+  sring->req_event = sring->rsp_event = kStart + 1;
+  auto back = xr::BlkifBackRing::attach(std::span(page.get(), XEN_PAGE_SIZE));
+  ASSERT_TRUE(back);
+  const RING_IDX size = RING_SIZE(&front);
+  ASSERT_EQ(size, 32u);
+  EXPECT_EQ(back->end_state().responses_since_armed, 0u);
+  // 80 requests, 16 at a time, each batch answered and taken by polling (rsp_cons moves; the
+  // front end never arms rsp_event again).
+  for (unsigned batch = 0; batch < 5; ++batch) {
+    for (unsigned i = 0; i < 16; ++i) {
+      std::memset(RING_GET_REQUEST(&front, front.req_prod_pvt), 0, sizeof(blkif_request));
+      front.req_prod_pvt++;
+    }
+    int notify = 0;
+    RING_PUSH_REQUESTS_AND_CHECK_NOTIFY(&front, notify);
+    (void)notify;
+    EXPECT_EQ(back->end_state().untaken, 16u) << batch;
+    for (unsigned i = 0; i < 16; ++i) {
+      auto req = back->pop_request();
+      ASSERT_TRUE(req);
+      ASSERT_TRUE(back->produce_response({req->id, 0, 0, xr::kBlkifRspOkay, {}}));
+    }
+    (void)back->push_responses();
+    front.rsp_cons = sring->rsp_prod;
+  }
+  auto e = back->end_state();
+  EXPECT_EQ(e.rsp_prod, kStart + 80) << "wrapped";
+  EXPECT_LT(e.rsp_prod, kStart);
+  EXPECT_EQ(e.untaken, 0u);
+  EXPECT_EQ(e.responses_since_armed, 80u) << "more than a ring (32) since the front end armed";
+  // Armed ahead of rsp_prod, as some front ends do (half a ring): nothing owed.
+  sring->rsp_event = e.rsp_prod + size / 2;
+  EXPECT_EQ(back->end_state().responses_since_armed, 0u);
 }
 
 }  // namespace

@@ -474,14 +474,16 @@ class BackRing {
 
   // How the front end left the ring, read once when the back end stops (a diagnostic: the front
   // end may still be writing). Where a guest's I/O stalled, it tells a back end that missed
-  // published requests (untaken > 0) from a front end that did not look at the responses it was
-  // told of (responses_unlooked > 0: its rsp_event, which a front end sets one past the last
-  // response it has seen before it waits, is still at or before rsp_prod) and from a front end
-  // that was not waiting on this ring at all (both 0).
+  // published requests (untaken > 0) from a front end that was owed an event: a front end arms
+  // rsp_event = rsp_cons + 1 before it waits (RING_FINAL_CHECK_FOR_RESPONSES), so responses
+  // pushed at or after rsp_event were to wake it (responses_since_armed > 0). A front end that
+  // polls takes responses without arming, so for it that count says nothing; for one that
+  // sleeps (Linux's blkfront and netfront), a count > 0 after a long stall means the event never
+  // reached it or it never ran. Both 0: it was not waiting on this ring.
   struct EndState {
     RingIdx req_prod = 0, req_event = 0, rsp_prod = 0, rsp_event = 0;  // as read
-    RingIdx untaken = 0;            // req_prod - req_cons (0 when req_prod is out of range)
-    RingIdx responses_unlooked = 0; // rsp_prod - rsp_event + 1 when rsp_event <= rsp_prod (one ring)
+    RingIdx untaken = 0;                // req_prod - req_cons (0 when req_prod is out of range)
+    RingIdx responses_since_armed = 0;  // rsp_prod - rsp_event + 1 when rsp_event <= rsp_prod
   };
   EndState end_state() const noexcept {
     EndState e;
@@ -490,7 +492,10 @@ class BackRing {
     e.rsp_prod = mem_.rsp_prod().load(std::memory_order_relaxed);
     e.rsp_event = mem_.rsp_event().load(std::memory_order_acquire);
     if (static_cast<RingIdx>(e.req_prod - req_cons_) <= size()) e.untaken = e.req_prod - req_cons_;
-    if (static_cast<RingIdx>(e.rsp_prod - e.rsp_event) < size()) e.responses_unlooked = e.rsp_prod - e.rsp_event + 1;
+    // Indexes are free-running: rsp_event at or before rsp_prod is a distance below 2^31 (a
+    // front end arms at most a ring ahead of what it has seen).
+    const RingIdx since = e.rsp_prod - e.rsp_event;
+    if (since < (RingIdx{1} << 31)) e.responses_since_armed = since + 1;
     return e;
   }
 

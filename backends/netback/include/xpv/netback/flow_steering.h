@@ -24,12 +24,12 @@
 //   every period (the first call after it ends): a flow that moved ≥ heavy_bytes in it is busy;
 //               its queue is where its host→guest packets were seen in the period (else where it
 //               is written). If one queue holds two or more busy flows while another holds none,
-//               the one of them with the most host→guest bytes — at least heavy_bytes: a move
-//               changes where those go, nothing else — that netback wrote in the period (it had
-//               guest-tx packets: the kernel learns the new queue from the next one) is moved to
-//               the emptiest queue; then no move for `hold_us`. A flow that mostly sends (its
-//               host→guest side is ACKs) is not moved: that would split its ACKs from its data
-//               and relieve its queue of nothing
+//               the one of them with the most host→guest bytes — at least heavy_bytes, and at
+//               least what it sent: a move changes where those go, nothing else — that netback
+//               wrote in the period (it had guest-tx packets: the kernel learns the new queue
+//               from the next one) is moved to the emptiest queue; then no move for `hold_us`.
+//               A flow that sends more than it receives (its host→guest side is ACKs) is never
+//               moved: that would split its ACKs from its data and relieve its queue of nothing
 //   idle      = a flow not seen for idle_us is forgotten (tun forgets it after 3 s too); with the
 //               table full, so is every flow that moved nothing in the period
 //
