@@ -43,15 +43,13 @@ FlowSteering::FlowSteering(FlowSteeringConfig cfg)
 
 std::optional<std::uint64_t> FlowSteering::flow_key(std::span<const std::uint8_t> f) noexcept {
   const auto ip = parse_ip(f);
-  if (!ip || ip->fragment || (ip->proto != 6 && ip->proto != 17) || f.size() < ip->l4_offset + 4) {
-    return std::nullopt;
-  }
+  if (!ip || ip->ports.empty()) return std::nullopt;
   End a, b;
   const std::size_t alen = ip->src.size();
   std::memcpy(a.addr, ip->src.data(), alen);
   std::memcpy(b.addr, ip->dst.data(), alen);
-  std::memcpy(a.port, &f[ip->l4_offset], 2);
-  std::memcpy(b.port, &f[ip->l4_offset + 2], 2);
+  std::memcpy(a.port, ip->ports.data(), 2);
+  std::memcpy(b.port, ip->ports.data() + 2, 2);
   if (b < a) std::swap(a, b);  // both directions: one key
   // FNV-1a (64-bit) over protocol, address length and the two ends in order.
   std::uint64_t h = 14695981039346656037ull;

@@ -65,6 +65,7 @@ Expected<IpHeaders, PacketError> parse_ip(std::span<const std::uint8_t> f) noexc
     return fail(PacketError::not_ip);
   }
   h.l4_offset = off;
+  if (!h.fragment && (h.proto == kProtoTcp || h.proto == kProtoUdp) && f.size() >= off + 4) h.ports = f.subspan(off, 4);
   return h;
 }
 

@@ -31,6 +31,7 @@ std::uint32_t RxFlowQueue::flow_of(std::span<const std::uint8_t> f) const noexce
   std::uint8_t key[40];
   std::size_t k = 0;
   auto take = [&](std::span<const std::uint8_t> bytes) {
+    if (bytes.empty()) return;  // memcpy from an empty span's null pointer is undefined
     std::memcpy(key + k, bytes.data(), bytes.size());
     k += bytes.size();
   };
@@ -38,9 +39,7 @@ std::uint32_t RxFlowQueue::flow_of(std::span<const std::uint8_t> f) const noexce
     key[k++] = ip->proto;
     take(ip->src);
     take(ip->dst);
-    if (!ip->fragment && (ip->proto == 6 || ip->proto == 17) && f.size() >= ip->l4_offset + 4) {
-      take(f.subspan(ip->l4_offset, 4));
-    }
+    take(ip->ports);
   } else {
     take(f.first(std::min(f.size(), kEthHeader)));
   }

@@ -125,6 +125,8 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   EXPECT_EQ(ip->src.data(), f.data() + 14 + 12) << "the addresses are the frame's own bytes";
   EXPECT_EQ(ip->dst[0], 10);
   EXPECT_EQ(ip->dst[3], 1);
+  EXPECT_EQ(ip->ports.data(), f.data() + 14 + 20);
+  EXPECT_EQ(ip->ports.size(), 4u);
   // An 802.1ad (QinQ service) tag is skipped as an 802.1Q one is.
   auto qinq = f;
   qinq.insert(qinq.begin() + 12, {0x88, 0xa8, 0x00, 0x07});
@@ -138,6 +140,7 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   ASSERT_TRUE(parse_ip(first) && parse_ip(later));
   EXPECT_TRUE(parse_ip(first)->fragment);
   EXPECT_TRUE(parse_ip(later)->fragment);
+  EXPECT_TRUE(parse_ip(later)->ports.empty()) << "a fragment has no ports";
   EXPECT_EQ(parse_l4(first).error(), PacketError::bad_ip);
   EXPECT_EQ(parse_l4(later).error(), PacketError::bad_ip);
   // The don't-fragment bit alone is not a fragment.
@@ -158,6 +161,10 @@ TEST(ParseIp, AddressesTagsAndFragments) {
   EXPECT_EQ(ip6->l4_offset, 14u + 48);
   EXPECT_EQ(ip6->proto, 6);
   EXPECT_EQ(parse_l4(std::span(v6).first(14 + 48)).error(), PacketError::truncated);
+  EXPECT_TRUE(ip6->ports.empty()) << "the frame ends before the ports";
+  ASSERT_TRUE(parse_ip(v6));
+  EXPECT_EQ(parse_ip(v6)->ports.data(), v6.data() + 14 + 48);
+  EXPECT_TRUE(parse_ip(ipv4(1))->ports.empty()) << "ICMP has none";
   auto v4_in_v6 = v6;
   v4_in_v6[14] = 0x40;
   EXPECT_EQ(parse_ip(v4_in_v6).error(), PacketError::bad_ip);

@@ -70,6 +70,9 @@ struct IpHeaders {
   bool fragment = false;              // an IPv4 fragment (MF or an offset): no transport header
   std::span<const std::uint8_t> src;  // the addresses, 4 or 16 bytes, inside the frame
   std::span<const std::uint8_t> dst;
+  // TCP or UDP, not a fragment, and the frame holds the ports: their 4 bytes (source, then
+  // destination); else empty.
+  std::span<const std::uint8_t> ports;
 };
 // Parses Ethernet (one optional 802.1Q or 802.1ad tag), then IPv4 or IPv6 (hop-by-hop, routing,
 // destination options extension headers skipped, at most 4). The transport header is not read:
