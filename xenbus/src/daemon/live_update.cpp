@@ -261,9 +261,10 @@ void finish_live_update(boost::asio::io_context& io, Store& store, const nlohman
   // After the transports' own posted work (the sockets' first drain, the rings' resume).
   boost::asio::post(io, [&io, &store, h, conn] {
     boost::asio::post(io, [&store, h, conn] {
-      store.answer(conn, h, text("OK"));
+      // Logged before the answer: whoever asked may read the log as soon as it has the answer.
       spdlog::info("xenstored: live update done: {} nodes, {} connections", store.node_count(),
                    store.connection_count());
+      store.answer(conn, h, text("OK"));
     });
   });
 }
