@@ -57,6 +57,21 @@ PageBuf pages(std::size_t n) {
   return PageBuf(p);
 }
 
+// The official front end of a blkif ring on `n` fresh pages (SHARED_RING_INIT, FRONT_RING_INIT);
+// attach_back() puts xpv's BackRing on the same pages.
+struct OfficialBlkFront {
+  explicit OfficialBlkFront(std::size_t n)
+      : page(pages(n)), sring(reinterpret_cast<blkif_sring*>(page.get())), bytes(n * XEN_PAGE_SIZE) {
+    SHARED_RING_INIT(sring);
+    FRONT_RING_INIT(&front, sring, bytes);
+  }
+  auto attach_back() const { return xr::BlkifBackRing::attach(std::span(page.get(), bytes)); }
+  PageBuf page;
+  blkif_sring* sring;
+  std::size_t bytes;
+  blkif_front_ring_t front;
+};
+
 TEST(RingAbi, SharedRingHeaderMatchesSring_abi) {
   EXPECT_EQ(offsetof(blkif_sring, ring), xr::kRingEntriesOffset);
   EXPECT_EQ(offsetof(netif_tx_sring, ring), xr::kRingEntriesOffset);
@@ -315,14 +330,11 @@ TEST(RingAbi, RingSizesMatchRingSizeMacro_abi) {
 // The official macros as the front end (guest driver), xpv's BackRing as the back end, on one
 // shared page: requests in, responses out, notify decisions as the macros compute them.
 TEST(RingAbi, OfficialFrontMacrosInteroperateWithBackRing_abi) {
-  PageBuf page = pages(2);
-  auto* sring = reinterpret_cast<blkif_sring*>(page.get());
-  blkif_front_ring_t front;
-  SHARED_RING_INIT(sring);
-  FRONT_RING_INIT(&front, sring, 2 * XEN_PAGE_SIZE);
+  OfficialBlkFront ring(2);
+  blkif_front_ring_t& front = ring.front;
   ASSERT_EQ(RING_SIZE(&front), 64u);
 
-  auto back = xr::BlkifBackRing::attach(std::span(page.get(), 2 * XEN_PAGE_SIZE));
+  auto back = ring.attach_back();
   ASSERT_TRUE(back);
   ASSERT_EQ(back->size(), 64u);
 
@@ -444,12 +456,10 @@ TEST(RingAbi, FrontRingInteroperatesWithOfficialBackMacros_abi) {
 // macros: published requests it never took, and responses pushed since the front end last armed
 // rsp_event — until its final check, which arms it past them.
 TEST(RingAbi, EndStateTellsUntakenRequestsAndResponsesSinceTheFrontEndArmed_abi) {
-  PageBuf page = pages(1);
-  auto* sring = reinterpret_cast<blkif_sring*>(page.get());
-  blkif_front_ring_t front;
-  SHARED_RING_INIT(sring);
-  FRONT_RING_INIT(&front, sring, XEN_PAGE_SIZE);
-  auto back = xr::BlkifBackRing::attach(std::span(page.get(), XEN_PAGE_SIZE));
+  OfficialBlkFront ring(1);
+  blkif_front_ring_t& front = ring.front;
+  blkif_sring* sring = ring.sring;
+  auto back = ring.attach_back();
   ASSERT_TRUE(back);
   auto fresh = back->end_state();
   EXPECT_EQ(fresh.untaken, 0u);
@@ -499,15 +509,13 @@ TEST(RingAbi, EndStateTellsUntakenRequestsAndResponsesSinceTheFrontEndArmed_abi)
 // The same across the 32-bit wrap of the free-running indexes, and for a front end that polls:
 // it takes more than a ring of responses without arming, and all of them count.
 TEST(RingAbi, EndStateCountsAcrossTheIndexWrapAndPastOneRing_abi) {
-  PageBuf page = pages(1);
-  auto* sring = reinterpret_cast<blkif_sring*>(page.get());
-  blkif_front_ring_t front;
-  SHARED_RING_INIT(sring);
-  FRONT_RING_INIT(&front, sring, XEN_PAGE_SIZE);
+  OfficialBlkFront ring(1);
+  blkif_front_ring_t& front = ring.front;
+  blkif_sring* sring = ring.sring;
   constexpr RING_IDX kStart = 0xffffffffu - 40;  // 41 requests in, the indexes wrap
   sring->req_prod = sring->rsp_prod = front.req_prod_pvt = front.rsp_cons = kStart;
   sring->req_event = sring->rsp_event = kStart + 1;
-  auto back = xr::BlkifBackRing::attach(std::span(page.get(), XEN_PAGE_SIZE));
+  auto back = ring.attach_back();
   ASSERT_TRUE(back);
   const RING_IDX size = RING_SIZE(&front);
   ASSERT_EQ(size, 32u);
