@@ -386,7 +386,16 @@ class XpvVm : public Vm {
     for (int i = 0; i < 100 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     // Said before the toolstack runs, so that the console shows where a session that stops
     // answering got to.
-    if (alive()) say(name_ + ": still running after 10 s; destroying it");
+    if (alive()) {
+      // A guest given up on (a workload that stopped making progress): before it goes, its
+      // kernel writes its blocked tasks and their stacks to the console (SysRq w through
+      // control/sysrq: only xenbus is needed), so the kept console says what it waited for;
+      // the teardown lines of the backends then say how it left their rings.
+      say(name_ + ": still running after 10 s; asking it for its blocked tasks (sysrq w), then destroying it");
+      shell(bounded(30, q(in_.xpv) + " sysrq " + q(name_) + " w") + " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1",
+            bound_of(30));
+      for (int i = 0; i < 200 && alive(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     const int rc = shell(bounded(kToolstackTimeout, q(in_.xpv) + " destroy " + q(name_)) + " >> " +
                              q((in_.logs / "toolstack.log").string()) + " 2>&1",
                          bound_of(kToolstackTimeout));

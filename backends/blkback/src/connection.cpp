@@ -139,14 +139,18 @@ void VbdConnection::teardown() noexcept {
                    "polling: {} waits ended spinning, {} slept; answered {} us after being taken on average; "
                    "{} taken with nothing outstanding, {} us after the push that answered the last on average "
                    "(and {} after {} ms or more); ring left: {} published and not taken, {} taken and not answered, "
-                   "{} answered since the frontend last armed its event (req_prod {}, rsp_prod {}, rsp_event {})",
+                   "{} answered since the frontend last armed its event (req_prod {}, rsp_prod {}, rsp_event {}); {}",
                    q->queue->name(), n(c.requests), n(c.reads), n(c.writes), n(c.flushes), n(c.discards),
                    n(c.errors), n(c.unsupported), n(c.sectors_read), n(c.sectors_written), n(c.batches),
                    n(c.notifications), n(c.wakeups), n(c.held), n(c.poll_hits), n(c.poll_misses),
                    n(c.answered) == 0 ? 0 : n(c.answered_us) / n(c.answered), n(c.idle_gaps),
                    n(c.idle_gaps) == 0 ? 0 : n(c.idle_gap_us) / n(c.idle_gaps), n(c.long_idle_gaps),
                    kLongIdleGapUs / 1000, end.untaken, q->queue->unanswered(), end.responses_since_armed, end.req_prod,
-                   end.rsp_prod, end.rsp_event);
+                   end.rsp_prod, end.rsp_event,
+                   n(c.stop_woke) == 0 ? std::string("the stop came while it was awake")
+                                       : fmt::format("the stop woke it from a sleep with {} I/O in flight, {} of them "
+                                                     "completed and not reaped",
+                                                     n(c.stop_in_flight), n(c.stop_completed_unreaped)));
     }
     q->queue.reset();  // waits for the kernel to finish with the guest's pages
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);

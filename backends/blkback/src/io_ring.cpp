@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <system_error>
 
@@ -28,6 +29,12 @@ IoRing::~IoRing() {
   // Requests still in flight complete into pages we no longer look at; queue_exit waits for the
   // kernel to be done with them, so no I/O outlives the ring.
   io_uring_queue_exit(&ring_);
+}
+
+bool IoRing::ready_before_sleep() noexcept {
+  std::uint64_t n;
+  (void)!::read(event_.get(), &n, sizeof n);  // EAGAIN: nothing was signalled
+  return completions_ready();
 }
 
 io_uring_sqe* IoRing::next_sqe() noexcept {

@@ -485,8 +485,6 @@ bool BlkifQueue::work_ready() noexcept {
 void BlkifQueue::run() noexcept {
   pollfd fds[3] = {{evtchn_->wait_fd(), POLLIN, 0}, {io_.completion_fd(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
   bool stopping = false;
-  // Completions are looked for in the CQ ring; the eventfd is turned on only to sleep.
-  io_.signal_completions(false);
   while (true) {
     if (!step(/*arm=*/false)) break;
     if (!stopping && stop_requested_.load(std::memory_order_acquire)) {
@@ -506,8 +504,9 @@ void BlkifQueue::run() noexcept {
       counters_.poll_hits.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    // Going to sleep: ask for a kick (req_event) and a completion signal, then look once more
-    // so that nothing that came before either was armed is slept through.
+    // Going to sleep: ask for a kick (req_event) and look once more, so that no request that came
+    // before it was armed is slept through; the same for completions (io_ring.h: the eventfd is
+    // consumed, then the CQ looked at).
     if (draining_) {
       auto more = ring_.final_check_for_requests();
       if (!more) {
@@ -516,26 +515,21 @@ void BlkifQueue::run() noexcept {
       }
       if (*more) continue;
     }
-    io_.signal_completions(true);
-    if (io_.completions_ready()) {
-      io_.signal_completions(false);
-      continue;
-    }
+    if (io_.ready_before_sleep()) continue;
     counters_.poll_misses.fetch_add(1, std::memory_order_relaxed);
     if (::poll(fds, stopping ? 2 : 3, -1) < 0 && errno != EINTR) {
       disable("poll failed");
       break;
     }
-    io_.signal_completions(false);
     if (!io_busy) poll_.after_sleep();  // a wait for our own I/O says nothing about the ring
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
     if (fds[0].revents) (void)evtchn_->consume();
-    if (fds[1].revents) {
-      std::uint64_t n;
-      (void)!::read(io_.completion_fd(), &n, sizeof n);
+    if (!stopping && fds[2].revents) {  // what the sleep had left, for the teardown line
+      counters_.stop_in_flight.store(io_.in_flight(), std::memory_order_relaxed);
+      counters_.stop_completed_unreaped.store(io_.completions_waiting(), std::memory_order_relaxed);
+      counters_.stop_woke.store(1, std::memory_order_relaxed);
     }
   }
-  io_.signal_completions(true);
   // Disabled: wait for the kernel to finish with the guest's pages, answer nothing more.
   for (int i = 0; i < 100000 && io_.in_flight() > 0; ++i) {
     (void)io_.submit_and_wait(1);

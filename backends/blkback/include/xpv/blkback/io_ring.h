@@ -55,14 +55,21 @@ class IoRing {
     return n;
   }
 
-  // Readable (eventfd counter) whenever completions were posted. Consume it before reaping.
+  // Readable (eventfd counter) whenever completions were posted since the last
+  // ready_before_sleep(). The kernel signals it for every completion: it is never turned off
+  // (IORING_CQ_EVENTFD_DISABLED), because the kernel reads that flag after posting a CQE
+  // without a full barrier in between (Linux 6.1 has one there, later kernels' io_eventfd_grab
+  // none): a thread that turns it on, finds the CQ empty and sleeps can miss a completion posted
+  // by an io-wq worker meanwhile, and nothing would wake it again.
   int completion_fd() const noexcept { return event_.get(); }
   // Completions posted and not reaped yet (a look at the shared CQ ring, no syscall).
   bool completions_ready() const noexcept { return io_uring_cq_ready(&ring_) > 0; }
-  // Whether completions signal completion_fd(): off while the owner polls the CQ itself (no
-  // wake-up to pay for later). Turning it back on does not signal what came meanwhile: check
-  // completions_ready() after it.
-  void signal_completions(bool on) noexcept { (void)io_uring_cq_eventfd_toggle(&ring_, on); }
+  unsigned completions_waiting() const noexcept { return io_uring_cq_ready(&ring_); }
+  // Before sleeping on completion_fd(): consumes its counter, then looks at the CQ ring. true:
+  // completions are waiting (do not sleep). false: none was posted before the look, and any
+  // posted after it signals the eventfd, so the sleep cannot miss it (the kernel stores the CQ
+  // tail before it signals; the eventfd's lock orders that signal against the read here).
+  bool ready_before_sleep() noexcept;
   unsigned in_flight() const noexcept { return in_flight_; }
   unsigned space() noexcept { return io_uring_sq_space_left(&ring_); }
 

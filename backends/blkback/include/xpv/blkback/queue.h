@@ -86,6 +86,10 @@ struct QueueCounters {
   // without disk I/O, idling) is only counted, in long_idle_gaps, so that the average is the
   // round trip of a guest that waits for its disk. At queue depth 1 the two averages add up to it.
   std::atomic<std::uint64_t> answered{0}, answered_us{0}, idle_gaps{0}, idle_gap_us{0}, long_idle_gaps{0};
+  // When stop() woke the thread from its sleep: its I/Os in flight, and how many of them had
+  // completed into the CQ without waking it (more than a completion or two that came with the
+  // stop: a completion slept through, and a guest left waiting for its answer).
+  std::atomic<std::uint64_t> stop_woke{0}, stop_in_flight{0}, stop_completed_unreaped{0};
 };
 
 class BlkifQueue {
