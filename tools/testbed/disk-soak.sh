@@ -19,7 +19,9 @@
 #     published and not taken, B taken and not answered, C answered since the frontend last armed
 #     its event": backends/README.md "A stalled guest").
 # $OUT/soak.txt: one line per run (seconds on L1's clock) and per boot how it ended; $OUT/stall-*
-# what was gathered at a stall; $OUT/xpv-log/ the daemons', VMMs' and consoles' logs.
+# what was gathered at a stall; $OUT/stamps-* each phase line with L1's time of its arrival;
+# $OUT/xpv-log/ the daemons', VMMs' and consoles' logs (copied every minute: an L1 lost
+# mid-boot leaves what it had).
 # Everything it makes lives in L1 (its /tmp, a TAP, the VMs) and goes with L1.
 set -u
 me=disk-soak.sh
@@ -60,23 +62,26 @@ watch() {
     # before the first phase the guest boots (at most STALL s too)
     if [ $((t - last)) -ge "$STALL" ]; then phases "$1" "$2"; return 2; fi
     sleep 5; t=$((t + 5))
-    [ $((t % 60)) -ne 0 ] || echo "$1: ${t} s, $n phase lines"  # alive, for --quiet-limit
+    if [ $((t % 60)) -eq 0 ]; then
+      echo "$1: ${t} s, $n phase lines"  # alive, for --quiet-limit
+      mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 is lost mid-boot
+    fi
   done
   phases "$1" "$2"; return 2
 }
 phases() { # NAME CONSOLE: each finished run's seconds, from the phase lines' arrival (L1 clock)
   # is not in the log, so the lines are stamped here as they are seen: see stamp below
   awk -v name="$1" '/^[0-9]+ XPV-PHASE bonnie-[0-9]+ begin/ { b[$3] = $1 }
-    /^[0-9]+ XPV-PHASE bonnie-[0-9]+ end/ { printf "%s: %s %d s\n", name, $3, $1 - b[$3] }' "$W/stamps-$1" 2>/dev/null >> $OUT/soak.txt
+    /^[0-9]+ XPV-PHASE bonnie-[0-9]+ end/ { printf "%s: %s %d s\n", name, $3, $1 - b[$3] }' "$OUT/stamps-$1" 2>/dev/null >> $OUT/soak.txt
 }
 # stamp CONSOLE NAME &: the console's XPV-PHASE lines with L1's time of arrival (1 s resolution)
 stamp() {
-  : > "$W/stamps-$2"
+  : > "$OUT/stamps-$2"
   i=0 have=0
   while [ $i -lt 20000 ]; do
     n=$(grep -c "^XPV-PHASE" "$1" 2>/dev/null); n=${n:-0}
     if [ "$n" -gt "$have" ]; then
-      grep "^XPV-PHASE" "$1" | tail -n $((n - have)) | sed "s/^/$(date +%s) /" >> "$W/stamps-$2"; have=$n
+      grep "^XPV-PHASE" "$1" | tail -n $((n - have)) | sed "s/^/$(date +%s) /" >> "$OUT/stamps-$2"; have=$n
     fi
     sleep 1; i=$((i + 1))
   done
