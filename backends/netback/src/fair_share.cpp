@@ -72,9 +72,13 @@ void FairShare::charge(Account* a, std::size_t bytes) noexcept {
   changed_.notify_all();
 }
 
-bool FairShare::wait(std::chrono::microseconds limit) noexcept {
+std::uint64_t FairShare::generation() const noexcept {
+  std::lock_guard lock(mu_);
+  return generation_;
+}
+
+bool FairShare::wait(std::chrono::microseconds limit, std::uint64_t seen) noexcept {
   std::unique_lock lock(mu_);
-  const std::uint64_t seen = generation_;
   return changed_.wait_for(lock, limit, [&] { return generation_ != seen; });
 }
 

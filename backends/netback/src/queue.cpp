@@ -534,6 +534,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
+      counters_.rx_waits.fetch_add(1, std::memory_order_relaxed);
     } else if (now - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
       // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
       counters_.rx_dropped.fetch_add(rx_queue_.clear(), std::memory_order_relaxed);
@@ -543,6 +544,9 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     // and not in the TAP's arrival order (unless the config leaves it in the TAP).
     if (cfg_.rx_drain) rx_ingest(kDrainBatch);
     return Step::blocked;
+  }
+  if (rx_stalled_ && now_us() - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
+    counters_.rx_waits_late.fetch_add(1, std::memory_order_relaxed);
   }
   rx_stalled_ = false;
   if (!rx_hold(need)) return Step::none;
@@ -734,11 +738,12 @@ bool NetbackQueue::pass() noexcept {
       // catch up; if neither of ours may go, give the CPU away for a bounded time.
       share->set_backlog(share_acc_[0], tx_ready);
       share->set_backlog(share_acc_[1], rx_ready);
+      const std::uint64_t seen = share->generation();  // a charge after this ends the wait below
       tx_go = tx_ready && share->may_go(share_acc_[0]);
       rx_go = rx_ready && share->may_go(share_acc_[1]);
       if ((tx_ready || rx_ready) && !tx_go && !rx_go) {
         counters_.fair_waits.fetch_add(1, std::memory_order_relaxed);
-        (void)share->wait(std::chrono::milliseconds(1));
+        (void)share->wait(std::chrono::milliseconds(1), seen);
         busy_ = true;  // the work is still there
         continue;
       }
@@ -778,21 +783,16 @@ bool NetbackQueue::pass() noexcept {
   if (rx_stalled_ && !rx_queue_.empty()) {
     // Waiting for rx buffers: the usual final check (req_event = req_cons + 1) would be already
     // passed while some buffers are posted but not enough, and we would spin. Ask instead to be
-    // notified at the next buffer after those posted now (Linux netback does the same), then
-    // look again.
-    auto n = rx_.unconsumed_requests();
-    if (n) {
-      std::atomic_ref<RingIdx> req_event(*reinterpret_cast<RingIdx*>(
-          rx_.bytes().data() + offsetof(SharedRingHeader, req_event)));
-      req_event.store(rx_.req_cons() + *n + 1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // event store before the re-read
-      n = rx_.unconsumed_requests();
-    }
-    if (!n) {
-      disable(to_string(n.error()));
+    // notified at the next buffer after those posted now (Linux netback does the same), and look
+    // again until no buffer came in between (shared_ring.h: an event set from a count that
+    // buffers posted meanwhile made stale was a lost wake-up until session 41 — the packet then
+    // waited for the stall's timeout, rx_stall_ms).
+    auto enough = rx_.check_for_requests(rx_need_);
+    if (!enough) {
+      disable(to_string(enough.error()));
       return false;
     }
-    if (*n >= rx_need_) busy_ = true;
+    if (*enough) busy_ = true;
   }
   return true;
 }

@@ -104,12 +104,13 @@ TEST(FairShare, WaitEndsWhenAnotherThreadChargesOrTimesOut) {
   s.set_backlog(b, true);
   s.charge(a, 2 * kLead);
   ASSERT_FALSE(s.may_go(a));
-  EXPECT_FALSE(s.wait(1ms));  // nobody moved
+  EXPECT_FALSE(s.wait(1ms, s.generation()));  // nobody moved
   auto waiter = std::async(std::launch::async, [&] {
     // Bounded: 100 waits of at most 100 ms each, until b has caught up.
     for (int i = 0; i < 100; ++i) {
+      const auto seen = s.generation();
       if (s.may_go(a)) return true;
-      (void)s.wait(100ms);
+      (void)s.wait(100ms, seen);
     }
     return s.may_go(a);
   });
@@ -121,13 +122,31 @@ TEST(FairShare, WaitEndsWhenAnotherThreadChargesOrTimesOut) {
   EXPECT_EQ(b->served, 2 * kLead);
 }
 
+// A thread looks (may_go: no), another account is charged, then the first waits: the charge
+// came after its look, so the wait must end at once — the ledger is not what the look saw. Until
+// session 41 wait() took its own snapshot and slept through that charge until its limit (1 ms in
+// xpv-netback, the queue held back for nothing).
+TEST(FairShare, AChargeBetweenTheLookAndTheWaitEndsTheWait) {
+  FairShare s(kLead);
+  auto* a = s.join();
+  auto* b = s.join();
+  s.set_backlog(a, true);
+  s.set_backlog(b, true);
+  s.charge(a, 2 * kLead);
+  const auto seen = s.generation();
+  ASSERT_FALSE(s.may_go(a));
+  s.charge(b, 2 * kLead);  // another thread's turn, between the look and the wait
+  EXPECT_TRUE(s.wait(10s, seen)) << "slept through a charge made after its look";
+  EXPECT_TRUE(s.may_go(a));
+}
+
 TEST(FairShare, ChargingNothingChangesNothing) {
   FairShare s(kLead);
   auto* a = s.join();
   s.set_backlog(a, true);
   s.charge(a, 0);
   EXPECT_EQ(a->served, 0u);
-  EXPECT_FALSE(s.wait(1ms));
+  EXPECT_FALSE(s.wait(1ms, s.generation()));
 }
 
 }  // namespace

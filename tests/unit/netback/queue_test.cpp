@@ -648,6 +648,31 @@ TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(fe_.rx_responses().size(), 2u);
   EXPECT_EQ(queue_->counters().rx_packets.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_waits.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_waits_late.load(), 0u) << "the buffers came within the stall time";
+}
+
+// A wait whose buffers are found only once the stall's time is over counts as late: in a running
+// daemon the guest's notification would have woken the thread at the buffer that completed the
+// count (so a late wait is a lost wake-up, or a guest that did not notify). Here the test plays
+// the thread and looks only after the time is over.
+TEST_F(NetbackQueueTest, RxBuffersFoundOnlyAfterTheStallTimeCountAsALateWait) {
+  NetbackConfig cfg;
+  cfg.rx_stall_ms = 1;
+  start(cfg);
+  host_write({}, tcp_frame(6000));  // 2 slots
+  fe_.post_rx(0, fe_.grant(100, false));
+  fe_.rx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_TRUE(fe_.rx_responses().empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  fe_.post_rx(1, fe_.grant(101, false));
+  fe_.rx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(fe_.rx_responses().size(), 2u) << "delivered: the buffers were there at the timeout's look";
+  EXPECT_EQ(queue_->counters().rx_dropped.load(), 0u);
+  EXPECT_EQ(queue_->counters().rx_waits.load(), 1u);
+  EXPECT_EQ(queue_->counters().rx_waits_late.load(), 1u);
 }
 
 // With rx_drain (XPV_NETBACK_RX_DRAIN=all), a guest that receives more slowly than the host sends

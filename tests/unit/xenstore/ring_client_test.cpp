@@ -233,6 +233,18 @@ TEST_F(RingClientTest, NoReplyIsABoundedEio) {
   EXPECT_EQ(client_->stats().timeouts, 1u);
 }
 
+// A request longer than the 1 KiB request ring, and nobody serving it: the io thread puts what
+// fits on the ring and then waits for xenstored's kick (or its 200 ms poll) — it used to look at
+// the full ring again at once, over and over, at 100 % of a CPU until the caller gave up.
+TEST_F(RingClientTest, AFullRequestRingIsWaitedOnNotSpunOn) {
+  make_client(1000ms);
+  EXPECT_EQ(client_->write("a", std::string(3000, 'x')).error(), wire::Error::eio);
+  const auto s = client_->stats();
+  EXPECT_EQ(s.timeouts, 1u);
+  // About one look per 200 ms poll over the 1 s the call waited; spinning made millions.
+  EXPECT_LE(s.pumps, 20u) << "the io thread kept looking at a full ring";
+}
+
 TEST_F(RingClientTest, ABrokenRingFailsEveryCall) {
   make_client(2000ms);
   give_home(5);

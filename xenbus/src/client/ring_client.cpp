@@ -104,7 +104,7 @@ void RingClient::fail_all_locked() {
 void RingClient::io_loop() {
   std::unique_lock l(lock_);
   while (!stopping_) {
-    io_cv_.wait_for(l, kPoll, [this] { return stopping_ || kicked_ || !out_.empty(); });
+    io_cv_.wait_for(l, kPoll, [this] { return stopping_ || kicked_ || (!out_.empty() && !out_blocked_); });
     if (stopping_) break;
     kicked_ = false;
     if (broken_.load(std::memory_order_relaxed)) {
@@ -137,12 +137,13 @@ bool RingClient::pump(std::unique_lock<std::mutex>&) {
   if (!req || !rsp) return broken("ring layout refused");
   const std::uint32_t err = std::atomic_ref<std::uint32_t>(intf_->error).load(std::memory_order_acquire);
   if (err != ring::kXenstoreErrorNone) return broken("xenstored reported a ring error");
+  ++stats_.pumps;
   // Requests out.
   while (!out_.empty()) {
     const std::string& m = out_.front();
     auto n = req->write(std::span<const char>(m.data() + out_off_, m.size() - out_off_));
     if (!n) return broken("request ring index out of range");
-    if (*n == 0) break;
+    if (*n == 0) break;  // full: xenstored's kick says when it took some
     moved = true;
     out_off_ += *n;
     if (out_off_ == m.size()) {
@@ -150,6 +151,7 @@ bool RingClient::pump(std::unique_lock<std::mutex>&) {
       out_off_ = 0;
     }
   }
+  out_blocked_ = !out_.empty();
   // Replies and events in.
   for (;;) {
     char buf[ring::kXenstoreRingSize];

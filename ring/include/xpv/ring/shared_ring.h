@@ -511,6 +511,27 @@ class BackRing {
     return *n != 0;
   }
 
+  // The same before sleeping until at least `need` requests are unconsumed (netif rx: the
+  // buffers a packet needs; Linux netback's xenvif_rx_ring_slots_available): true if they are
+  // there; otherwise req_event = the request after those posted now, and look again — until a
+  // look finds no request that was not counted when the event was set. A request that came in
+  // between was pushed while req_event was still behind it, so its push did not notify, and a
+  // sleep on an event set from the old count would wait for a notification that no later push
+  // sends (req_event stays behind req_prod). Bounded: more than a ring's worth of rounds (only a
+  // frontend moving req_prod back and forth makes them) answers true, "look again".
+  Expected<bool, RingError> check_for_requests(RingIdx need) noexcept {
+    for (std::size_t round = 0; round <= size(); ++round) {
+      auto n = refresh();
+      if (!n) return fail(n.error());
+      if (*n >= need) return true;
+      detail::arm_event(mem_.req_event(), req_cons_ + *n + 1);
+      auto again = refresh();
+      if (!again) return fail(again.error());
+      if (*again == *n) return false;
+    }
+    return true;
+  }
+
  private:
   BackRing(detail::RingMemory<Req, Rsp> mem, RingIdx start) noexcept
       : mem_(mem), req_cons_(start), req_prod_seen_(start), rsp_prod_pvt_(start),

@@ -68,8 +68,13 @@ class FairShare {
   // `bytes` moved in `a`'s turn: its served grows (by bytes × the busy accounts of its group);
   // waiters look again.
   void charge(Account* a, std::size_t bytes) noexcept;
-  // Blocks until an account is charged or goes idle, or `limit` passed. Returns false on timeout.
-  bool wait(std::chrono::microseconds limit) noexcept;
+  // The ledger's version: changes with every charge and every account going idle.
+  std::uint64_t generation() const noexcept;
+  // Blocks until the ledger changed since `seen` — generation() read BEFORE the may_go() looks
+  // that decided to wait, so that a charge between those looks and this wait ends it at once
+  // (read inside, it would sleep through that charge until the limit) — or `limit` passed.
+  // Returns false on timeout.
+  bool wait(std::chrono::microseconds limit, std::uint64_t seen) noexcept;
 
   std::uint64_t lead() const noexcept { return lead_; }
   std::size_t accounts() const noexcept;

@@ -139,6 +139,10 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rx_fill_limit{0};             // now: rx slots netback may keep filled ahead of the guest
   std::atomic<std::uint64_t> rx_fill_holds{0};             // packets the fill limit held back (buffers were posted)
   std::atomic<std::uint64_t> rx_fill_grows{0}, rx_fill_shrinks{0};  // the guest idled while held back / stayed behind
+  // A packet waited for the guest's rx buffers (rx_waits), and of those waits, how many found the
+  // buffers only when the stall's timeout looked (rx_waits_late): the guest had posted them
+  // without a notification reaching this thread — a lost wake-up, or a guest that does not notify.
+  std::atomic<std::uint64_t> rx_waits{0}, rx_waits_late{0};
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
@@ -182,6 +186,7 @@ class NetbackQueue {
 
   bool disabled() const noexcept { return disabled_.load(std::memory_order_acquire); }
   const NetbackCounters& counters() const noexcept { return counters_; }
+  std::uint32_t rx_stall_ms() const noexcept { return cfg_.rx_stall_ms; }
   const std::string& name() const noexcept { return name_; }
   // How the frontend left the rings (BackRing::end_state): for the log line when the queue
   // stops; read them only when run() has returned.

@@ -54,6 +54,7 @@ class RingClient {
   struct Stats {
     std::uint64_t requests = 0, replies = 0, events = 0, dropped_events = 0, timeouts = 0,
                   notifications = 0;
+    std::uint64_t pumps = 0;  // looks at the two rings by the io thread
   };
 
   // `page` is the domain's xenstore page (it must outlive the client); `notify` kicks xenstored
@@ -132,6 +133,9 @@ class RingClient {
   std::uint32_t next_req_ = 1;
   std::deque<std::string> out_;  // encoded requests not (fully) on the ring yet
   std::size_t out_off_ = 0;
+  // The request ring had no room for the rest of out_ at the last look: the io thread waits for
+  // xenstored's kick (or its poll) instead of looking again at once, over and over.
+  bool out_blocked_ = false;
   std::map<std::uint32_t, std::shared_ptr<Pending>> pending_;  // by req_id
   std::uint32_t probe_req_ = 0;
   wire::Framer framer_;
