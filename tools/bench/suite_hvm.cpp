@@ -387,10 +387,11 @@ class XpvVm : public Vm {
     // Said before the toolstack runs, so that the console shows where a session that stops
     // answering got to.
     if (alive()) {
-      // A guest given up on (a workload that stopped making progress): before it goes, its
-      // kernel writes its blocked tasks and their stacks to the console (SysRq w through
-      // control/sysrq: only xenbus is needed), so the kept console says what it waited for;
-      // the teardown lines of the backends then say how it left their rings.
+      // A guest still running 10 s after it was to stop: given up on (a workload that stopped
+      // making progress) or, rarely, slow to power off after its workload (20 s lost then).
+      // Before it goes, its kernel writes its blocked tasks and their stacks to the console
+      // (SysRq w through control/sysrq: only xenbus is needed), so the kept console says what it
+      // waited for; the teardown lines of the backends then say how it left their rings.
       say(name_ + ": still running after 10 s; asking it for its blocked tasks (sysrq w), then destroying it");
       shell(bounded(30, q(in_.xpv) + " sysrq " + q(name_) + " w") + " >> " + q((in_.logs / "toolstack.log").string()) + " 2>&1",
             bound_of(30));

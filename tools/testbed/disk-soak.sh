@@ -52,39 +52,43 @@ say() { echo "$*"; echo "$*" >> $OUT/soak.txt; }
 # guest's end (ALIVE, a test, fails) or a stall; returns 0 when done, 1 when it ended otherwise,
 # 2 when stalled (the guest still running). Bounded: REPEAT runs of at most STALL s each, + 600 s.
 watch() {
-  last=0 t=0 seen=0 begun=0 limit=$((REPEAT * STALL * 2 + 600))
+  last=0 t=0 seen=0 limit=$((REPEAT * STALL * 2 + 600))
   while [ $t -lt $limit ]; do
-    grep -q "XPV-DONE\|XPV-FATAL" "$2" 2>/dev/null && { phases "$1" "$2"; return 0; }
-    eval "$3" || { sleep 2; phases "$1" "$2"; grep -q "XPV-DONE" "$2" 2>/dev/null && return 0; return 1; }
+    grep -q "XPV-DONE\|XPV-FATAL" "$2" 2>/dev/null && return 0
+    if ! eval "$3"; then sleep 2; grep -q "XPV-DONE" "$2" 2>/dev/null && return 0; return 1; fi
     n=$(grep -c "^XPV-PHASE" "$2" 2>/dev/null); n=${n:-0}
     if [ "$n" -ne "$seen" ]; then seen=$n last=$t; fi
-    [ "$n" -gt 0 ] && begun=1
     # before the first phase the guest boots (at most STALL s too)
-    if [ $((t - last)) -ge "$STALL" ]; then phases "$1" "$2"; return 2; fi
+    [ $((t - last)) -ge "$STALL" ] && return 2
     sleep 5; t=$((t + 5))
     if [ $((t % 60)) -eq 0 ]; then
       echo "$1: ${t} s, $n phase lines"  # alive, for --quiet-limit
-      mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 is lost mid-boot
+      mkdir -p "$OUT/xpv-log" && cp $W/log/* "$OUT/xpv-log/" 2>/dev/null  # kept if L1 is lost mid-boot
     fi
   done
-  phases "$1" "$2"; return 2
+  return 2
 }
-phases() { # NAME CONSOLE: each finished run's seconds, from the phase lines' arrival (L1 clock)
-  # is not in the log, so the lines are stamped here as they are seen: see stamp below
-  awk -v name="$1" '/^[0-9]+ XPV-PHASE bonnie-[0-9]+ begin/ { b[$3] = $1 }
-    /^[0-9]+ XPV-PHASE bonnie-[0-9]+ end/ { printf "%s: %s %d s\n", name, $3, $1 - b[$3] }' "$OUT/stamps-$1" 2>/dev/null >> $OUT/soak.txt
+# stamp_pass CONSOLE NAME: the console's complete phase lines not stamped yet, each with L1's
+# time now (the guest's clock is not trusted; one pass a second: 1 s resolution)
+stamp_pass() {
+  f="$OUT/stamps-$2"
+  lines=$(grep -E "^XPV-PHASE bonnie-[0-9]+ (begin|end)" "$1" 2>/dev/null | tr -d "\r")
+  have=$(wc -l < "$f"); n=$(printf '%s\n' "$lines" | grep -c .)
+  [ "$n" -gt "$have" ] && printf '%s\n' "$lines" | sed -n "$((have + 1)),${n}p" | sed "s/^/$(date +%s) /" >> "$f"
+  return 0
 }
-# stamp CONSOLE NAME &: the console's XPV-PHASE lines with L1's time of arrival (1 s resolution)
+# stamp CONSOLE NAME &: a pass a second (bounded), until killed
 stamp() {
   : > "$OUT/stamps-$2"
-  i=0 have=0
-  while [ $i -lt 20000 ]; do
-    n=$(grep -c "^XPV-PHASE" "$1" 2>/dev/null); n=${n:-0}
-    if [ "$n" -gt "$have" ]; then
-      grep "^XPV-PHASE" "$1" | tail -n $((n - have)) | sed "s/^/$(date +%s) /" >> "$OUT/stamps-$2"; have=$n
-    fi
-    sleep 1; i=$((i + 1))
-  done
+  i=0; while [ $i -lt 20000 ]; do stamp_pass "$1" "$2"; sleep 1; i=$((i + 1)); done
+}
+# stamps_done CONSOLE NAME PID: the stamper stopped, a last pass, each finished run's seconds
+stamps_done() {
+  kill "$3" 2>/dev/null; wait "$3" 2>/dev/null
+  stamp_pass "$1" "$2"
+  awk -v name="$2" '$3 ~ /^bonnie-/ && $4 == "begin" { b[$3] = $1 }
+    $3 ~ /^bonnie-/ && $4 == "end" && ($3 in b) { printf "%s: %s %d s\n", name, $3, $1 - b[$3]; delete b[$3] }' \
+    "$OUT/stamps-$2" >> "$OUT/soak.txt"
 }
 stalled_xpv() { # NAME: what the xpv side and the guest say while it is stalled
   s=$OUT/stall-$1; mkdir -p $s
@@ -107,7 +111,7 @@ boot_x() { # n [letter]
     1) say "$l$1: ended without XPV-DONE: $(grep -h -o 'guest stopped: [^(]*' $W/log/xpv-vmm-$name.log | head -n 1)" ;;
     2) stalled_xpv $name; mv $OUT/stall-$name $OUT/stall-$l$1 2>/dev/null ;;
   esac
-  kill $sp 2>/dev/null; wait $sp 2>/dev/null
+  stamps_done $W/log/console-$name.log $l$1 $sp
   timeout 180 $XPV destroy $name > /dev/null 2>&1
   sleep 2  # blkback's teardown line
   [ $r -eq 2 ] && grep -h "ring left" $W/log/xpv-blkback*.log 2>/dev/null | tail -n 4 > $OUT/stall-$l$1/ring-left.txt
@@ -123,8 +127,8 @@ boot_y() { # n: the same guest under the second build's xpv and daemons
   $XPV_B down --force > /dev/null 2>&1
   $XPV up > $OUT/up.log 2>&1 || { say "xpv up failed: $OUT/up.log"; exit 1; }
 }
-boot_q() { # n
-  qemu_guest soak$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
+boot_q() { # n: bounded as a watch is (guests.sh's default, 400 s, is for one short workload)
+  XPV_QEMU_TIMEOUT=$((REPEAT * STALL * 2 + 700)) qemu_guest soak$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log
   qemu=$!
   stamp $OUT/console-qemu$1.log q$1 & sp=$!
   watch q$1 $OUT/console-qemu$1.log "kill -0 $qemu 2>/dev/null"; r=$?
@@ -133,7 +137,7 @@ boot_q() { # n
     1) say "q$1: ended without XPV-DONE (QEMU exited)" ;;
     2) say "q$1: STALLED (no XPV-PHASE line for $STALL s)" ;;
   esac
-  kill $sp 2>/dev/null; wait $sp 2>/dev/null
+  stamps_done $OUT/console-qemu$1.log q$1 $sp
   kill $qemu 2>/dev/null; wait $qemu 2>/dev/null
 }
 

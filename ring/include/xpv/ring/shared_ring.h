@@ -517,8 +517,9 @@ class BackRing {
   // look finds no request that was not counted when the event was set. A request that came in
   // between was pushed while req_event was still behind it, so its push did not notify, and a
   // sleep on an event set from the old count would wait for a notification that no later push
-  // sends (req_event stays behind req_prod). Bounded: more than a ring's worth of rounds (only a
-  // frontend moving req_prod back and forth makes them) answers true, "look again".
+  // sends (req_event stays behind req_prod). Bounded: a round that goes on found more requests
+  // than the one before (req_prod moving back is a broken ring), at most a ring's worth; the
+  // final true ("look again") is not reached.
   Expected<bool, RingError> check_for_requests(RingIdx need) noexcept {
     for (std::size_t round = 0; round <= size(); ++round) {
       auto n = refresh();

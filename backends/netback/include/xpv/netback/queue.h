@@ -264,6 +264,8 @@ class NetbackQueue {
   bool tap_readable_ = true;
   bool rx_stalled_ = false;       // the head of rx_queue_ waits for rx buffers
   std::uint64_t rx_stall_since_ = 0;
+  bool rx_stall_dropped_ = false;  // this wait's timeout came and dropped (not a late wake-up)
+  void rx_wait_ends() noexcept;    // buffers came: rx_stalled_ off, a late end counted
   ring::RingIdx rx_need_ = 0;     // more rx requests the head packet needs
   bool rx_resp_pending_ = false;
   // Rx requests popped from the ring and mapped (writable), not answered yet, in ring order:
