@@ -31,11 +31,8 @@ me=cpu-under-load.sh
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $me IMAGE_DIR OUT_DIR [ORDER of x|q] (inside xpv testbed; see the header)"; exit 2; }
 IMG=$1 OUT=$2 ORDER=${3:-xqxq}
 XPV=${XPV:-$(dirname "$0")/../../build/bin/xpv}
-for f in vmlinuz initrd.cpio root.ext4; do
-  [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
-done
-[ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
-case "$ORDER" in ''|*[!xqyznv]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y, z, n, q and v"; exit 2 ;; esac
+. "$(dirname "$0")/guests.sh"
+check_inputs $me "$IMG" "$OUT" "$ORDER" xqyznv
 NICE=${XPV_N_NICE:--5}
 case "$NICE" in ''|-|*[!0-9-]*|?*-*) echo "$me: XPV_N_NICE '$NICE' is not a nice value"; exit 2 ;; esac
 RENICE=  # the comm pattern of the backend threads to renice to $NICE in this boot (n, v)
@@ -50,15 +47,12 @@ renice_backend() { # the backend threads whose comm matches $RENICE, reniced to 
   done
 }
 case "$ORDER" in *z*) [ -n "${XPV_Z_APPEND:-}" ] || { echo "$me: ORDER has z: set XPV_Z_APPEND to the kernel parameters z adds"; exit 2; } ;; esac
-case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
-[ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
 INTERVAL=${XPV_LOAD_INTERVAL:-1}  # iperf3's report interval (s): 0.1 shows a stall inside a second
 case "$INTERVAL" in ''|*[!0-9.]*|*.*.*) echo "$me: XPV_LOAD_INTERVAL '$INTERVAL' is not a number of seconds"; exit 2 ;; esac
 [ -x "$XPV" ] || { echo "$me: no xpv at $XPV (build first, or set XPV)"; exit 2; }
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
-. "$(dirname "$0")/guests.sh"
 ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
 waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see window); ends
   # early once the guest is gone (STOPPED, a test set per boot: its VMM said it stopped)

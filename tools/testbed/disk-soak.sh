@@ -28,13 +28,8 @@ me=disk-soak.sh
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $me IMAGE_DIR OUT_DIR [ORDER of x|q|y] (inside xpv testbed; see the header)"; exit 2; }
 IMG=$1 OUT=$2 ORDER=${3:-xq}
 XPV=${XPV:-$(dirname "$0")/../../build/bin/xpv}
-for f in vmlinuz initrd.cpio root.ext4; do
-  [ -f "$IMG/$f" ] || { echo "$me: $IMG/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
-done
-[ -d "$OUT" ] && [ -w "$OUT" ] || { echo "$me: $OUT is not a writable directory"; exit 2; }
-case "$ORDER" in ''|*[!xqy]*) echo "$me: ORDER '$ORDER' is not a sequence of x, y and q"; exit 2 ;; esac
-[ ${#ORDER} -le 8 ] || { echo "$me: ORDER '$ORDER' has more than 8 boots"; exit 2; }
-case "$ORDER" in *y*) [ -x "${XPV_B:-}" ] || { echo "$me: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
+. "$(dirname "$0")/guests.sh"
+check_inputs $me "$IMG" "$OUT" "$ORDER" xqy
 REPEAT=${XPV_SOAK_REPEAT:-4} MIB=${XPV_SOAK_MIB:-512} STALL=${XPV_SOAK_STALL:-300}
 for v in "REPEAT $REPEAT" "MIB $MIB" "STALL $STALL"; do
   case "${v#* }" in ''|*[!0-9]*|0) echo "$me: XPV_SOAK_${v% *} '${v#* }' is not a positive whole number"; exit 2 ;; esac
@@ -44,7 +39,6 @@ done
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-soak; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
-. "$(dirname "$0")/guests.sh"
 ARGS="root=XVDA panic=-1 xpv.run=bonnie xpv.repeat=$REPEAT xpv.size=$MIB xpv.ip=10.0.0.2/24"
 say() { echo "$*"; echo "$*" >> $OUT/soak.txt; }
 

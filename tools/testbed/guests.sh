@@ -32,3 +32,16 @@ qemu_guest() {
     -drive "file=$3,if=virtio,format=raw,cache=writeback" \
     -netdev tap,id=n0,ifname=xpvtap0,script=no,downscript=no,vhost=on -device virtio-net-pci,netdev=n0 -no-reboot &
 }
+
+# check_inputs ME IMAGE_DIR OUT_DIR ORDER LETTERS: what every measurement script checks first —
+# the image's three files, a writable OUT_DIR, ORDER a sequence of at most 8 of LETTERS (e.g.
+# xqy), and XPV_B when ORDER has a y. Exits 2 with one line naming what is wrong.
+check_inputs() {
+  for f in vmlinuz initrd.cpio root.ext4; do
+    [ -f "$2/$f" ] || { echo "$1: $2/$f is missing (\`xpv image build\` makes the image)"; exit 2; }
+  done
+  [ -d "$3" ] && [ -w "$3" ] || { echo "$1: $3 is not a writable directory"; exit 2; }
+  case "$4" in ''|*[!$5]*) echo "$1: ORDER '$4' is not a sequence of the letters $5"; exit 2 ;; esac
+  [ ${#4} -le 8 ] || { echo "$1: ORDER '$4' has more than 8 boots"; exit 2; }
+  case "$4" in *y*) [ -x "${XPV_B:-}" ] || { echo "$1: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
+}
