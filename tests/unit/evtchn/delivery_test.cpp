@@ -145,7 +145,7 @@ TEST_F(EvtchnDelivery, UnmaskOfAnUnmaskedPortDoesNotRedeliver) {
   EXPECT_EQ(sink_.count(), 1u);
 }
 
-// Linux's local unmask (evtchn_2l_unmask without a hypercall): it saw the port not pending,
+// A local unmask in the order of older Linux kernels (no hypercall): it saw the port not pending,
 // then an event arrived while the port was still masked, then it cleared the mask bit itself.
 TEST_F(EvtchnDelivery, AnEdgeTheGuestsOwnUnmaskLostIsSignalledAgainOnTheSecondLook) {
   auto p = ev_->bind_ipi(2);

@@ -237,12 +237,13 @@ class EventChannels {
   std::uint64_t service_dom0_kicks() noexcept;
 
   // ---- lost edges ----
-  // A stock Linux guest unmasks a 2-level port it handles on its own vCPU without a hypercall
-  // when it saw the port not pending (evtchn_2l_unmask): it tests the pending bit, then clears
-  // the mask bit. An event that arrives between the two finds the port masked, so no selector bit
-  // and no upcall (step 2), and the guest then unmasks without looking again: the port stays
-  // pending and unmasked, and — the port being pending — later sends do not signal it either
-  // (step 1). Xen has the same window; its HVM guests leave it at the next PV timer event (a
+  // A guest that unmasks a 2-level port on its own vCPU without a hypercall after it saw the
+  // port not pending — older Linux kernels tested the pending bit, then cleared the mask bit
+  // (6.1's evtchn_2l_unmask clears first, then tests, and has no such window) — loses an event
+  // that arrives between the two: it finds the port masked, so no selector bit and no upcall
+  // (step 2), and the guest then unmasks without looking again: the port stays pending and
+  // unmasked, and — the port being pending — later sends do not signal it either (step 1).
+  // Xen has the same window; its HVM guests leave it at the next PV timer event (a
   // VIRQ_TIMER in the same selector word makes the guest scan the word). xpv offers no PV
   // timers, so a quiet guest would wait for that port for ever. This finds such ports: a port
   // pending and unmasked whose notify vCPU has no selector bit for its word, seen so on two calls
