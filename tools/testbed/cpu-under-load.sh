@@ -114,14 +114,7 @@ boot_x() { # n [name letter, default x]
   mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 dies later
 }
 boot_y() { # n: the same guest under the second build's xpv and daemons
-  $XPV down --force > /dev/null 2>&1
-  if $XPV_B up > $OUT/up-y$1.log 2>&1; then
-    xa=$XPV; XPV=$XPV_B; boot_x $1 y; XPV=$xa
-  else
-    echo "xpv up (XPV_B) failed: $OUT/up-y$1.log"; rc=1
-  fi
-  $XPV_B down --force > /dev/null 2>&1
-  $XPV up > $OUT/up.log 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }
+  second_build_boot $1 || { echo "xpv up (XPV_B) failed: $OUT/up-y$1.log"; rc=1; }
 }
 boot_z() { # n: the same xpv guest with XPV_Z_APPEND added to its kernel command line
   za=$ARGS; ARGS="$ARGS $XPV_Z_APPEND"; boot_x $1 z; ARGS=$za

@@ -112,14 +112,7 @@ boot_x() { # n [letter]
   mkdir -p $OUT/xpv-log && cp $W/log/* $OUT/xpv-log/ 2>/dev/null  # kept if L1 dies later
 }
 boot_y() { # n: the same guest under the second build's xpv and daemons
-  $XPV down --force > /dev/null 2>&1
-  if $XPV_B up > $OUT/up-y$1.log 2>&1; then
-    xa=$XPV; XPV=$XPV_B; boot_x $1 y; XPV=$xa
-  else
-    say "y$1: xpv up (XPV_B) failed: $OUT/up-y$1.log"
-  fi
-  $XPV_B down --force > /dev/null 2>&1
-  $XPV up > $OUT/up.log 2>&1 || { say "xpv up failed: $OUT/up.log"; exit 1; }
+  second_build_boot $1 || say "y$1: xpv up (XPV_B) failed: $OUT/up-y$1.log"
 }
 boot_q() { # n: bounded as a watch is (guests.sh's default, 400 s, is for one short workload)
   XPV_QEMU_TIMEOUT=$((REPEAT * STALL * 2 + 700)) qemu_guest soak$1 $IMG $W/q.ext4 "$ARGS" $OUT/console-qemu$1.log

@@ -45,3 +45,19 @@ check_inputs() {
   [ ${#4} -le 8 ] || { echo "$1: ORDER '$4' has more than 8 boots"; exit 2; }
   case "$4" in *y*) [ -x "${XPV_B:-}" ] || { echo "$1: ORDER has y: set XPV_B to the second build's xpv"; exit 2; } ;; esac
 }
+
+# second_build_boot N: the caller's boot_x N y under XPV_B's own daemons (XPV's stopped for it),
+# then XPV's daemons again (exit 1 if they do not start). Returns 1 when XPV_B's `up` failed
+# (its log: $OUT/up-yN.log), without booting.
+second_build_boot() {
+  $XPV down --force > /dev/null 2>&1
+  sb_rc=0
+  if $XPV_B up > "$OUT/up-y$1.log" 2>&1; then
+    sb_xpv=$XPV; XPV=$XPV_B; boot_x "$1" y; XPV=$sb_xpv
+  else
+    sb_rc=1
+  fi
+  $XPV_B down --force > /dev/null 2>&1
+  $XPV up > "$OUT/up.log" 2>&1 || { echo "xpv up failed: $OUT/up.log"; exit 1; }
+  return $sb_rc
+}

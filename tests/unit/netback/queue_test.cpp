@@ -629,15 +629,21 @@ TEST_F(NetbackQueueTest, RxBuffersAfterTheStallTimeoutWithNothingToReadAreNoWork
   stall_then_buffers_without_packets(*this, /*drain=*/false);
 }
 
+// Started with `cfg`: a 2-slot packet from the host and one rx buffer posted, one look: the
+// packet waits for a second buffer, nothing answered yet.
+void waits_for_a_second_buffer(NetbackQueueTest& t, const NetbackConfig& cfg) {
+  t.start(cfg);
+  t.host_write({}, tcp_frame(6000));  // 2 slots
+  t.fe_.post_rx(0, t.fe_.grant(100, false));
+  t.fe_.rx_push();
+  ASSERT_TRUE(t.queue_->poll_once());
+  EXPECT_TRUE(t.fe_.rx_responses().empty());
+}
+
 TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 60000;
-  start(cfg);
-  host_write({}, tcp_frame(6000));  // 2 slots
-  fe_.post_rx(0, fe_.grant(100, false));
-  fe_.rx_push();
-  ASSERT_TRUE(queue_->poll_once());
-  EXPECT_TRUE(fe_.rx_responses().empty());
+  ASSERT_NO_FATAL_FAILURE(waits_for_a_second_buffer(*this, cfg));
   EXPECT_EQ(queue_->counters().rx_dropped.load(), 0u);
   // It asks to be woken by the next buffer after the one already posted (req_event = 2), not by
   // the one it already has (which would make it spin).
@@ -659,12 +665,7 @@ TEST_F(NetbackQueueTest, RxWaitsForBuffersWithinTheStallTime) {
 TEST_F(NetbackQueueTest, RxBuffersFoundOnlyAfterTheStallTimeCountAsALateWait) {
   NetbackConfig cfg;
   cfg.rx_stall_ms = 200;  // long enough that the first look never reaches it (and drops)
-  start(cfg);
-  host_write({}, tcp_frame(6000));  // 2 slots
-  fe_.post_rx(0, fe_.grant(100, false));
-  fe_.rx_push();
-  ASSERT_TRUE(queue_->poll_once());
-  EXPECT_TRUE(fe_.rx_responses().empty());
+  ASSERT_NO_FATAL_FAILURE(waits_for_a_second_buffer(*this, cfg));
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   fe_.post_rx(1, fe_.grant(101, false));
   fe_.rx_push();
