@@ -5,7 +5,8 @@
 // the host TAP vif<N>.0. Addresses come from a private /30 on these two interfaces only; the
 // namespace and both TAPs are removed in TearDown (the TAPs vanish with their fds).
 //
-// Needs root, /dev/net/tun and iproute2's `ip` (for addresses and the namespace); skips otherwise.
+// Needs root, /dev/net/tun, iproute2's `ip` (for addresses and the namespace) and nsenter (to
+// run a command in the namespace); skips otherwise.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -43,10 +44,21 @@ namespace asio = boost::asio;
 
 int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 
-// Root, /dev/net/tun and iproute2's `ip`: what every test here needs.
+// Root, /dev/net/tun, iproute2's `ip` and nsenter: what every test here needs.
 bool can_make_taps() {
-  return ::geteuid() == 0 && ::access("/dev/net/tun", R_OK | W_OK) == 0 && sh("command -v ip") == 0;
+  return ::geteuid() == 0 && ::access("/dev/net/tun", R_OK | W_OK) == 0 && sh("command -v ip") == 0 &&
+         sh("command -v nsenter") == 0;
 }
+
+// The prefix that runs a command in the network namespace `ns` (/run/netns/<ns>): nsenter --net,
+// which only joins the network namespace. Not `ip -n <ns>` or `ip netns exec <ns>`: iproute2
+// enters a namespace with unshare(CLONE_NEWNS) (to mount that namespace's own /sys), a private
+// copy of the host's whole mount table that holds every mount in it until the command exits. A
+// test running beside this one (ctest -j2) that unmounts meanwhile gets 0 from umount while its
+// file system stays mounted in that copy: BlkPath's ext4 over FUSE, unmounted but still not
+// written back, made the image's read-only mount that follows fail ("recovery required on
+// readonly filesystem").
+std::string netns_cmd(const std::string& ns) { return "nsenter --net=/run/netns/" + ns + " "; }
 
 // A network namespace made with `ip netns add` for one test, deleted with this object.
 struct ScratchNetns {
@@ -158,7 +170,7 @@ class NetPath : public ::testing::TestWithParam<unsigned> {
 
   void SetUp() override {
     if (!can_make_taps()) {
-      GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
+      GTEST_SKIP() << "needs root, /dev/net/tun, iproute2 and nsenter";
     }
     const int pid = static_cast<int>(::getpid());
     domid_ = static_cast<std::uint16_t>(1000 + pid % 30000);
@@ -228,8 +240,8 @@ class NetPath : public ::testing::TestWithParam<unsigned> {
     front_->start();
 
     ASSERT_EQ(sh("ip addr add " + host_ip_ + "/30 dev " + vif_), 0);
-    ASSERT_EQ(sh("ip -n " + ns_ + " addr add " + dom_ip_ + "/30 dev eth0"), 0);
-    ASSERT_EQ(sh("ip -n " + ns_ + " link set lo up"), 0);
+    ASSERT_EQ(sh(netns_cmd(ns_) + "ip addr add " + dom_ip_ + "/30 dev eth0"), 0);
+    ASSERT_EQ(sh(netns_cmd(ns_) + "ip link set lo up"), 0);
   }
 
   void stop_backend() {
@@ -268,7 +280,7 @@ TEST_P(NetPath, PingBothWays) {
   start(GetParam());
   const std::string size = std::to_string(GetParam() - 28);  // a full-MTU echo, unfragmented
   EXPECT_EQ(sh("ping -c 3 -i 0.2 -W 3 -M do -s " + size + " " + dom_ip_), 0);
-  EXPECT_EQ(sh("ip netns exec " + ns_ + " ping -c 3 -i 0.2 -W 3 -M do -s " + size + " " + host_ip_), 0);
+  EXPECT_EQ(sh(netns_cmd(ns_) + "ping -c 3 -i 0.2 -W 3 -M do -s " + size + " " + host_ip_), 0);
   EXPECT_GE(queue_->counters().tx_packets.load(), 6u);  // echo replies + requests from the domain
   EXPECT_GE(queue_->counters().rx_packets.load(), 6u);
   EXPECT_FALSE(queue_->disabled());
@@ -366,7 +378,7 @@ TEST_F(NetPathFault, OtherVifsKeepWorkingWhenOneIsDisabled) {
   const std::string net = host_ip_.substr(0, host_ip_.rfind('.'));
   const std::string host1 = net + ".5", dom1 = net + ".6";
   ASSERT_EQ(sh("ip addr add " + host1 + "/30 dev " + vif1), 0);
-  ASSERT_EQ(sh("ip -n " + ns_ + " addr add " + dom1 + "/30 dev eth1"), 0);
+  ASSERT_EQ(sh(netns_cmd(ns_) + "ip addr add " + dom1 + "/30 dev eth1"), 0);
 
   // vif 0 turns hostile and is disabled...
   front_->stop();
@@ -387,7 +399,7 @@ TEST_F(NetPathFault, OtherVifsKeepWorkingWhenOneIsDisabled) {
 
 TEST(Tap, MultiQueueInsideANamespace) {
   if (!can_make_taps()) {
-    GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
+    GTEST_SKIP() << "needs root, /dev/net/tun, iproute2 and nsenter";
   }
   const ScratchNetns scratch("xpv-tap-" + std::to_string(::getpid()));
   ASSERT_TRUE(scratch.made);
@@ -399,11 +411,11 @@ TEST(Tap, MultiQueueInsideANamespace) {
     EXPECT_NE(tap.fd(0), tap.fd(1));
     tap.set_link({9000, netback::parse_mac("00:16:3e:0a:0b:0c"), true});
     EXPECT_GT(tap.ifindex(), 0);
-    EXPECT_EQ(sh("ip -n " + ns + " link show " + name + " | grep -q 'mtu 9000'"), 0);
-    EXPECT_EQ(sh("ip -n " + ns + " link show " + name + " | grep -q '00:16:3e:0a:0b:0c'"), 0);
+    EXPECT_EQ(sh(netns_cmd(ns) + "ip link show " + name + " | grep -q 'mtu 9000'"), 0);
+    EXPECT_EQ(sh(netns_cmd(ns) + "ip link show " + name + " | grep -q '00:16:3e:0a:0b:0c'"), 0);
     EXPECT_NE(sh("ip link show " + name), 0) << "the caller's namespace is untouched";
   }
-  EXPECT_NE(sh("ip -n " + ns + " link show " + name), 0) << "gone with its fds";
+  EXPECT_NE(sh(netns_cmd(ns) + "ip link show " + name), 0) << "gone with its fds";
 }
 
 // What netback's flow steering relies on (flow_steering.h): a multi-queue TAP sends a flow's
@@ -412,7 +424,7 @@ TEST(Tap, MultiQueueInsideANamespace) {
 // each answer must come back on the queue its question went out on.
 TEST(Tap, AFlowsAnswersComeBackOnTheQueueItWasLastWrittenOn) {
   if (!can_make_taps()) {
-    GTEST_SKIP() << "needs root, /dev/net/tun and iproute2";
+    GTEST_SKIP() << "needs root, /dev/net/tun, iproute2 and nsenter";
   }
   const ScratchNetns scratch("xpv-steer-" + std::to_string(::getpid()));
   ASSERT_TRUE(scratch.made);
@@ -421,7 +433,7 @@ TEST(Tap, AFlowsAnswersComeBackOnTheQueueItWasLastWrittenOn) {
   const std::array<std::uint8_t, 6> host_mac{0x02, 0, 0, 0, 0, 1}, guest_mac{0x02, 0, 0, 0, 0, 2};
   auto tap = netback::Tap::create({name, "/run/netns/" + ns, 2, {}});
   tap.set_link({1500, host_mac, true, netback::Ipv4Address{0x0a4d0001, 24}});  // 10.77.0.1/24
-  ASSERT_EQ(sh("ip -n " + ns + " neigh replace 10.77.0.2 lladdr 02:00:00:00:00:02 dev " + name + " nud permanent"), 0);
+  ASSERT_EQ(sh(netns_cmd(ns) + "ip neigh replace 10.77.0.2 lladdr 02:00:00:00:00:02 dev " + name + " nud permanent"), 0);
   UniqueFd sock;
   netback::in_netns("/run/netns/" + ns, [&] { sock = UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
   ASSERT_TRUE(sock);
