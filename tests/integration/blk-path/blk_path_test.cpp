@@ -106,7 +106,9 @@ class BlkPath : public ::testing::Test {
       queues_.push_back(std::make_unique<blkback::BlkifQueue>(
           "vbd3.51712." + std::to_string(q), *disk_, *mappers_.back(), std::move(*back),
           foreign_->bind(front_->event_channel(q)), bcfg));
-      queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
+      // The queue itself, not queues_[q]: the next push_back may move the vector's storage
+      // while this thread is still reading its element (a segfault in run() with `this` garbage).
+      queue_threads_.emplace_back([queue = queues_.back().get()] { queue->run(); });
     }
     front_->connect({disk_->info().sectors, false, true, disk_->info().discard});
   }

@@ -302,7 +302,9 @@ class XsFront : public ::testing::Test {
       queues_.push_back(std::make_unique<blkback::BlkifQueue>(
           "vbd" + std::to_string(d) + "." + dev + "." + std::to_string(q), *disk_, *mappers_.back(),
           std::move(*back), foreign_->bind(static_cast<std::uint32_t>(std::stoul(*port))), qc));
-      queue_threads_.emplace_back([this, q] { queues_[q]->run(); });
+      // The queue itself, not queues_[q]: the next push_back may move the vector's storage
+      // while this thread is still reading its element (a segfault in run() with `this` garbage).
+      queue_threads_.emplace_back([queue = queues_.back().get()] { queue->run(); });
     }
     const std::string be = be_path(d, dev);
     ASSERT_TRUE(dom0_->write(be + "/sectors", std::to_string(disk_->info().sectors)));
