@@ -296,15 +296,37 @@ class World {
 
   // Random bits over the entry of a grant the fuzzer uses (flags, domid, frame: GTF_reading and
   // GTF_writing too, which only the mapper should set). Never the rings' own, never a free entry
-  // (the fuzzer's granter would then refuse to hand it out again).
+  // (the fuzzer's granter would then refuse to hand it out again). Without own_rings, never a
+  // frame that makes the entry a grant of the guest's own grant table or ring pages, or of the
+  // final check's pages: a writable grant of those posted as an rx buffer has netback write a
+  // host frame over the guest's own indexes or grant entries (as pick_ref says, it wrecks
+  // itself: the queue is disabled, correctly, or the guest's granter refuses to grant again) —
+  // and the racing mode, which scribbles too, then checks that the queue still works.
   void scribble_table() {
     auto t = page(0);
     auto& pool = rng_() % 3 == 0 ? odd_pool_ : rng_() % 2 ? tx_pool_ : rx_pool_;
     const std::size_t entry = pool[rng_() % pool.size()];
+    std::optional<std::uint8_t> bytes[8];
+    for (auto& b : bytes) {
+      if (rng_() % 3 == 0) b = static_cast<std::uint8_t>(rng_());
+    }
+    if (!own_rings_) {
+      std::uint32_t frame = 0;  // the frame field (bytes 4..7) as the scribble would leave it
+      for (std::size_t i = 0; i < 4; ++i) {
+        frame |= std::uint32_t{bytes[4 + i].value_or(t[entry * 8 + 4 + i])} << (8 * i);
+      }
+      if (guest_own_page(frame)) {
+        for (std::size_t i = 4; i < 8; ++i) bytes[i].reset();  // the frame stays as it was
+      }
+    }
     for (std::size_t i = 0; i < 8; ++i) {
-      if (rng_() % 3 == 0) t[entry * 8 + i] = static_cast<std::uint8_t>(rng_());
+      if (bytes[i]) t[entry * 8 + i] = *bytes[i];
     }
     scribbled_table_ = true;
+  }
+  // The grant table (gfn 0), the rings (1, 2) and the pages of check_still_works.
+  static bool guest_own_page(std::uint64_t gfn) {
+    return gfn <= 2 || (gfn >= kCheckGfn && gfn < kCheckGfn + 8 + 40);
   }
   void scribble_ring() {
     auto r = page(rng_() % 2 ? 1 : 2);
