@@ -295,8 +295,10 @@ class World {
   void allow_own_rings() { own_rings_ = true; }
 
   // Random bits over the entry of a grant the fuzzer uses (flags, domid, frame: GTF_reading and
-  // GTF_writing too, which only the mapper should set). Never the rings' own, never a free entry
-  // (the fuzzer's granter would then refuse to hand it out again). Without own_rings, never a
+  // GTF_writing too, which only the mapper should set). Never the rings' own, and no free entry
+  // but odd_pool_'s revoked refs (a scribbled free entry makes the fuzzer's granter refuse it
+  // when it comes round again; its free list is first in, first out, and a run allocates far
+  // fewer than the ~350 refs ahead of those). Without own_rings, never a
   // frame that makes the entry a grant of the guest's own grant table or ring pages, or of the
   // final check's pages: a writable grant of those posted as an rx buffer has netback write a
   // host frame over the guest's own indexes or grant entries (as pick_ref says, it wrecks
