@@ -387,6 +387,65 @@ TEST_F(StoreTest, ATransactionReadsWhatItFirstSaw) {
   EXPECT_TRUE(d0_.events.empty());
 }
 
+// A guest's RM in a transaction of a node its transaction saw, whose parent was removed outside
+// it and looked at in it only now: the parent is missing from the transaction's view. This
+// dereferenced the missing parent (xpv-xenstored died, found by a review); now the RM is answered
+// and the commit is EAGAIN, the node having changed since the transaction saw it.
+TEST_F(StoreTest, ATransactionRemovesANodeWhoseParentWentOutsideIt) {
+  EXPECT_EQ(req(c0_, d0_, MsgType::mkdir, z("/local/domain/1")), kOK);
+  EXPECT_EQ(setperms(c0_, d0_, "/local/domain/1", {"n1"}), kOK);
+  EXPECT_EQ(write(c1_, d1_, "a/b", "v"), kOK);
+  std::uint32_t tx = start(c1_, d1_);
+  EXPECT_EQ(read(c1_, d1_, "a/b", tx), "v");  // a/b is in the transaction; its parent is not
+  EXPECT_EQ(rm(c1_, d1_, "a"), kOK);          // outside it: a and a/b go
+  EXPECT_EQ(rm(c1_, d1_, "a/b", tx), kOK) << "the transaction still sees a/b";
+  EXPECT_EQ(read(c1_, d1_, "a/b", tx), "!ENOENT");
+  EXPECT_EQ(end(c1_, d1_, tx, true), "!EAGAIN");
+  EXPECT_EQ(read(c1_, d1_, "a"), "!ENOENT");
+  // The second way there: the transaction's stale view of a's children lets it remove a alone.
+  EXPECT_EQ(write(c1_, d1_, "p", ""), kOK);
+  tx = start(c1_, d1_);
+  EXPECT_EQ(dir(c1_, d1_, "p", tx), "");
+  EXPECT_EQ(write(c1_, d1_, "p/q", "w"), kOK);  // outside it
+  EXPECT_EQ(rm(c1_, d1_, "p", tx), kOK);
+  EXPECT_EQ(read(c1_, d1_, "p/q", tx), "w");  // first seen now, as the main tree has it
+  EXPECT_EQ(rm(c1_, d1_, "p/q", tx), kOK) << "its parent is removed in the transaction";
+  EXPECT_EQ(end(c1_, d1_, tx, true), "!EAGAIN");
+  EXPECT_EQ(read(c1_, d1_, "p/q"), "w");
+}
+
+// A transaction that writes one node many times fires one event for it at the commit (as Xen's
+// xenstored), and keeps one: its pending events are bounded by the nodes it touched.
+TEST_F(StoreTest, ATransactionFiresOneEventPerNodeItChanged) {
+  EXPECT_EQ(write(c0_, d0_, "/e", ""), kOK);
+  EXPECT_EQ(watch(c0_, d0_, "/e", "w"), kOK);
+  d0_.events.clear();
+  std::uint32_t tx = start(c0_, d0_);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(write(c0_, d0_, "/e/x", std::to_string(i), tx), kOK);
+  EXPECT_EQ(write(c0_, d0_, "/e/y", "1", tx), kOK);
+  EXPECT_EQ(write(c0_, d0_, "/e/x", "last", tx), kOK);
+  EXPECT_TRUE(d0_.events.empty()) << "nothing before the commit";
+  EXPECT_EQ(end(c0_, d0_, tx, true), kOK);
+  EXPECT_EQ(d0_.events, (std::vector<std::string>{"/e/x|w", "/e/y|w"}));
+  EXPECT_EQ(read(c0_, d0_, "/e/x"), "last");
+}
+
+// An event longer than a message may be (path + token + their NULs > 4096) is not sent: its
+// reader would take it for a protocol error. A watch with such a token is still registered.
+TEST_F(StoreTest, AnEventTooLongForAMessageIsNotSent) {
+  const std::string token(4096 - 2 - 2, 't');  // "/l" + NUL + token + NUL = 4096 at registration
+  EXPECT_EQ(write(c0_, d0_, "/l", ""), kOK);
+  EXPECT_EQ(watch(c0_, d0_, "/l", token), kOK);
+  ASSERT_EQ(d0_.events.size(), 1u) << "the registration's event fits";
+  d0_.events.clear();
+  EXPECT_EQ(write(c0_, d0_, "/l/x", "1"), kOK);  // "/l/x" + token: two bytes over
+  EXPECT_TRUE(d0_.events.empty());
+  EXPECT_EQ(watch(c0_, d0_, "/l", "short"), kOK);
+  d0_.events.clear();
+  EXPECT_EQ(write(c0_, d0_, "/l/x", "2"), kOK);
+  EXPECT_EQ(d0_.events, std::vector<std::string>{"/l/x|short"}) << "other watches on the path still fire";
+}
+
 // A domain's transaction may access `transaction-nodes` nodes (it keeps a copy of each): past
 // that its requests are ENOSPC, its end still answered; dom0's transactions have no such limit.
 TEST(StoreTransactionNodes, ADomainsTransactionMayAccessSoManyNodes) {

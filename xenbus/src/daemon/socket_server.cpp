@@ -230,7 +230,7 @@ void prepare_socket_path(asio::io_context& io, const std::string& path) {
 }  // namespace
 
 SocketServer::SocketServer(asio::io_context& io, Store& store, std::string path)
-    : io_(io), store_(store), path_(std::move(path)), acceptor_(io),
+    : io_(io), store_(store), path_(std::move(path)), acceptor_(io), accept_retry_(io),
       state_(std::make_shared<State>()) {
   if (path_.size() >= sizeof(sockaddr_un::sun_path))
     throw std::runtime_error("socket path too long: " + path_);
@@ -247,7 +247,7 @@ SocketServer::SocketServer(asio::io_context& io, Store& store, std::string path)
 }
 
 SocketServer::SocketServer(asio::io_context& io, Store& store, std::string path, const nlohmann::json& saved)
-    : io_(io), store_(store), path_(std::move(path)), acceptor_(io),
+    : io_(io), store_(store), path_(std::move(path)), acceptor_(io), accept_retry_(io),
       state_(std::make_shared<State>()) {
   const int lfd = saved.at("listen_fd").get<int>();
   struct stat st {};
@@ -289,6 +289,7 @@ std::vector<int> SocketServer::fds() {
 SocketServer::~SocketServer() {
   boost::system::error_code ec;
   acceptor_.close(ec);
+  accept_retry_.cancel();
   auto conns = state_->conns;  // close() erases from the map
   for (auto& [p, c] : conns) c->close();
   ::unlink(path_.c_str());
@@ -301,8 +302,15 @@ void SocketServer::accept() {
       auto c = std::make_shared<Conn>(std::move(s), store_, st);
       st->conns.emplace(c.get(), c);
       c->start();
-    } else if (st->log_limit.allow()) {
-      spdlog::warn("xenstored: accept on {}: {}", path_, ec.message());
+    } else {
+      if (st->log_limit.allow()) spdlog::warn("xenstored: accept on {}: {}", path_, ec.message());
+      // Out of descriptors or memory: the pending connection stays and the next accept would fail
+      // at once, for ever, on the daemon's only thread. Look again a little later.
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](boost::system::error_code wait_ec) {
+        if (!wait_ec && acceptor_.is_open()) accept();
+      });
+      return;
     }
     accept();
   });

@@ -94,10 +94,19 @@ Expected<std::string, Error> Store::resolve(const Conn& c, std::string_view path
 
 void Store::note_event(Txn* t, std::string path, bool exact, PermList perms) {
   PendingEvent ev{std::move(path), exact, std::move(perms)};
-  if (t)
-    t->events.push_back(std::move(ev));
-  else
+  if (!t) {
     fire(ev);
+    return;
+  }
+  // One event per node and kind at the commit, as Xen's xenstored fires them, with the node's
+  // last permissions: a transaction that writes one node again and again grows nothing, and its
+  // events are bounded by the nodes it touched (the transaction-nodes quota).
+  auto [it, fresh] = t->event_index.try_emplace({ev.path, ev.exact}, t->events.size());
+  if (fresh) {
+    t->events.push_back(std::move(ev));
+  } else {
+    t->events[it->second].perms = std::move(ev.perms);
+  }
 }
 
 Store::Reply Store::op_read(Txn* t, const Conn& c, std::string_view path) {
@@ -201,10 +210,16 @@ Store::Reply Store::op_rm(Txn* t, const Conn& c, std::string_view path) {
     doomed.emplace_back(cur, cn->perms);
   }
   std::string parent(parent_path(*p));
-  Node pn = *lookup(t, parent);
-  std::string_view name = base_name(*p);
-  pn.children.erase(std::remove(pn.children.begin(), pn.children.end(), name), pn.children.end());
-  put(t, parent, std::move(pn));
+  // In a transaction the parent can be missing from its view while the node is not: the node was
+  // first seen in it, then removed with its parent outside it, and the parent is looked at only
+  // now (a guest can arrange this). The node recorded its generation when first seen, so the
+  // commit answers EAGAIN; until then there is no parent to update.
+  if (const Node* pp = lookup(t, parent)) {
+    Node pn = *pp;
+    std::string_view name = base_name(*p);
+    pn.children.erase(std::remove(pn.children.begin(), pn.children.end(), name), pn.children.end());
+    put(t, parent, std::move(pn));
+  }
   for (const auto& [dp, perms] : doomed) erase(t, dp);
   for (auto& [dp, perms] : doomed) note_event(t, dp, dp != *p, std::move(perms));
   return std::string("OK", 3);

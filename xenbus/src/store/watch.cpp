@@ -54,6 +54,10 @@ void Store::queue_event(ConnId id, const Conn& c, const Watch& w, std::string_vi
   } else {
     payload = abs_path;
   }
+  // A message longer than the protocol allows is a protocol error to its reader (Linux's xenbus
+  // and libxenstore drop the connection's sync): such an event is not sent, as in Xen's xenstored.
+  // Only a watcher's own long token (or a path near the limit under its watch) makes one.
+  if (payload.size() + 1 + w.token.size() + 1 > wire::kPayloadMax) return;
   payload.push_back('\0');
   payload += w.token;
   payload.push_back('\0');

@@ -11,6 +11,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -55,6 +56,9 @@ class SocketServer {
   Store& store_;
   std::string path_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  // After a failed accept (EMFILE, ENFILE, ENOMEM: the socket stays readable), the next one waits
+  // for this rather than spinning on the same error.
+  boost::asio::steady_timer accept_retry_;
   std::shared_ptr<State> state_;
 };
 
