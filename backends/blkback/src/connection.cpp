@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 
 #include "xpv/gnttab/abi.h"
+#include "xpv/gnttab/mapper.h"
+#include "xpv/ring/blkif.h"
 #include "xpv/thread_name.h"
 
 namespace xpv::blkback {
@@ -59,8 +62,16 @@ void VbdConnection::add_queue(unsigned index, const QueueRings& rings, const Dis
   auto q = std::make_unique<Queue>();
   Queue& r = *q;
   queues_.push_back(std::move(q));
-  r.mapper = dom_->make_mapper();
   const std::size_t pages = std::size_t{1} << rings.page_order;
+  // Every request of a full ring may hold all its data grants mapped until its I/O completes,
+  // plus the ring's pages and one request's indirect pages: a frontend that uses what was
+  // advertised (order 4, 256 indirect segments: 131 072 grants) must not find the mapper full —
+  // its reads and writes would fail with EIO.
+  const std::size_t per_request = std::max<std::size_t>(ring::kBlkifMaxSegmentsPerRequest, config.max_indirect_segments);
+  const std::size_t handles = std::min(gnttab::GrantMapper::kMaxHandlesLimit,
+                                       pages + std::size_t{ring::blkif_ring_size(rings.page_order)} * per_request +
+                                           ring::kBlkifMaxIndirectPagesPerRequest);
+  r.mapper = dom_->make_mapper(0, std::max(handles, gnttab::GrantMapper::kDefaultMaxHandles));
   if (rings.refs.size() != pages) {
     throw std::runtime_error(fmt::format("queue {}: {} ring refs for ring-page-order {}", index,
                                          rings.refs.size(), rings.page_order));

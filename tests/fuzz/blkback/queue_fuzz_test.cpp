@@ -507,7 +507,7 @@ class Fuzzer {
     }
     if (kind < 52 || kind >= 92) return make_indirect(id, wellformed, indirect_next);
     BlkifRequest req{};
-    if (kind < 58) {  // flush (segments are ignored; a hostile guest sends some anyway)
+    if (kind < 58) {  // flush (a hostile guest sends segments with it: an error, no data written)
       req.operation = kBlkifOpFlushDiskcache;
       req.id = id;
       if (chance(20)) req.nr_segments = byte();
@@ -705,7 +705,7 @@ class Fuzzer {
         break;
       }
       case kBlkifOpFlushDiskcache:
-        rec.expect = cfg_.flush ? Expect::okay : Expect::unsupported;
+        rec.expect = !cfg_.flush ? Expect::unsupported : req.nr_segments != 0 ? Expect::error : Expect::okay;
         break;
       case kBlkifOpDiscard: {
         const auto d = blkif_view<BlkifRequestDiscard>(req);

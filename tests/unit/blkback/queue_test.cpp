@@ -280,6 +280,24 @@ TEST_F(QueueTest, FlushAndDiscard) {
   EXPECT_EQ(queue_->counters().discards.load(), 1u);
 }
 
+// A flush that carries data segments (blkfront never sends one) is answered as an error and
+// writes nothing: an OK after a flush that ignored the data would tell the guest it is on disk.
+TEST_F(QueueTest, AFlushCarryingDataIsAnErrorNotAnUnwrittenOk) {
+  start();
+  std::memset(fe_.page(16).data(), 'f', kPageSize);
+  BlkifRequest f = rw(kBlkifOpFlushDiskcache, 7, 0);
+  add_seg(f, fe_.grant(16, true));
+  fe_.push(f);
+  auto rs = serve(1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].id, 7u);
+  EXPECT_EQ(rs[0].status, kBlkifRspError);
+  EXPECT_EQ(rs[0].operation, kBlkifOpFlushDiskcache);
+  EXPECT_EQ(file_bytes(0, 4096), std::string(4096, '\0')) << "its data was not written";
+  EXPECT_EQ(queue_->counters().flushes.load(), 0u);
+  EXPECT_FALSE(queue_->disabled()) << "a bad request is answered, the queue goes on";
+}
+
 TEST_F(QueueTest, MalformedRequestsGetErrorResponsesAndTouchNothing) {
   start();
   auto g = fe_.grant(16, false);
