@@ -471,7 +471,7 @@ std::string describe(const DomainConfig& c, bool all) {
   for (const DiskSpec& d : c.disks) {
     s += "|disk " + d.target + "," + d.format + "," + std::to_string(d.vdev.devid) + "," +
          d.vdev.name + "," + std::to_string(d.vdev.disk) + "," + std::to_string(d.vdev.partition) +
-         (d.access == Access::rw ? ",rw" : ",ro");
+         (d.access == Access::rw ? ",rw" : ",ro") + (d.discard ? "" : ",no-discard");
   }
   for (const VifSpec& v : c.vifs) {
     s += "|vif " + (v.mac ? v.mac->str() : "-") + "," + (v.ip ? v.ip->str() : "-") + "," + v.bridge +
@@ -491,15 +491,18 @@ std::string to_xl(const DomainConfig& c) {
   if (c.type == DomainType::hvm) s += "maxmem = " + std::to_string(c.maxmem_mib) + "\n";
   if (!c.kernel.empty()) s += "kernel = " + quote(c.kernel) + "\n";
   if (!c.ramdisk.empty()) s += "ramdisk = " + quote(c.ramdisk) + "\n";
-  s += "extra = " + quote(c.extra) + "\n";
-  static const char* const upcalls[] = {"vector", "callback", "intx"};
-  s += std::string("upcall = '") + upcalls[static_cast<int>(c.upcall)] + "'\n";
+  if (c.type == DomainType::hvm) {  // a process domain refuses them
+    s += "extra = " + quote(c.extra) + "\n";
+    static const char* const upcalls[] = {"vector", "callback", "intx"};
+    s += std::string("upcall = '") + upcalls[static_cast<int>(c.upcall)] + "'\n";
+  }
   s += std::string("on_poweroff = '") + to_string(c.on_poweroff) + "'\non_reboot = '" + to_string(c.on_reboot) +
        "'\non_crash = '" + to_string(c.on_crash) + "'\n";
   s += "disk = [";
   for (const DiskSpec& d : c.disks) {
     s += " " + quote("format=" + d.format + ", vdev=" + d.vdev.name +
-                     (d.access == Access::rw ? ", access=rw" : ", access=ro") + ", target=" + d.target) + ",";
+                     (d.access == Access::rw ? ", access=rw" : ", access=ro") + (d.discard ? "" : ", no-discard") +
+                     ", target=" + d.target) + ",";
   }
   s += " ]\nvif = [";
   for (const VifSpec& v : c.vifs) {

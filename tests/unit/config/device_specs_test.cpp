@@ -118,6 +118,41 @@ TEST(VifSpec, AllKeys) {
   EXPECT_FALSE(parse_vif_spec("").mac);
 }
 
+// A setting given twice — also once positional and once as key=value — is an error, not
+// last-one-wins (a second target would replace the first silently; xl refuses it too).
+TEST(DiskSpec, ASettingGivenTwiceIsAnError) {
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=xvda, vdev=xvdb, target=/a"); }),
+            "disk spec 'vdev=xvda, vdev=xvdb, target=/a': 'vdev' is given twice");
+  EXPECT_EQ(error_of([] { parse_disk_spec("/a, raw, xvda, target=/b"); }),
+            "disk spec '/a, raw, xvda, target=/b': 'target' is given twice");
+  EXPECT_EQ(error_of([] { parse_disk_spec("access=ro, /a, raw, xvda, rw"); }),
+            "disk spec 'access=ro, /a, raw, xvda, rw': 'access' is given twice");
+  EXPECT_EQ(error_of([] { parse_disk_spec("discard, no-discard, vdev=xvda, target=/a"); }),
+            "disk spec 'discard, no-discard, vdev=xvda, target=/a': 'discard' is given twice");
+}
+
+// xl's flags: discard / no-discard set what the frontend is offered, direct-io-safe changes
+// nothing (xpv-blkback opens O_DIRECT where it can), cdrom is refused rather than taken for the
+// target (it would have attached the next target= writable as a disk).
+TEST(DiskSpec, XlFlags) {
+  EXPECT_TRUE(parse_disk_spec("vdev=xvda, target=/a").discard);
+  EXPECT_FALSE(parse_disk_spec("no-discard, vdev=xvda, target=/a").discard);
+  EXPECT_TRUE(parse_disk_spec("/a,raw,xvda,rw,discard").discard);
+  const auto d = parse_disk_spec("/a, raw, direct-io-safe, xvda, ro");  // flags take no positional slot
+  EXPECT_EQ(d.target, "/a");
+  EXPECT_EQ(d.vdev.name, "xvda");
+  EXPECT_EQ(d.access, Access::ro);
+  EXPECT_EQ(error_of([] { parse_disk_spec("vdev=hdc, cdrom, target=/iso/x.iso"); }),
+            "disk spec 'vdev=hdc, cdrom, target=/iso/x.iso': 'cdrom' is not supported (xpv offers PV disks only)");
+}
+
+TEST(VifSpec, AKeyGivenTwiceIsAnError) {
+  EXPECT_EQ(error_of([] { parse_vif_spec("mac=00:16:3e:00:00:01, mac=00:16:3e:00:00:02"); }),
+            "vif spec 'mac=00:16:3e:00:00:01, mac=00:16:3e:00:00:02': 'mac' is given twice");
+  EXPECT_EQ(error_of([] { parse_vif_spec("ip=10.0.0.2, mtu=1500, ip=10.0.0.3"); }),
+            "vif spec 'ip=10.0.0.2, mtu=1500, ip=10.0.0.3': 'ip' is given twice");
+}
+
 TEST(VifSpec, ErrorsNameTheItem) {
   EXPECT_EQ(error_of([] { parse_vif_spec("mac=01:00:00:00:00:01"); }),
             "vif spec 'mac=01:00:00:00:00:01': '01:00:00:00:00:01' is not a unicast MAC address (aa:bb:cc:dd:ee:ff)");

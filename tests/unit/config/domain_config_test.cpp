@@ -52,7 +52,10 @@ TEST(DomainConfig, HvmDefaultsAndXlSpellings) {
   EXPECT_EQ(c.warnings[0], "vm.cfg:5: 'vnc' has no meaning for xpv; ignored");
   for (const auto& [text, mode] : {std::pair{"vector", Upcall::vector}, std::pair{"callback", Upcall::callback},
                                    std::pair{"intx", Upcall::intx}}) {
-    EXPECT_EQ(parse_domain_config(std::string("name = 'g'\nupcall = '") + text + "'\n", "vm.cfg", false).upcall, mode)
+    EXPECT_EQ(parse_domain_config(std::string("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nupcall = '") + text + "'\n",
+                                  "vm.cfg", false)
+                  .upcall,
+              mode)
         << text;
   }
 }
@@ -67,9 +70,9 @@ TEST(DomainConfig, MaxmemIsTheHvmGuestsCeiling) {
   EXPECT_EQ(parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmaxmem = 512\n", "vm.cfg", false).maxmem_mib,
             512u);  // memory's default (512) = maxmem
   EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmemory = 512\nmaxmem = 256\n"),
-            "vm.cfg: 'maxmem' (256 MiB) is below 'memory' (512 MiB)");
+            "vm.cfg:5: 'maxmem': 256 MiB is below 'memory' (512 MiB)");
   EXPECT_EQ(error_of("name = 'a'\nmemory = 64\nmaxmem = 128\n"),
-            "vm.cfg: 'maxmem' makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
+            "vm.cfg:3: 'maxmem': makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
   EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmaxmem = 0\n"), "vm.cfg:4: 'maxmem': 0 is out of range 1..1048576");
 }
 
@@ -84,16 +87,107 @@ TEST(DomainConfig, ErrorsNameFileLineAndSetting) {
   EXPECT_EQ(error_of("name = 'a'\ntype = 'pv'\n"),
             "vm.cfg:2: 'type': 'pv' guests are not supported by xpv (use \"hvm\" or \"process\")");
   EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\n"), "vm.cfg: an hvm domain needs 'kernel' (xpv boots Linux directly)");
-  EXPECT_EQ(error_of("name = 'a'\nkernel = '/k'\n"), "vm.cfg: 'kernel'/'ramdisk' make sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\nkernel = '/k'\n"), "vm.cfg:2: 'kernel': makes sense only for type = \"hvm\"");
   EXPECT_EQ(error_of("name = 'a'\nfrobnicate = 1\n"), "vm.cfg:2: 'frobnicate': unknown setting");
   EXPECT_EQ(error_of("name = 'a'\ndisk = 'x'\n"),
             "vm.cfg:2: 'disk': must be a list of quoted strings: [ '...', '...' ]");
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ 'vdev=xvda' ]\n"),
             "vm.cfg:2: 'disk': item 0: disk spec 'vdev=xvda': no target (the image file or block device)");
-  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/a,raw,xvda', '/b,raw,xvda' ]\n"), "vm.cfg: disk xvda is given twice");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/a,raw,xvda', '/b,raw,xvda' ]\n"), "vm.cfg:2: 'disk': disk xvda is given twice");
   EXPECT_EQ(error_of("name = 'a'\nvif = [ 'mac=00:16:3e:00:00:01', 'mac=00:16:3e:00:00:01' ]\n"),
-            "vm.cfg: MAC 00:16:3e:00:00:01 is given to two vifs");
+            "vm.cfg:2: 'vif': MAC 00:16:3e:00:00:01 is given to two vifs");
   EXPECT_EQ(error_of("name = 'a'\nupcall = 'smoke'\n"), "vm.cfg:2: 'upcall': 'smoke' is not one of vector, callback, intx");
+}
+
+// xl's other names for a setting count as the setting: both in one file is a contradiction (xl
+// refuses type + builder too), not last-one-wins.
+TEST(DomainConfig, OtherNamesOfASettingAreNotASecondChance) {
+  EXPECT_EQ(error_of("name = 'a'\ntype = 'process'\nbuilder = 'hvm'\n"),
+            "vm.cfg:3: 'builder': is another name for 'type' (line 2): give one of them");
+  EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\ncmdline = 'quiet'\nextra = 'loud'\n"),
+            "vm.cfg:5: 'extra': is another name for 'cmdline' (line 4): give one of them");
+  EXPECT_EQ(parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = '/k'\ncmdline = 'quiet'\n", "vm.cfg", false).extra,
+            "quiet");
+}
+
+// What only an hvm guest's kernel reads is refused for a process domain, with its line, not
+// dropped.
+TEST(DomainConfig, HvmOnlySettingsAreRefusedForAProcessDomain) {
+  EXPECT_EQ(error_of("name = 'a'\nextra = 'quiet'\n"), "vm.cfg:2: 'extra': makes sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\ncmdline = 'quiet'\n"), "vm.cfg:2: 'cmdline': makes sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\nupcall = 'intx'\ntype = 'process'\n"),
+            "vm.cfg:2: 'upcall': makes sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\nramdisk = '/r'\n"), "vm.cfg:2: 'ramdisk': makes sense only for type = \"hvm\"");
+}
+
+// Files made for one test, removed with it.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/xpv-cfgdir-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name, std::size_t bytes) const {
+    const std::string p = path_ + "/" + name;
+    std::ofstream(p, std::ios::binary) << std::string(bytes, 'x');
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+// The checks xpv-blkback makes when it opens a target, made when the file is read: what it would
+// refuse after the domain was created is refused before.
+TEST(DomainConfig, DiskTargetsAreCheckedAsTheBackendWouldOpenThem) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const std::string good = t.file("good.img", 4096), odd = t.file("odd.img", 1000), empty = t.file("empty.img", 0);
+  auto disk = [](const std::string& target) { return "name = 'a'\ndisk = [ '" + target + ",raw,xvda' ]\n"; };
+  EXPECT_EQ(error_of(disk(good), true), "");
+  EXPECT_EQ(error_of(disk(odd), true), "vm.cfg:2: 'disk': disk xvda: '" + odd + "' is 1000 bytes, not a positive multiple of 512");
+  EXPECT_EQ(error_of(disk(empty), true), "vm.cfg:2: 'disk': disk xvda: '" + empty + "' is 0 bytes, not a positive multiple of 512");
+  EXPECT_EQ(error_of(disk(t.path()), true),
+            "vm.cfg:2: 'disk': disk xvda: '" + t.path() + "' is not a regular file or block device");
+  EXPECT_EQ(disk_target_problem("/dev/null"), "is not a regular file or block device");
+  EXPECT_EQ(disk_target_problem(good), "");
+  // One image writable to two disks: two writers would corrupt it; read-only twice is fine.
+  const std::string two = "name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + t.path() + "/./good.img,raw,xvdb' ]\n";
+  EXPECT_EQ(error_of(two, true), "vm.cfg:2: 'disk': disk xvdb: '" + t.path() + "/./good.img' is given writable to two disks");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda,ro', '" + good + ",raw,xvdb,ro' ]\n", true), "");
+  EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\nkernel = '" + t.path() + "'\n", true),
+            "vm.cfg:3: 'kernel': '" + t.path() + "' is not a regular file");
+}
+
+// A relative path is the working directory's: made absolute when the files are checked, since
+// the processes that open them (xpv-vmm, xpv-blkback, the monitor that restarts the domain) run
+// elsewhere.
+TEST(DomainConfig, RelativePathsBecomeAbsolute) {
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  t.file("d.img", 512);
+  t.file("vmlinuz", 10);
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(t.path());
+  DomainConfig c;
+  std::string error;
+  try {
+    c = parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = 'vmlinuz'\ndisk = [ 'd.img,raw,xvda' ]\n", "vm.cfg", true);
+  } catch (const ConfigError& e) {
+    error = e.what();
+  }
+  std::filesystem::current_path(cwd);
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(c.kernel, t.path() + "/vmlinuz");
+  ASSERT_EQ(c.disks.size(), 1u);
+  EXPECT_EQ(c.disks[0].target, t.path() + "/d.img");
+  // Without the file check (syntax only) the paths stay as written.
+  EXPECT_EQ(parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = 'vmlinuz'\n", "vm.cfg", false).kernel, "vmlinuz");
 }
 
 // Found by tests/fuzz/config: values quoted in a message keep it one line ("\n" in a string).
@@ -108,9 +202,9 @@ TEST(DomainConfig, ErrorsQuotingValuesStayOnOneLine) {
 
 TEST(DomainConfig, MissingFilesAreNamed) {
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ '/nonexistent/x.img,raw,xvda' ]\n", true),
-            "vm.cfg: disk xvda: '/nonexistent/x.img' does not exist");
+            "vm.cfg:2: 'disk': disk xvda: '/nonexistent/x.img' does not exist");
   EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\nkernel = '/nonexistent/vmlinuz'\n", true),
-            "vm.cfg: kernel '/nonexistent/vmlinuz' does not exist");
+            "vm.cfg:3: 'kernel': '/nonexistent/vmlinuz' does not exist");
 }
 
 TEST(DomainConfig, LoadFromFile) {
@@ -129,8 +223,31 @@ TEST(DomainConfig, LoadFromFile) {
     load_domain_config(tmpl);
     FAIL() << "a missing file loaded";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), std::string(tmpl) + ": cannot read the configuration file");
+    EXPECT_EQ(std::string(e.what()), std::string(tmpl) + ": cannot read the configuration file: No such file or directory");
   }
+}
+
+// Only a regular file is read, and no more of it than the limit: /dev/zero would be read for
+// ever, a directory reads as empty (and was reported as "'name' is required").
+TEST(DomainConfig, LoadReadsOnlyABoundedRegularFile) {
+  auto load_error = [](const std::string& path) -> std::string {
+    try {
+      load_domain_config(path, false);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(load_error("/dev/zero"), "/dev/zero: not a regular file; not a domain configuration");
+  EXPECT_EQ(load_error("/tmp"), "/tmp: not a regular file; not a domain configuration");
+  TempDir t;
+  ASSERT_FALSE(t.path().empty());
+  const std::string big = t.path() + "/big.cfg";
+  {
+    std::ofstream f(big);
+    f << "name = 'a'\n" << std::string((1 << 20), '#');
+  }
+  EXPECT_EQ(load_error(big), big + ": larger than 1 MiB; not a domain configuration");
 }
 
 }  // namespace

@@ -61,6 +61,30 @@ TEST(XlParser, ErrorsAreOnePrintableLine) {
   EXPECT_EQ(error_of("x = \t\x7f"), "t.cfg:1: unexpected '\\x7f' (strings need quotes)");
 }
 
+// A decimal number with a leading zero: xl reads it as octal (0512 = 330), a reader of the file
+// as decimal. Refused rather than guessed; 0 and hexadecimal are fine.
+TEST(XlParser, ALeadingZeroIsRefused) {
+  EXPECT_EQ(error_of("memory = 0512\n"), "t.cfg:1: '0512' has a leading zero (xl would read it as octal): write it without");
+  EXPECT_EQ(error_of("x = -012\n"), "t.cfg:1: '-012' has a leading zero (xl would read it as octal): write it without");
+  EXPECT_EQ(error_of("x = 00\n"), "t.cfg:1: '00' has a leading zero (xl would read it as octal): write it without");
+  const auto es = parse_xl("a = 0\nb = 0x010\nc = 10\n", "t.cfg");
+  ASSERT_EQ(es.size(), 3u);
+  EXPECT_EQ(std::get<std::int64_t>(es[0].value.v), 0);
+  EXPECT_EQ(std::get<std::int64_t>(es[1].value.v), 16);
+  EXPECT_EQ(std::get<std::int64_t>(es[2].value.v), 10);
+}
+
+// A raw control byte inside a string: a NUL would cut a path short where it is used (the kernel
+// '/boot/vmlinuz<NUL>junk' booted /boot/vmlinuz). A tab and the escapes \n \t stay allowed.
+TEST(XlParser, AControlCharacterInAStringIsRefused) {
+  EXPECT_EQ(error_of(std::string("kernel = '/boot/vmlinuz\0junk'\n", 30)), "t.cfg:1: control character 0x00 in a string");
+  EXPECT_EQ(error_of("x = 'a\x1b[31m'\n"), "t.cfg:1: control character 0x1b in a string");
+  EXPECT_EQ(error_of("x = \"a\x7f\"\n"), "t.cfg:1: control character 0x7f in a string");
+  const auto es = parse_xl("x = 'a\tb\\n'\n", "t.cfg");
+  ASSERT_EQ(es.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(es[0].value.v), "a\tb\n");
+}
+
 TEST(XlParser, UnterminatedListAcrossLinesNamesWhereItEnded) {
   EXPECT_EQ(error_of("x = [ 'a',\n 'b'\n"), "t.cfg:3: expected ',' or ']' in a list");
 }

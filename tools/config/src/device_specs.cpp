@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <charconv>
+#include <set>
 #include <vector>
 
 #include "xpv/config/error.h"
@@ -39,6 +40,10 @@ DiskSpec parse_disk_spec(std::string_view spec) {
   DiskSpec d;
   bool have_target = false, have_vdev = false;
   int positional = 0;
+  std::set<std::string_view> seen;  // each setting once (positional or key=value), as xl insists
+  auto once = [&](std::string_view key) {
+    if (!seen.insert(key).second) throw bad(fmt::format("'{}' is given twice", key));
+  };
   std::string_view rest = spec;
   while (!rest.empty()) {
     std::string_view item;
@@ -55,6 +60,18 @@ DiskSpec parse_disk_spec(std::string_view spec) {
     if (auto eq = item.find('='); eq != std::string_view::npos) {
       key = trim(item.substr(0, eq));
       value = trim(item.substr(eq + 1));
+    } else if (item == "discard" || item == "no-discard") {
+      // xl's flags: whether the frontend is offered discard (the backend's discard-enable).
+      once("discard");
+      d.discard = item == "discard";
+      continue;
+    } else if (item == "direct-io-safe") {
+      // xl's hint that the backend may open the target with O_DIRECT: xpv-blkback always does
+      // where the file system allows it, so the flag changes nothing here.
+      once(item);
+      continue;
+    } else if (item == "cdrom") {
+      throw bad("'cdrom' is not supported (xpv offers PV disks only)");
     } else {
       // Positional: target, format, vdev, access. An empty positional keeps the default.
       static constexpr std::string_view kOrder[] = {"target", "format", "vdev", "access"};
@@ -63,6 +80,10 @@ DiskSpec parse_disk_spec(std::string_view spec) {
       if (pos >= 4) throw bad(fmt::format("unexpected extra item '{}'", item));
       key = kOrder[pos];
       value = item;
+    }
+    if (key == "target" || key == "format" || key == "vdev" || key == "access" || key == "devtype" ||
+        key == "backendtype") {
+      once(key);
     }
     if (key == "target") {
       if (value.empty()) throw bad("empty target");
@@ -197,6 +218,7 @@ VifSpec parse_vif_spec(std::string_view spec) {
     return ConfigError(fmt::format("vif spec '{}': {}", spec, why));
   };
   VifSpec v;
+  std::set<std::string_view> seen;  // each key once: a second mac= is a mistake, not an override
   std::string_view rest = spec;
   while (!rest.empty()) {
     auto comma = rest.find(',');
@@ -207,6 +229,7 @@ VifSpec parse_vif_spec(std::string_view spec) {
     if (eq == std::string_view::npos) throw bad(fmt::format("'{}' is not key=value", item));
     std::string_view key = trim(item.substr(0, eq));
     std::string_view value = trim(item.substr(eq + 1));
+    if (!seen.insert(key).second) throw bad(fmt::format("'{}' is given twice", key));
     if (key == "mac") {
       v.mac = parse_mac(value);
       if (!v.mac) throw bad(fmt::format("'{}' is not a unicast MAC address (aa:bb:cc:dd:ee:ff)", value));

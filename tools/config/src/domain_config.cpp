@@ -3,7 +3,12 @@
 #include <fmt/core.h>
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -19,12 +24,39 @@ const std::set<std::string_view> kIgnoredXlKeys = {
     "videoram", "usb", "usbdevice", "acpi", "apic", "pae", "hap", "viridian", "device_model_version",
     "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus", "cpu_weight", "uuid"};
 
-bool file_exists(const std::string& p) {
+// Why `p` cannot be booted from (kernel, ramdisk), or "" when it can.
+std::string boot_file_problem(const std::string& p) {
   struct stat st {};
-  return ::stat(p.c_str(), &st) == 0;
+  if (::stat(p.c_str(), &st) != 0) return "does not exist";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  return "";
+}
+
+// The names xl accepts for one setting: the second of them in a file is as much a repeat as the
+// same key twice (xl: "Contradicting \"builder\" and \"type\" options specified").
+std::string_view canonical_key(std::string_view key) {
+  if (key == "builder") return "type";
+  if (key == "cmdline") return "extra";
+  return key;
 }
 
 }  // namespace
+
+std::string disk_target_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "does not exist";
+  if (S_ISBLK(st.st_mode)) return "";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file or block device";
+  if (st.st_size <= 0 || st.st_size % 512 != 0) {
+    return fmt::format("is {} bytes, not a positive multiple of 512", static_cast<long long>(st.st_size));
+  }
+  return "";
+}
+
+std::string absolute_path(const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  return (std::filesystem::current_path() / path).lexically_normal().string();
+}
 
 std::optional<std::uint64_t> parse_memory_kib(std::string_view text) {
   std::size_t digits = 0;
@@ -71,6 +103,9 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   DomainConfig c;
   const auto entries = parse_xl(text, source);
   bool have_memory = false;
+  // Each setting's key and line as the file gives them, under its canonical name (type for
+  // builder, extra for cmdline): for the checks after the loop, which name the line too.
+  std::map<std::string, std::pair<std::string, int>, std::less<>> given;
   for (const XlEntry& e : entries) {
     auto where = [&]() { return fmt::format("{}:{}: '{}'", source, e.line, e.key); };
     auto err = [&](const std::string& why) { return ConfigError(where() + ": " + why); };
@@ -96,9 +131,13 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
       throw err(fmt::format("'{}' is not one of destroy, restart, preserve", s));
     };
 
+    const std::string_view canon = canonical_key(e.key);
+    if (auto [it, fresh] = given.try_emplace(std::string(canon), e.key, e.line); !fresh) {
+      // parse_xl refused the same key twice; this is the other name of one already given.
+      throw err(fmt::format("is another name for '{}' (line {}): give one of them", it->second.first, it->second.second));
+    }
     if (e.key == "name") {
       c.name = str();
-      
       if (!valid_domain_name(c.name)) {
         throw err(fmt::format("'{}' is not a valid domain name (1..64 of A-Z a-z 0-9 _ . -, not all digits)", c.name));
       }
@@ -162,47 +201,80 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   }
 
   auto fail_at = [&](const std::string& why) { return ConfigError(fmt::format("{}: {}", source, why)); };
+  // An error about a setting the file gives: its line and key.
+  auto fail_on = [&](std::string_view canon, const std::string& why) {
+    const auto it = given.find(canon);
+    if (it == given.end()) return fail_at(why);
+    return ConfigError(fmt::format("{}:{}: '{}': {}", source, it->second.second, it->second.first, why));
+  };
   if (c.name.empty()) throw fail_at("'name' is required");
   if (!have_memory) c.memory_mib = c.type == DomainType::hvm ? 512 : 128;
   if (c.maxmem_mib != 0 && c.type != DomainType::hvm) {
-    throw fail_at("'maxmem' makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
+    throw fail_on("maxmem", "makes sense only for type = \"hvm\" (a process domain has no balloon driver)");
   }
   if (c.maxmem_mib != 0 && c.maxmem_mib < c.memory_mib) {
-    throw fail_at(fmt::format("'maxmem' ({} MiB) is below 'memory' ({} MiB)", c.maxmem_mib, c.memory_mib));
+    throw fail_on("maxmem", fmt::format("{} MiB is below 'memory' ({} MiB)", c.maxmem_mib, c.memory_mib));
   }
   if (c.maxmem_mib == 0) c.maxmem_mib = c.memory_mib;
   if (c.type == DomainType::hvm) {
     if (c.kernel.empty()) throw fail_at("an hvm domain needs 'kernel' (xpv boots Linux directly)");
-  } else if (!c.kernel.empty() || !c.ramdisk.empty()) {
-    throw fail_at("'kernel'/'ramdisk' make sense only for type = \"hvm\"");
+  } else {
+    // What only an hvm guest's kernel reads: refused rather than ignored for a process domain.
+    for (std::string_view k : {"kernel", "ramdisk", "extra", "upcall"}) {
+      if (given.contains(k)) throw fail_on(k, "makes sense only for type = \"hvm\"");
+    }
   }
   std::set<std::uint32_t> devids;
   for (const DiskSpec& d : c.disks) {
-    if (!devids.insert(d.vdev.devid).second) throw fail_at(fmt::format("disk {} is given twice", d.vdev.name));
+    if (!devids.insert(d.vdev.devid).second) throw fail_on("disk", fmt::format("disk {} is given twice", d.vdev.name));
   }
   std::set<std::string> macs;
   for (const VifSpec& v : c.vifs) {
     if (v.mac && !macs.insert(v.mac->str()).second) {
-      throw fail_at(fmt::format("MAC {} is given to two vifs", v.mac->str()));
+      throw fail_on("vif", fmt::format("MAC {} is given to two vifs", v.mac->str()));
     }
   }
   if (check_files) {
-    if (!c.kernel.empty() && !file_exists(c.kernel)) throw fail_at(fmt::format("kernel '{}' does not exist", c.kernel));
-    if (!c.ramdisk.empty() && !file_exists(c.ramdisk)) throw fail_at(fmt::format("ramdisk '{}' does not exist", c.ramdisk));
-    for (const DiskSpec& d : c.disks) {
-      if (!file_exists(d.target)) throw fail_at(fmt::format("disk {}: '{}' does not exist", d.vdev.name, d.target));
+    // Relative paths are the caller's working directory's, made absolute here: xpv-vmm and
+    // xpv-blkback open them from theirs, and a restart (on_reboot) re-reads this file from the
+    // monitor's.
+    for (auto [key, path] : {std::pair{"kernel", &c.kernel}, std::pair{"ramdisk", &c.ramdisk}}) {
+      if (path->empty()) continue;
+      if (auto why = boot_file_problem(*path); !why.empty()) throw fail_on(key, fmt::format("'{}' {}", *path, why));
+      *path = absolute_path(*path);
+    }
+    std::set<std::string> rw_targets;
+    for (DiskSpec& d : c.disks) {
+      if (auto why = disk_target_problem(d.target); !why.empty()) {
+        throw fail_on("disk", fmt::format("disk {}: '{}' {}", d.vdev.name, d.target, why));
+      }
+      d.target = absolute_path(d.target);
+      // Two writers of one image corrupt it (the hotplug scripts of Xen refuse that too).
+      std::error_code ec;
+      const auto canon = std::filesystem::canonical(d.target, ec);
+      if (d.access == Access::rw && !rw_targets.insert(ec ? d.target : canon.string()).second) {
+        throw fail_on("disk", fmt::format("disk {}: '{}' is given writable to two disks", d.vdev.name, d.target));
+      }
     }
   }
   return c;
 }
 
 DomainConfig load_domain_config(const std::string& path, bool check_files) {
-  std::ifstream f(path);
+  constexpr std::size_t kMax = 1 << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw ConfigError(fmt::format("{}: cannot read the configuration file: {}", path, std::strerror(errno)));
+  }
+  // Not a FIFO, a device (/dev/zero would be read for ever) or a directory (which reads as empty).
+  if (!S_ISREG(st.st_mode)) throw ConfigError(fmt::format("{}: not a regular file; not a domain configuration", path));
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(fmt::format("{}: cannot read the configuration file", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  if (text.size() > (1 << 20)) throw ConfigError(fmt::format("{}: larger than 1 MiB; not a domain configuration", path));
+  std::string text(kMax + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));  // at most one byte past the limit
+  if (f.bad()) throw ConfigError(fmt::format("{}: cannot read the configuration file", path));
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > kMax) throw ConfigError(fmt::format("{}: larger than 1 MiB; not a domain configuration", path));
   return parse_domain_config(text, path, check_files);
 }
 

@@ -70,6 +70,11 @@ class Lexer {
         }
         continue;
       }
+      // A raw control byte (a NUL would cut a path short where it is used as a C string): the
+      // file is not text or the value is not what its writer meant. \t and the escapes are fine.
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) {
+        error(fmt::format("control character 0x{:02x} in a string", static_cast<unsigned char>(c)));
+      }
       out += c;
     }
     return out;
@@ -91,6 +96,11 @@ class Lexer {
     if (digits.size() > 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) {
       base = 16;
       digits.remove_prefix(2);
+    }
+    if (base == 10 && digits.size() > 1 && digits[0] == '0') {
+      // xl reads such a number as octal (strtol base 0): 0512 is 330 there. Neither reading is
+      // safe to guess.
+      error(fmt::format("'{}' has a leading zero (xl would read it as octal): write it without", tok));
     }
     auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
     if (ec != std::errc() || p != digits.data() + digits.size() || digits.empty()) {

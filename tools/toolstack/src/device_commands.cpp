@@ -7,6 +7,7 @@
 
 #include "domain_ops.h"
 #include "xpv/config/device_specs.h"
+#include "xpv/config/domain_config.h"
 #include "xpv/config/error.h"
 #include "xpv/config/vdev.h"
 #include "xpv/toolstack/allocation.h"
@@ -70,9 +71,10 @@ void cmd_block_attach(Context& ctx, const std::string& which, const std::string&
   } catch (const config::ConfigError& e) {
     throw ToolstackError(e.what());
   }
-  if (::access(disk.target.c_str(), F_OK) != 0) {
-    throw ToolstackError(fmt::format("disk {}: '{}' does not exist", disk.vdev.name, disk.target));
+  if (auto why = config::disk_target_problem(disk.target); !why.empty()) {
+    throw ToolstackError(fmt::format("disk {}: '{}' {}", disk.vdev.name, disk.target, why));
   }
+  disk.target = config::absolute_path(disk.target);  // xpv-blkback opens it from its own directory
   Xenstore xs(ctx.paths.xenstore_socket);
   make_dirs(ctx.paths.run_dir, 0700);
   RunLock lock(ctx.paths.lock_file());

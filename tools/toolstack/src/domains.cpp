@@ -9,6 +9,8 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "domain_ops.h"
 #include "xpv/config/domain_config.h"
 #include "xpv/config/error.h"
@@ -136,19 +138,27 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
 
   for (const auto& line : detach_loops_under(dir)) ctx.err << "warning: " << line << "\n";
   if (xs != nullptr) {
-    const auto devices = devices_of(*xs, d.domid);
-    auto warnings = close_and_remove(*xs, d.domid, devices, alive,
-                                     [&](DeviceKind k) { return backend_running(p, k); }, ctx.close_timeout);
-    for (const auto& w : warnings) ctx.err << "warning: " << w << "\n";
+    // A xenstore that fails here (xpv-xenstored gone or not answering: the very failure that may
+    // have brought a create to undo itself) leaves its nodes for a later `xpv destroy`; the host
+    // side below — the process, its directory, sockets and namespace — goes regardless.
     try {
-      xs->release(d.domid);
-    } catch (const ToolstackError&) {
-      // Not introduced (a create that failed early, or xenstored restarted): nothing to release.
+      const auto devices = devices_of(*xs, d.domid);
+      auto warnings = close_and_remove(*xs, d.domid, devices, alive,
+                                       [&](DeviceKind k) { return backend_running(p, k); }, ctx.close_timeout);
+      for (const auto& w : warnings) ctx.err << "warning: " << w << "\n";
+      try {
+        xs->release(d.domid);
+      } catch (const ToolstackError&) {
+        // Not introduced (a create that failed early, or xenstored restarted): nothing to release.
+      }
+      auto vm = xs->read(domain_path(d.domid) + "/vm");
+      xs->rm(domain_path(d.domid));
+      if (vm && vm->starts_with("/vm/") && vm->size() > 4) xs->rm(*vm);
+      if (d.record && !d.record->uuid.empty()) xs->rm("/vm/" + d.record->uuid);
+    } catch (const std::exception& e) {
+      ctx.err << fmt::format("warning: dom{}'s xenstore nodes were not all removed ({}); the host side is cleaned up "
+                             "anyway\n", d.domid, e.what());
     }
-    auto vm = xs->read(domain_path(d.domid) + "/vm");
-    xs->rm(domain_path(d.domid));
-    if (vm && vm->starts_with("/vm/") && vm->size() > 4) xs->rm(*vm);
-    if (d.record && !d.record->uuid.empty()) xs->rm("/vm/" + d.record->uuid);
   }
   if (alive && !stop_process(d.record->pid, 10s)) {
     ctx.err << fmt::format("warning: domain process {} did not exit\n", d.record->pid);
@@ -239,6 +249,18 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   rec.memory_mib = cfg.maxmem_mib;  // the RAM it has (an HVM guest balloons down to `memory`)
   rec.vcpus = cfg.vcpus;
   rec.config = fs::absolute(config_path).lexically_normal().string();
+  // The record is JSON, which holds only UTF-8: a path it cannot hold is refused before anything
+  // is created (the monitor re-reads the configuration from it to restart the domain).
+  try {
+    (void)nlohmann::json(rec.config).dump();
+  } catch (const nlohmann::json::type_error&) {
+    std::string shown;  // the path with its bytes past ASCII as \xNN: the message stays printable
+    for (const char ch : rec.config) {
+      const auto b = static_cast<unsigned char>(ch);
+      shown += b < 0x80 ? std::string(1, ch) : fmt::format("\\x{:02x}", b);
+    }
+    throw ToolstackError(fmt::format("{}: the configuration file's path is not UTF-8; rename it or its directory", shown));
+  }
   rec.uuid = generate_uuid(system_random_byte);
   rec.program = program;
   rec.on_poweroff = config::to_string(cfg.on_poweroff);
@@ -303,8 +325,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       argv.insert(argv.end(), more.begin(), more.end());
     }
     rec.pid = spawn({argv, {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket}, log, true});
+    self.record = rec;  // before anything else can fail: the undo below stops this process
     write_record(dir, rec);
-    self.record = rec;
     wait_ready(rec.pid, log, offset, program);
 
     // 2. The domain's nodes, one transaction.

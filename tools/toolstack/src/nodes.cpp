@@ -102,7 +102,7 @@ NodeList vbd_nodes(DomId domid, const config::DiskSpec& disk) {
       {be + "/mode", disk.access == config::Access::rw ? "w" : "r", bp},
       {be + "/device-type", "disk", bp},
       {be + "/params", disk.target, bp},
-      {be + "/discard-enable", "1", bp},
+      {be + "/discard-enable", disk.discard ? "1" : "0", bp},
       {fe, "", fp},
       {fe + "/backend", be, fp},
       {fe + "/backend-id", "0", fp},

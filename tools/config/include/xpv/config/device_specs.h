@@ -3,7 +3,9 @@
 //
 // Disk (xl-disk-configuration(5)): comma-separated; `key=value` items (target, format, vdev,
 // access, devtype) and/or positional items in the order target, format, vdev, access. `target=`
-// swallows the rest of the string (paths may contain commas), as in xl.
+// swallows the rest of the string (paths may contain commas), as in xl. The flags `discard` /
+// `no-discard` and `direct-io-safe` are taken as xl takes them; `cdrom` is refused. A setting
+// given twice (also once positional, once as key=value) is an error, not last-one-wins.
 //   'format=raw, vdev=xvda, access=rw, target=/srv/a.img'     '/srv/a.img,raw,xvda,rw'
 // Vif (xl-network-configuration(5)): comma-separated key=value: mac, ip, bridge, vifname, rate,
 // model, type, backend, script, mtu. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate, mtu and
@@ -27,6 +29,7 @@ struct DiskSpec {
   std::string format = "raw";
   Vdev vdev;
   Access access = Access::rw;
+  bool discard = true;  // offered to the frontend (xl's `discard` / `no-discard` flags)
 };
 
 // Throws ConfigError naming the spec and the bad item.

@@ -6,12 +6,17 @@
 //                                 balloon driver gives back all but `memory` at boot, and
 //                                 `xpv mem-set` may grow it up to maxmem (as xl's maxmem)
 //   vcpus = 2                     1..128 (default 1)
-//   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist)
+//   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist;
+//                                 xl's cmdline is extra's other name; relative paths are the
+//                                 working directory's, made absolute when the files are checked)
 //   disk = [ 'format=raw, vdev=xvda, access=rw, target=/srv/a.img' ]
 //   vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
 //   upcall = "vector" | "callback" | "intx"   hvm: how event channels interrupt the guest
 //   on_poweroff/on_reboot/on_crash = "destroy" | "restart" | "preserve"
-// Every error names the file, the line and the setting. Keys xl knows but xpv has no use for
+// Every error names the file, the line and the setting (a missing required setting: the file).
+// A setting given twice, also under its other name (type/builder, extra/cmdline), is an error.
+// Disk targets must be a regular file whose size is a positive multiple of 512 or a block device,
+// and no image may be given writable to two disks. Keys xl knows but xpv has no use for
 // (vnc, sdl, serial, boot, ...) are reported as warnings, never silently half-applied; keys
 // nobody knows are errors.
 #pragma once
@@ -54,6 +59,13 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
 DomainConfig load_domain_config(const std::string& path, bool check_files = true);
 
 bool valid_domain_name(std::string_view name);
+
+// Why a disk target cannot be served ("does not exist", "is not a regular file or block device",
+// "is N bytes, not a positive multiple of 512"), or "" when it can: the checks xpv-blkback makes
+// when it opens the target, made before anything of a domain or device is created.
+std::string disk_target_problem(const std::string& path);
+// `path` made absolute against the working directory (an absolute path or "" as it is).
+std::string absolute_path(const std::string& path);
 
 // A memory size as `xl mem-set` takes it: digits with an optional unit, t/g/m/k/b in either case,
 // MiB without one ("256", "256m", "1g", "262144k"). In KiB; nullopt for anything else (empty,
