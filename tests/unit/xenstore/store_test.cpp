@@ -1,6 +1,8 @@
 // The pure store core driven message by message, as a transport would, through fake sinks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -64,10 +66,10 @@ class StoreTest : public ::testing::Test {
     return req(c, f, MsgType::get_perms, z(p));
   }
   std::string setperms(ConnId c, FakeConn& f, std::string_view p,
-                       std::initializer_list<std::string_view> ps) {
+                       std::initializer_list<std::string_view> ps, std::uint32_t tx = 0) {
     std::string pl = z(p);
     for (auto x : ps) pl += z(x);
-    return req(c, f, MsgType::set_perms, pl);
+    return req(c, f, MsgType::set_perms, pl, tx);
   }
   std::string watch(ConnId c, FakeConn& f, std::string_view p, std::string_view tok) {
     return req(c, f, MsgType::watch, z(p) + z(tok));
@@ -428,6 +430,36 @@ TEST_F(StoreTest, ATransactionFiresOneEventPerNodeItChanged) {
   EXPECT_EQ(end(c0_, d0_, tx, true), kOK);
   EXPECT_EQ(d0_.events, (std::vector<std::string>{"/e/x|w", "/e/y|w"}));
   EXPECT_EQ(read(c0_, d0_, "/e/x"), "last");
+  // A node written, then removed with its parent: one event for it (the write's, which reaches
+  // the watchers above it too), not a second for the removal.
+  EXPECT_EQ(watch(c0_, d0_, "/e/q/r", "r"), kOK);
+  d0_.events.clear();
+  tx = start(c0_, d0_);
+  EXPECT_EQ(write(c0_, d0_, "/e/q/r", "1", tx), kOK);
+  EXPECT_EQ(rm(c0_, d0_, "/e/q", tx), kOK);
+  EXPECT_EQ(end(c0_, d0_, tx, true), kOK);
+  EXPECT_EQ(std::count(d0_.events.begin(), d0_.events.end(), "/e/q/r|r"), 1) << ::testing::PrintToString(d0_.events);
+  EXPECT_EQ(std::count(d0_.events.begin(), d0_.events.end(), "/e/q/r|w"), 1) << ::testing::PrintToString(d0_.events);
+  EXPECT_EQ(std::count(d0_.events.begin(), d0_.events.end(), "/e/q|w"), 1) << ::testing::PrintToString(d0_.events);
+}
+
+// A node a watcher could read when the transaction first changed it and cannot after (its
+// permissions changed in the same transaction): the merged event still reaches that watcher, as
+// the write's own event did before events were merged.
+TEST_F(StoreTest, AMergedEventReachesWhoCouldReadTheNodeFirstOrLast) {
+  EXPECT_EQ(write(c0_, d0_, "/pp", ""), kOK);
+  EXPECT_EQ(setperms(c0_, d0_, "/pp", {"n0", "r1"}), kOK);
+  EXPECT_EQ(watch(c1_, d1_, "/pp", "t"), kOK);
+  d1_.events.clear();
+  std::uint32_t tx = start(c0_, d0_);
+  EXPECT_EQ(write(c0_, d0_, "/pp/x", "v", tx), kOK);  // inherits n0 r1: dom1 may read it
+  EXPECT_EQ(setperms(c0_, d0_, "/pp/x", {"n0"}, tx), kOK);
+  EXPECT_EQ(end(c0_, d0_, tx, true), kOK);
+  EXPECT_EQ(d1_.events, std::vector<std::string>{"/pp/x|t"});
+  // Outside a transaction nothing is merged: a change dom1 may not read is not shown to it.
+  d1_.events.clear();
+  EXPECT_EQ(write(c0_, d0_, "/pp/x", "w"), kOK);
+  EXPECT_TRUE(d1_.events.empty());
 }
 
 // An event longer than a message may be (path + token + their NULs > 4096) is not sent: its

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <cerrno>
 #include <boost/asio/post.hpp>
 #include <deque>
 #include <filesystem>
@@ -305,7 +307,14 @@ void SocketServer::accept() {
     } else {
       if (st->log_limit.allow()) spdlog::warn("xenstored: accept on {}: {}", path_, ec.message());
       // Out of descriptors or memory: the pending connection stays and the next accept would fail
-      // at once, for ever, on the daemon's only thread. Look again a little later.
+      // at once, for ever, on the daemon's only thread. Look again a little later. (Any other
+      // error, e.g. a client that gave up: at once.)
+      const int e = ec.value();
+      if (ec.category() != boost::system::system_category() ||
+          (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM)) {
+        accept();
+        return;
+      }
       accept_retry_.expires_after(std::chrono::milliseconds(100));
       accept_retry_.async_wait([this](boost::system::error_code wait_ec) {
         if (!wait_ec && acceptor_.is_open()) accept();

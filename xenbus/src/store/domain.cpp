@@ -50,7 +50,7 @@ Expected<void, Error> Store::introduce(DomId domid, std::uint64_t mfn, std::uint
   d.port = port;
   if (log_) log_record({{"op", "introduce"}, {"domid", domid}, {"mfn", mfn}, {"port", port}});
   if (hooks_.introduced) hooks_.introduced(domid, mfn, port);
-  fire(PendingEvent{"@introduceDomain", true, {}});
+  fire(PendingEvent{"@introduceDomain", true, {}, std::nullopt});
   if (!handling_) {  // called directly by the daemon, not through a request
     log_commit();
     flush_events();
@@ -70,7 +70,7 @@ Expected<void, Error> Store::release(DomId domid) {
     c->txns.clear();
   }
   if (hooks_.released) hooks_.released(domid);
-  fire(PendingEvent{"@releaseDomain", true, {}});
+  fire(PendingEvent{"@releaseDomain", true, {}, std::nullopt});
   if (!handling_) {  // a domain that died: no request to answer first
     log_commit();
     flush_events();

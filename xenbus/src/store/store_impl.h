@@ -23,8 +23,8 @@ struct Store::Txn {
   // transaction see it, not a change made meanwhile outside it — as Xen's xenstored copies a node
   // into the transaction at its first access, read or write. Never committed.
   std::unordered_map<std::string, std::optional<Node>> seen;
-  std::vector<PendingEvent> events;  // fired at the commit, in order; one per (path, exact)
-  std::map<std::pair<std::string, bool>, std::size_t> event_index;  // → its place in events
+  std::vector<PendingEvent> events;  // fired at the commit, in order; one per path
+  std::unordered_map<std::string, std::size_t> event_index;  // path → its place in events
   std::map<DomId, std::int64_t> owned_delta;
 };
 

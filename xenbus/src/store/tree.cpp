@@ -93,20 +93,25 @@ Expected<std::string, Error> Store::resolve(const Conn& c, std::string_view path
 }
 
 void Store::note_event(Txn* t, std::string path, bool exact, PermList perms) {
-  PendingEvent ev{std::move(path), exact, std::move(perms)};
+  PendingEvent ev{std::move(path), exact, std::move(perms), std::nullopt};
   if (!t) {
     fire(ev);
     return;
   }
-  // One event per node and kind at the commit, as Xen's xenstored fires them, with the node's
-  // last permissions: a transaction that writes one node again and again grows nothing, and its
-  // events are bounded by the nodes it touched (the transaction-nodes quota).
-  auto [it, fresh] = t->event_index.try_emplace({ev.path, ev.exact}, t->events.size());
+  // One event per node at the commit, as Xen's xenstored fires them: a transaction that writes
+  // one node again and again grows nothing, and its events are bounded by the nodes it touched
+  // (the transaction-nodes quota). Merged, the event reaches every watcher either would have
+  // (a node's own change reaches the watchers above it too, a removed descendant's only those
+  // on it), and a watcher that could read the node by its first or its last permissions.
+  auto [it, fresh] = t->event_index.try_emplace(ev.path, t->events.size());
   if (fresh) {
     t->events.push_back(std::move(ev));
-  } else {
-    t->events[it->second].perms = std::move(ev.perms);
+    return;
   }
+  PendingEvent& merged = t->events[it->second];
+  merged.exact = merged.exact && ev.exact;
+  if (!merged.earlier_perms && merged.perms != ev.perms) merged.earlier_perms = std::move(merged.perms);
+  merged.perms = std::move(ev.perms);
 }
 
 Store::Reply Store::op_read(Txn* t, const Conn& c, std::string_view path) {

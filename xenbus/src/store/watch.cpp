@@ -69,7 +69,8 @@ void Store::fire(const PendingEvent& ev) {
   for (auto& [id, c] : conns_) {
     if (special) {
       if (!c->privileged) continue;
-    } else if (!(access_for(requester(*c), ev.perms) & kPermRead)) {
+    } else if (!(access_for(requester(*c), ev.perms) & kPermRead) &&
+               !(ev.earlier_perms && (access_for(requester(*c), *ev.earlier_perms) & kPermRead))) {
       continue;
     }
     for (const auto& w : c->watches) {

@@ -205,6 +205,9 @@ class Store {
     std::string path;
     bool exact;      // only watches on exactly this path (descendants of a removed node)
     PermList perms;  // the node's permissions, for the watcher's read check
+    // In a transaction, the node's permissions at its first event there when they changed since:
+    // a watcher that could read the node by either sees the event (as Xen's xenstored).
+    std::optional<PermList> earlier_perms;
   };
   using Reply = Expected<std::string, wire::Error>;
 
