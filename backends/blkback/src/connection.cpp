@@ -68,9 +68,12 @@ void VbdConnection::add_queue(unsigned index, const QueueRings& rings, const Dis
   // advertised (order 4, 256 indirect segments: 131 072 grants) must not find the mapper full —
   // its reads and writes would fail with EIO.
   const std::size_t per_request = std::max<std::size_t>(ring::kBlkifMaxSegmentsPerRequest, config.max_indirect_segments);
-  const std::size_t handles = std::min(gnttab::GrantMapper::kMaxHandlesLimit,
-                                       pages + std::size_t{ring::blkif_ring_size(rings.page_order)} * per_request +
-                                           ring::kBlkifMaxIndirectPagesPerRequest);
+  const std::size_t handles = pages + std::size_t{ring::blkif_ring_size(rings.page_order)} * per_request +
+                              ring::kBlkifMaxIndirectPagesPerRequest;
+  if (handles > gnttab::GrantMapper::kMaxHandlesLimit) {  // not with the orders and segments offered now
+    throw std::runtime_error(fmt::format("queue {}: a full ring may hold {} grants, more than a mapper can ({})", index,
+                                         handles, gnttab::GrantMapper::kMaxHandlesLimit));
+  }
   r.mapper = dom_->make_mapper(0, std::max(handles, gnttab::GrantMapper::kDefaultMaxHandles));
   if (rings.refs.size() != pages) {
     throw std::runtime_error(fmt::format("queue {}: {} ring refs for ring-page-order {}", index,

@@ -100,14 +100,22 @@ TEST(DomainConfig, ErrorsNameFileLineAndSetting) {
 }
 
 // xl's other names for a setting count as the setting: both in one file is a contradiction (xl
-// refuses type + builder too), not last-one-wins.
+// refuses type + builder too), not last-one-wins. cmdline and extra both: as xl, cmdline wins and
+// the file is told so.
 TEST(DomainConfig, OtherNamesOfASettingAreNotASecondChance) {
   EXPECT_EQ(error_of("name = 'a'\ntype = 'process'\nbuilder = 'hvm'\n"),
             "vm.cfg:3: 'builder': is another name for 'type' (line 2): give one of them");
-  EXPECT_EQ(error_of("name = 'g'\ntype = 'hvm'\nkernel = '/k'\ncmdline = 'quiet'\nextra = 'loud'\n"),
-            "vm.cfg:5: 'extra': is another name for 'cmdline' (line 4): give one of them");
   EXPECT_EQ(parse_domain_config("name = 'g'\ntype = 'hvm'\nkernel = '/k'\ncmdline = 'quiet'\n", "vm.cfg", false).extra,
             "quiet");
+  for (const auto& [text, warning] :
+       {std::pair{"name = 'g'\ntype = 'hvm'\nkernel = '/k'\ncmdline = 'quiet'\nextra = 'loud'\n",
+                  "vm.cfg:5: 'extra' ignored in favour of 'cmdline' (line 4), as xl does"},
+        std::pair{"name = 'g'\ntype = 'hvm'\nkernel = '/k'\nextra = 'loud'\ncmdline = 'quiet'\n",
+                  "vm.cfg:4: 'extra' ignored in favour of 'cmdline' (line 5), as xl does"}}) {
+    const auto c = parse_domain_config(text, "vm.cfg", false);
+    EXPECT_EQ(c.extra, "quiet") << text;
+    EXPECT_EQ(c.warnings, std::vector<std::string>{warning}) << text;
+  }
 }
 
 // What only an hvm guest's kernel reads is refused for a process domain, with its line, not
@@ -118,6 +126,7 @@ TEST(DomainConfig, HvmOnlySettingsAreRefusedForAProcessDomain) {
   EXPECT_EQ(error_of("name = 'a'\nupcall = 'intx'\ntype = 'process'\n"),
             "vm.cfg:2: 'upcall': makes sense only for type = \"hvm\"");
   EXPECT_EQ(error_of("name = 'a'\nramdisk = '/r'\n"), "vm.cfg:2: 'ramdisk': makes sense only for type = \"hvm\"");
+  EXPECT_EQ(error_of("name = 'a'\nkernel = ''\nextra = ''\n"), "") << "an empty string says nothing";
 }
 
 // Files made for one test, removed with it.
@@ -160,6 +169,10 @@ TEST(DomainConfig, DiskTargetsAreCheckedAsTheBackendWouldOpenThem) {
   const std::string two = "name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + t.path() + "/./good.img,raw,xvdb' ]\n";
   EXPECT_EQ(error_of(two, true), "vm.cfg:2: 'disk': disk xvdb: '" + t.path() + "/./good.img' is given writable to two disks");
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda,ro', '" + good + ",raw,xvdb,ro' ]\n", true), "");
+  const std::string link = t.path() + "/link.img";  // the same file by another name
+  ASSERT_EQ(::link(good.c_str(), link.c_str()), 0);
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + link + ",raw,xvdb' ]\n", true),
+            "vm.cfg:2: 'disk': disk xvdb: '" + link + "' is given writable to two disks");
   EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\nkernel = '" + t.path() + "'\n", true),
             "vm.cfg:3: 'kernel': '" + t.path() + "' is not a regular file");
 }
@@ -227,9 +240,9 @@ TEST(DomainConfig, LoadFromFile) {
   }
 }
 
-// Only a regular file is read, and no more of it than the limit: /dev/zero would be read for
-// ever, a directory reads as empty (and was reported as "'name' is required").
-TEST(DomainConfig, LoadReadsOnlyABoundedRegularFile) {
+// No more of a file than the limit is read (/dev/zero was read for ever); a directory, which
+// reads as empty, is refused as such (it was reported as "'name' is required").
+TEST(DomainConfig, LoadReadsABoundedFileAndNoDirectory) {
   auto load_error = [](const std::string& path) -> std::string {
     try {
       load_domain_config(path, false);
@@ -238,8 +251,8 @@ TEST(DomainConfig, LoadReadsOnlyABoundedRegularFile) {
     }
     return "";
   };
-  EXPECT_EQ(load_error("/dev/zero"), "/dev/zero: not a regular file; not a domain configuration");
-  EXPECT_EQ(load_error("/tmp"), "/tmp: not a regular file; not a domain configuration");
+  EXPECT_EQ(load_error("/dev/zero"), "/dev/zero: larger than 1 MiB; not a domain configuration");
+  EXPECT_EQ(load_error("/tmp"), "/tmp: a directory; not a domain configuration");
   TempDir t;
   ASSERT_FALSE(t.path().empty());
   const std::string big = t.path() + "/big.cfg";

@@ -40,7 +40,8 @@ DiskSpec parse_disk_spec(std::string_view spec) {
   DiskSpec d;
   bool have_target = false, have_vdev = false;
   int positional = 0;
-  std::set<std::string_view> seen;  // each setting once (positional or key=value), as xl insists
+  std::set<std::string_view> seen;  // each setting once, positional or key=value (xl refuses a
+                                    // second target or vdev; xpv every repeat)
   auto once = [&](std::string_view key) {
     if (!seen.insert(key).second) throw bad(fmt::format("'{}' is given twice", key));
   };

@@ -33,10 +33,10 @@ std::string boot_file_problem(const std::string& p) {
 }
 
 // The names xl accepts for one setting: the second of them in a file is as much a repeat as the
-// same key twice (xl: "Contradicting \"builder\" and \"type\" options specified").
+// same key twice (xl: "Contradicting \"builder\" and \"type\" options specified"). Not
+// cmdline/extra: xl takes both and lets cmdline win, with a warning; so does this parser.
 std::string_view canonical_key(std::string_view key) {
   if (key == "builder") return "type";
-  if (key == "cmdline") return "extra";
   return key;
 }
 
@@ -55,7 +55,12 @@ std::string disk_target_problem(const std::string& path) {
 
 std::string absolute_path(const std::string& path) {
   if (path.empty() || path.front() == '/') return path;
-  return (std::filesystem::current_path() / path).lexically_normal().string();
+  // Not normalised: "dir/../x" with dir a symbolic link names what the checks looked at only as
+  // written. Throws ConfigError when the working directory is gone.
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  if (ec) throw ConfigError(fmt::format("'{}' is relative and the working directory is unknown: {}", path, ec.message()));
+  return (cwd / path).string();
 }
 
 std::optional<std::uint64_t> parse_memory_kib(std::string_view text) {
@@ -161,8 +166,10 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
       c.kernel = str();
     } else if (e.key == "ramdisk") {
       c.ramdisk = str();
-    } else if (e.key == "extra" || e.key == "cmdline") {
+    } else if (e.key == "cmdline") {
       c.extra = str();
+    } else if (e.key == "extra") {
+      if (!given.contains("cmdline")) c.extra = str();  // cmdline, given first, wins
     } else if (e.key == "upcall") {
       const std::string& u = str();
       if (u == "vector") c.upcall = Upcall::vector;
@@ -216,13 +223,22 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
     throw fail_on("maxmem", fmt::format("{} MiB is below 'memory' ({} MiB)", c.maxmem_mib, c.memory_mib));
   }
   if (c.maxmem_mib == 0) c.maxmem_mib = c.memory_mib;
+  if (given.contains("cmdline") && given.contains("extra")) {
+    // As xl: the whole command line given wins over what would be appended (c.extra is
+    // cmdline's already, whichever came first).
+    c.warnings.push_back(fmt::format("{}:{}: 'extra' ignored in favour of 'cmdline' (line {}), as xl does", source,
+                                     given.find("extra")->second.second, given.find("cmdline")->second.second));
+  }
   if (c.type == DomainType::hvm) {
     if (c.kernel.empty()) throw fail_at("an hvm domain needs 'kernel' (xpv boots Linux directly)");
   } else {
-    // What only an hvm guest's kernel reads: refused rather than ignored for a process domain.
-    for (std::string_view k : {"kernel", "ramdisk", "extra", "upcall"}) {
-      if (given.contains(k)) throw fail_on(k, "makes sense only for type = \"hvm\"");
+    // What only an hvm guest's kernel reads, when it says something: refused rather than ignored
+    // for a process domain (an empty string says nothing).
+    for (auto [k, v] : {std::pair{"kernel", &c.kernel}, std::pair{"ramdisk", &c.ramdisk}, std::pair{"extra", &c.extra}}) {
+      if (!v->empty()) throw fail_on(given.contains(k) ? std::string_view(k) : std::string_view("cmdline"),
+                                     "makes sense only for type = \"hvm\"");
     }
+    if (given.contains("upcall")) throw fail_on("upcall", "makes sense only for type = \"hvm\"");
   }
   std::set<std::uint32_t> devids;
   for (const DiskSpec& d : c.disks) {
@@ -235,25 +251,33 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
     }
   }
   if (check_files) {
-    // Relative paths are the caller's working directory's, made absolute here: xpv-vmm and
-    // xpv-blkback open them from theirs, and a restart (on_reboot) re-reads this file from the
-    // monitor's.
+    // Relative paths are the caller's working directory's, made absolute here: xpv-blkback, a
+    // daemon, opens disk targets from "/", and a record should not depend on where it was made.
     for (auto [key, path] : {std::pair{"kernel", &c.kernel}, std::pair{"ramdisk", &c.ramdisk}}) {
       if (path->empty()) continue;
       if (auto why = boot_file_problem(*path); !why.empty()) throw fail_on(key, fmt::format("'{}' {}", *path, why));
-      *path = absolute_path(*path);
+      try {
+        *path = absolute_path(*path);
+      } catch (const ConfigError& e) {
+        throw fail_on(key, e.what());
+      }
     }
-    std::set<std::string> rw_targets;
+    std::set<std::pair<dev_t, ino_t>> rw_targets;
     for (DiskSpec& d : c.disks) {
       if (auto why = disk_target_problem(d.target); !why.empty()) {
         throw fail_on("disk", fmt::format("disk {}: '{}' {}", d.vdev.name, d.target, why));
       }
-      d.target = absolute_path(d.target);
-      // Two writers of one image corrupt it (the hotplug scripts of Xen refuse that too).
-      std::error_code ec;
-      const auto canon = std::filesystem::canonical(d.target, ec);
-      if (d.access == Access::rw && !rw_targets.insert(ec ? d.target : canon.string()).second) {
+      // Two writers of one image in one domain corrupt it: the same file by any name (a link,
+      // another path). Across domains xpv does not check (Xen's hotplug scripts do).
+      struct stat st {};
+      if (d.access == Access::rw && ::stat(d.target.c_str(), &st) == 0 &&
+          !rw_targets.insert({st.st_dev, st.st_ino}).second) {
         throw fail_on("disk", fmt::format("disk {}: '{}' is given writable to two disks", d.vdev.name, d.target));
+      }
+      try {
+        d.target = absolute_path(d.target);
+      } catch (const ConfigError& e) {
+        throw fail_on("disk", fmt::format("disk {}: {}", d.vdev.name, e.what()));
       }
     }
   }
@@ -266,8 +290,9 @@ DomainConfig load_domain_config(const std::string& path, bool check_files) {
   if (::stat(path.c_str(), &st) != 0) {
     throw ConfigError(fmt::format("{}: cannot read the configuration file: {}", path, std::strerror(errno)));
   }
-  // Not a FIFO, a device (/dev/zero would be read for ever) or a directory (which reads as empty).
-  if (!S_ISREG(st.st_mode)) throw ConfigError(fmt::format("{}: not a regular file; not a domain configuration", path));
+  // A directory reads as empty ("'name' is required" was the message); a pipe or a device is
+  // read, but no more than the limit (/dev/zero: "larger than 1 MiB").
+  if (S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("{}: a directory; not a domain configuration", path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(fmt::format("{}: cannot read the configuration file", path));
   std::string text(kMax + 1, '\0');

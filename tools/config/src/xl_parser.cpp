@@ -97,14 +97,14 @@ class Lexer {
       base = 16;
       digits.remove_prefix(2);
     }
+    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
+    if (ec != std::errc() || p != digits.data() + digits.size() || digits.empty()) {
+      error(fmt::format("'{}' is not a number (strings need quotes)", tok));
+    }
     if (base == 10 && digits.size() > 1 && digits[0] == '0') {
       // xl reads such a number as octal (strtol base 0): 0512 is 330 there. Neither reading is
       // safe to guess.
       error(fmt::format("'{}' has a leading zero (xl would read it as octal): write it without", tok));
-    }
-    auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v, base);
-    if (ec != std::errc() || p != digits.data() + digits.size() || digits.empty()) {
-      error(fmt::format("'{}' is not a number (strings need quotes)", tok));
     }
     return neg ? -v : v;
   }

@@ -371,8 +371,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     }
     // 5. Its monitor, which acts on on_poweroff / on_reboot / on_crash when the process ends.
     rec.monitor_pid = spawn_monitor(p, rec);
+    self.record = rec;  // the undo stops the monitor too
     write_record(dir, rec);
-    self.record = rec;
     ctx.out << fmt::format("Created domain {} (id {}, {}, {} MiB{}, pid {})\n", cfg.name, n, rec.type, cfg.memory_mib,
                            cfg.maxmem_mib != cfg.memory_mib ? fmt::format(" of maxmem {}", cfg.maxmem_mib) : "",
                            rec.pid);

@@ -7,16 +7,16 @@
 //                                 `xpv mem-set` may grow it up to maxmem (as xl's maxmem)
 //   vcpus = 2                     1..128 (default 1)
 //   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist;
-//                                 xl's cmdline is extra's other name; relative paths are the
+//                                 xl's cmdline replaces extra; relative paths are the
 //                                 working directory's, made absolute when the files are checked)
 //   disk = [ 'format=raw, vdev=xvda, access=rw, target=/srv/a.img' ]
 //   vif = [ 'mac=00:16:3e:00:00:01, ip=10.0.0.2/24' ]
 //   upcall = "vector" | "callback" | "intx"   hvm: how event channels interrupt the guest
 //   on_poweroff/on_reboot/on_crash = "destroy" | "restart" | "preserve"
 // Every error names the file, the line and the setting (a missing required setting: the file).
-// A setting given twice, also under its other name (type/builder, extra/cmdline), is an error.
-// Disk targets must be a regular file whose size is a positive multiple of 512 or a block device,
-// and no image may be given writable to two disks. Keys xl knows but xpv has no use for
+// A setting given twice, also under its other name (type/builder), is an error; cmdline and
+// extra both: cmdline wins, with a warning (as xl). Disk targets must be a regular file whose size
+// is a positive multiple of 512 or a block device, and no file may be writable to two disks. Keys xl knows but xpv has no use for
 // (vnc, sdl, serial, boot, ...) are reported as warnings, never silently half-applied; keys
 // nobody knows are errors.
 #pragma once
