@@ -1076,7 +1076,13 @@ class Fuzzer {
         pause_for_io();
         poll_and_check();
       }
-      if (!queue_->disabled() && mode_ == Mode::protocol && chance(6)) restart();
+      if (!queue_->disabled() && mode_ == Mode::protocol && chance(6)) {
+        restart();
+        // restart() stops at a failure with the old queue gone and no new one (it checks for any
+        // failure of the test so far): this crashed instead of failing when a check earlier in the
+        // step had failed.
+        if (failed() || !queue_) return;
+      }
       if (queue_->disabled()) {
         check_disabled_is_silent();
         return;
