@@ -109,7 +109,7 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   const auto entries = parse_xl(text, source);
   bool have_memory = false;
   // Each setting's key and line as the file gives them, under its canonical name (type for
-  // builder, extra for cmdline): for the checks after the loop, which name the line too.
+  // builder): for the checks after the loop, which name the line too.
   std::map<std::string, std::pair<std::string, int>, std::less<>> given;
   for (const XlEntry& e : entries) {
     auto where = [&]() { return fmt::format("{}:{}: '{}'", source, e.line, e.key); };

@@ -74,7 +74,11 @@ void cmd_block_attach(Context& ctx, const std::string& which, const std::string&
   if (auto why = config::disk_target_problem(disk.target); !why.empty()) {
     throw ToolstackError(fmt::format("disk {}: '{}' {}", disk.vdev.name, disk.target, why));
   }
-  disk.target = config::absolute_path(disk.target);  // xpv-blkback opens it from its own directory
+  try {
+    disk.target = config::absolute_path(disk.target);  // xpv-blkback opens it from "/"
+  } catch (const config::ConfigError& e) {
+    throw ToolstackError(fmt::format("disk {}: {}", disk.vdev.name, e.what()));
+  }
   Xenstore xs(ctx.paths.xenstore_socket);
   make_dirs(ctx.paths.run_dir, 0700);
   RunLock lock(ctx.paths.lock_file());

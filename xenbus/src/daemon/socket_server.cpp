@@ -11,7 +11,6 @@
 
 #include <array>
 #include <cerrno>
-#include <cerrno>
 #include <boost/asio/post.hpp>
 #include <deque>
 #include <filesystem>
