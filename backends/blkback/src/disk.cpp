@@ -12,6 +12,18 @@
 #include <stdexcept>
 
 namespace xpv::blkback {
+namespace {
+
+// Whether O_DIRECT on this open regular file takes 512-byte-aligned offsets, lengths and buffers.
+// Where the kernel or the file system does not say (no STATX_DIOALIGN before Linux 6.1): yes.
+bool direct_io_takes_512_byte_sectors(int fd) {
+  struct statx stx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0 || !(stx.stx_mask & STATX_DIOALIGN)) return true;
+  if (stx.stx_dio_offset_align == 0) return false;  // the file system offers no O_DIRECT for this file
+  return stx.stx_dio_offset_align <= 512 && stx.stx_dio_mem_align <= 512;
+}
+
+}  // namespace
 
 Disk Disk::open(const std::string& path, bool readonly, bool direct) {
   const int mode = readonly ? O_RDONLY : O_RDWR;
@@ -35,6 +47,18 @@ Disk Disk::open(const std::string& path, bool readonly, bool direct) {
   if (S_ISREG(st.st_mode)) {
     bytes = static_cast<std::uint64_t>(st.st_size);
     info.discard = !readonly;  // FALLOC_FL_PUNCH_HOLE; a file system that lacks it answers EOPNOTSUPP
+    if (info.direct && !direct_io_takes_512_byte_sectors(fd.get())) {
+      // A file on a file system over 4 KiB-sector storage takes O_DIRECT only in 4 KiB units, and
+      // the guest sees a 512-byte-sector disk (an image's partition table and file systems were
+      // made for that): O_DIRECT would fail its smaller requests with EINVAL. Buffered I/O takes any
+      // 512-byte request; flushes are still honoured.
+      // Reopened through /proc/self/fd: the same file, whatever the path names by now.
+      UniqueFd buffered(::open(fmt::format("/proc/self/fd/{}", fd.get()).c_str(), mode | O_CLOEXEC));
+      if (!buffered) throw std::runtime_error(fmt::format("disk '{}': cannot open: {}", path, std::strerror(errno)));
+      spdlog::info("{}: O_DIRECT here needs more than 512-byte alignment; using buffered I/O", path);
+      fd = std::move(buffered);
+      info.direct = false;
+    }
   } else if (S_ISBLK(st.st_mode)) {
     info.block_device = true;
     if (::ioctl(fd.get(), BLKGETSIZE64, &bytes) != 0) {

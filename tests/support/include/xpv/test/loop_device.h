@@ -15,9 +15,11 @@ namespace xpv::test {
 
 class LoopDevice {
  public:
-  // Attaches `file`; empty() when no loop device could be had (the caller skips).
-  explicit LoopDevice(const std::string& file) {
-    if (FILE* p = ::popen(("losetup --find --show '" + file + "' 2>/dev/null").c_str(), "r")) {
+  // Attaches `file`, with `sector_size`-byte logical sectors when non-zero; empty() when no loop
+  // device could be had (the caller skips).
+  explicit LoopDevice(const std::string& file, unsigned sector_size = 0) {
+    const std::string opt = sector_size ? " --sector-size " + std::to_string(sector_size) : "";
+    if (FILE* p = ::popen(("losetup --find --show" + opt + " '" + file + "' 2>/dev/null").c_str(), "r")) {
       char line[64] = {};
       if (std::fgets(line, sizeof line, p)) path_ = line;
       ::pclose(p);
