@@ -468,11 +468,28 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
   r = h.run({"create", cfg, "--no-wait"});
   EXPECT_EQ(r.rc, 1);
   EXPECT_EQ(r.err, fmt::format("xpv create: {}: a domain named 'web1' exists already (id 1)\n", cfg));
+  // An image web1 writes, to another domain (by another name: a hard link): refused before
+  // anything is made.
+  const auto img_a_link = h.dir + "/a-link.img";
+  ASSERT_EQ(::link(img_a.c_str(), img_a_link.c_str()), 0);
+  const auto cfg2 = h.write("web2.cfg", "name = \"web2\"\nmemory = 32\ndisk = [ 'format=raw, vdev=xvda, access=ro, target=" +
+                                            img_a_link + "' ]\n");
+  r = h.run({"create", cfg2, "--no-wait"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: disk xvda: '{}' is written by web1 (id 1) xvda ('{}')\n", cfg2, img_a_link,
+                               img_a));
+  EXPECT_FALSE(fs::exists(h.run_dir + "/dom2")) << "nothing made";
 
   // block-attach / detach and their errors.
   r = h.run({"block-attach", "web1", "vdev=xvdb, access=ro, target=" + img_b, "--no-wait"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, fmt::format("xvdb: {}/dom1/vbd/51728/disk\n", h.run_dir));
+  r = h.run({"block-attach", "web1", "vdev=xvdc, target=" + img_b, "--no-wait"});
+  EXPECT_EQ(r.err, fmt::format("xpv block-attach: disk xvdc: '{}' is read by web1 (id 1) xvdb ('{}'): it cannot be given "
+                               "writable\n",
+                               img_b, img_b));
+  r = h.run({"block-attach", "web1", "vdev=xvdc, access=ro, target=" + img_a, "--no-wait"});
+  EXPECT_EQ(r.err, fmt::format("xpv block-attach: disk xvdc: '{}' is written by web1 (id 1) xvda ('{}')\n", img_a, img_a));
   r = h.run({"block-attach", "web1", "vdev=xvdb, target=" + img_b, "--no-wait"});
   EXPECT_EQ(r.err, "xpv block-attach: xvdb is already attached to web1 (id 1)\n");
   r = h.run({"block-attach", "web1", "vdev=xvdq9x, target=" + img_b});

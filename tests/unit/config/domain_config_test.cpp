@@ -165,14 +165,19 @@ TEST(DomainConfig, DiskTargetsAreCheckedAsTheBackendWouldOpenThem) {
             "vm.cfg:2: 'disk': disk xvda: '" + t.path() + "' is not a regular file or block device");
   EXPECT_EQ(disk_target_problem("/dev/null"), "is not a regular file or block device");
   EXPECT_EQ(disk_target_problem(good), "");
-  // One image writable to two disks: two writers would corrupt it; read-only twice is fine.
+  // One image to two disks, one of them writable: a writer would corrupt the other's view, two
+  // writers the image; read-only twice is fine.
   const std::string two = "name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + t.path() + "/./good.img,raw,xvdb' ]\n";
-  EXPECT_EQ(error_of(two, true), "vm.cfg:2: 'disk': disk xvdb: '" + t.path() + "/./good.img' is given writable to two disks");
+  EXPECT_EQ(error_of(two, true), "vm.cfg:2: 'disk': disk xvdb: '" + t.path() + "/./good.img' is given to two disks, both writable");
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda,ro', '" + good + ",raw,xvdb,ro' ]\n", true), "");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda,ro', '" + good + ",raw,xvdb' ]\n", true),
+            "vm.cfg:2: 'disk': disk xvdb: '" + good + "' is given to two disks, one of them writable");
+  EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + good + ",raw,xvdb,ro' ]\n", true),
+            "vm.cfg:2: 'disk': disk xvdb: '" + good + "' is given to two disks, one of them writable");
   const std::string link = t.path() + "/link.img";  // the same file by another name
   ASSERT_EQ(::link(good.c_str(), link.c_str()), 0);
   EXPECT_EQ(error_of("name = 'a'\ndisk = [ '" + good + ",raw,xvda', '" + link + ",raw,xvdb' ]\n", true),
-            "vm.cfg:2: 'disk': disk xvdb: '" + link + "' is given writable to two disks");
+            "vm.cfg:2: 'disk': disk xvdb: '" + link + "' is given to two disks, both writable");
   EXPECT_EQ(error_of("name = 'a'\ntype = 'hvm'\nkernel = '" + t.path() + "'\n", true),
             "vm.cfg:3: 'kernel': '" + t.path() + "' is not a regular file");
 }

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "xpv/config/error.h"
 #include "xpv/config/xl_parser.h"
@@ -262,17 +263,24 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
         throw fail_on(key, e.what());
       }
     }
-    std::set<std::pair<dev_t, ino_t>> rw_targets;
+    // Two disks of one image in one domain, one of them writable, corrupt it (a writer under a
+    // reader's cache, or two writers): the same file by any name (a link, another path), the same
+    // block device by any node. Across domains the toolstack checks (disk_checks.h).
+    std::map<std::tuple<bool, dev_t, ino_t>, bool> targets;  // (block device, device, inode) → given writable
     for (DiskSpec& d : c.disks) {
       if (auto why = disk_target_problem(d.target); !why.empty()) {
         throw fail_on("disk", fmt::format("disk {}: '{}' {}", d.vdev.name, d.target, why));
       }
-      // Two writers of one image in one domain corrupt it: the same file by any name (a link,
-      // another path). Across domains xpv does not check (Xen's hotplug scripts do).
       struct stat st {};
-      if (d.access == Access::rw && ::stat(d.target.c_str(), &st) == 0 &&
-          !rw_targets.insert({st.st_dev, st.st_ino}).second) {
-        throw fail_on("disk", fmt::format("disk {}: '{}' is given writable to two disks", d.vdev.name, d.target));
+      if (::stat(d.target.c_str(), &st) == 0) {
+        const bool rw = d.access == Access::rw;
+        const bool blk = S_ISBLK(st.st_mode);
+        const auto key = std::tuple{blk, blk ? st.st_rdev : st.st_dev, blk ? ino_t{0} : st.st_ino};
+        const auto [it, fresh] = targets.emplace(key, rw);
+        if (!fresh && (rw || it->second)) {
+          throw fail_on("disk", fmt::format("disk {}: '{}' is given to two disks, {}", d.vdev.name, d.target,
+                                            rw && it->second ? "both writable" : "one of them writable"));
+        }
       }
       try {
         d.target = absolute_path(d.target);

@@ -12,6 +12,7 @@
 #include "xpv/config/vdev.h"
 #include "xpv/toolstack/allocation.h"
 #include "xpv/toolstack/devices.h"
+#include "xpv/toolstack/disk_checks.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
 #include "xpv/toolstack/host_cleanup.h"
@@ -87,6 +88,7 @@ void cmd_block_attach(Context& ctx, const std::string& which, const std::string&
   if (xs.exists(backend_path(dev.kind, d.domid, dev.devid)) || xs.exists(frontend_path(dev.kind, d.domid, dev.devid))) {
     throw ToolstackError(fmt::format("{} is already attached to {}", disk.vdev.name, domain_label(d)));
   }
+  check_new_disk("", disk, existing_disks(xs, gather_domains(ctx.paths, &xs)));
   require_backend(ctx.paths, DeviceKind::vbd);
   attach(ctx, xs, d, dev, vbd_nodes(d.domid, disk), wait);
   if (d.type == "process") {

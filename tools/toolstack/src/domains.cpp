@@ -17,6 +17,7 @@
 #include "xpv/domain/control.h"
 #include "xpv/toolstack/allocation.h"
 #include "xpv/toolstack/devices.h"
+#include "xpv/toolstack/disk_checks.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
 #include "xpv/toolstack/nodes.h"
@@ -227,6 +228,11 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     if (v.mac && macs.count(v.mac->str())) {
       throw ToolstackError(fmt::format("{}: MAC {} is used by another domain", config_path, v.mac->str()));
     }
+  }
+  // Images: none written by a disk already on the host, none read there given writable.
+  if (!cfg.disks.empty()) {
+    const auto disks = existing_disks(xs, doms);
+    for (const auto& disk : cfg.disks) check_new_disk(config_path, disk, disks);
   }
   if (!cfg.vifs.empty()) {
     // Addresses: against every vif on the host, the host's interfaces, and each other.

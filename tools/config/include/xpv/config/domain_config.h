@@ -16,9 +16,9 @@
 // Every error names the file, the line and the setting (a missing required setting: the file).
 // A setting given twice, also under its other name (type/builder), is an error; cmdline and
 // extra both: cmdline wins, with a warning (as xl). Disk targets must be a regular file whose size
-// is a positive multiple of 512 or a block device, and no file may be writable to two disks. Keys xl knows but xpv has no use for
-// (vnc, sdl, serial, boot, ...) are reported as warnings, never silently half-applied; keys
-// nobody knows are errors.
+// is a positive multiple of 512 or a block device, and no image may be given to two disks with
+// one of them writable. Keys xl knows but xpv has no use for (vnc, sdl, serial, boot, ...) are
+// reported as warnings, never silently half-applied; keys nobody knows are errors.
 #pragma once
 
 #include <cstdint>
