@@ -47,14 +47,21 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
     teardown();
     throw;
   }
-  // Threads last: a failure above leaves nothing running.
-  for (unsigned i = 0; i < queues_.size(); ++i) {
-    Queue& q = *queues_[i];
-    q.thread = std::thread([this, &q, i] {
-      set_thread_name(name_ + "-q" + std::to_string(i));  // vif<N>.<devid>-q<i>, as top -H shows it
-      q.queue->run();
-      if (on_exit_) on_exit_(i);
-    });
+  // Threads last: a failure above leaves nothing running. One that cannot be started (no
+  // threads or memory left) stops and joins those started before it: this device fails to
+  // connect, the daemon goes on (a joinable std::thread destroyed would end the process).
+  try {
+    for (unsigned i = 0; i < queues_.size(); ++i) {
+      Queue& q = *queues_[i];
+      q.thread = std::thread([this, &q, i] {
+        set_thread_name(name_ + "-q" + std::to_string(i));  // vif<N>.<devid>-q<i>, as top -H shows it
+        q.queue->run();
+        if (on_exit_) on_exit_(i);
+      });
+    }
+  } catch (...) {
+    teardown();
+    throw;
   }
 }
 

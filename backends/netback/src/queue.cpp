@@ -716,7 +716,22 @@ void NetbackQueue::resume_drain() noexcept {
   if (!disabled()) push_and_notify();
 }
 
+void NetbackQueue::idle_in_share() noexcept {
+  if (cfg_.share == nullptr) return;
+  cfg_.share->set_backlog(share_acc_[0], false);
+  cfg_.share->set_backlog(share_acc_[1], false);
+}
+
 bool NetbackQueue::pass() noexcept {
+  if (serve()) return true;
+  // Disabled, maybe in the middle of a turn that moved bytes and left its direction marked
+  // backlogged: marked so, it would hold every other vif's queues to its frozen count until the
+  // teardown (never, with xenstored gone: backend.cpp keeps serving then).
+  idle_in_share();
+  return false;
+}
+
+bool NetbackQueue::serve() noexcept {
   if (disabled()) return false;
   if (tx_resume_ > 0 || rx_resume_ > 0) resume_drain();
   if (!disabled() && (tx_notify_owed_ || rx_notify_owed_)) push_and_notify();
@@ -823,11 +838,7 @@ void NetbackQueue::run() noexcept {
       if (tap_at >= 0) fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
       const std::uint64_t now = now_us();
-      if (!busy_ && cfg_.share != nullptr) {
-        // Going to sleep: no work to be waited for (fair_share.h).
-        cfg_.share->set_backlog(share_acc_[0], false);
-        cfg_.share->set_backlog(share_acc_[1], false);
-      }
+      if (!busy_) idle_in_share();  // going to sleep: no work to be waited for
       if (busy_) {
         timeout = 0;
       } else {
@@ -859,6 +870,7 @@ void NetbackQueue::run() noexcept {
   } catch (...) {
     disable("unexpected exception on the data-plane thread");
   }
+  idle_in_share();  // stopped or disabled: this thread takes no more turns
 }
 
 }  // namespace xpv::netback

@@ -719,21 +719,34 @@ Result<void> Vm::set_auto_eoi_vector(std::uint8_t vector) noexcept {
     return err("this KVM has no Hyper-V SynIC (KVM_CAP_HYPERV_SYNIC), which xpv-vmm needs to deliver an "
                "interrupt that takes no EOI (Xen's global callback vector)");
   }
-  auto_eoi_vector_.store(vector, std::memory_order_release);
-  const std::uint64_t gen = auto_eoi_gen_.fetch_add(1, std::memory_order_acq_rel) + 1;
-  for (auto& v : vcpus_) {
-    if (t_vcpu == v.get()) {
-      if (auto r = apply_auto_eoi(*v); !r) return r;
+  const std::uint8_t before = auto_eoi_vector_.load();
+  // The vector for every vCPU: this thread's own now, the others at the top of their loop,
+  // before they enter the guest again (a kick makes each leave KVM_RUN or not enter it; the
+  // generation is bumped before the kick).
+  auto publish = [&](std::uint8_t vec) -> Result<std::uint64_t> {
+    auto_eoi_vector_.store(vec, std::memory_order_release);
+    const std::uint64_t gen = auto_eoi_gen_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    for (auto& v : vcpus_) {
+      if (t_vcpu == v.get()) {
+        if (auto r = apply_auto_eoi(*v); !r) return Unexpected<Error>(r.error());
+      }
     }
+    kick_all();
+    return gen;
+  };
+  auto gen = publish(vector);
+  if (!gen) {
+    (void)publish(before);
+    return Unexpected<Error>(gen.error());
   }
-  // The other vCPUs apply it at the top of their loop, before they enter the guest again: a kick
-  // makes each leave KVM_RUN (or not enter it), and the generation was bumped before the kick.
-  kick_all();
   const auto deadline = std::chrono::steady_clock::now() + kAutoEoiWait;
   for (auto& v : vcpus_) {
-    while (v->started.load() && v->auto_eoi_gen.load(std::memory_order_acquire) < gen &&
+    while (v->started.load() && v->auto_eoi_gen.load(std::memory_order_acquire) < *gen &&
            stop_reason_.load() == StopReason::none) {
       if (std::chrono::steady_clock::now() >= deadline) {
+        // The caller keeps the old callback (it is told the change failed): so must the vCPUs,
+        // or the old vector would be injected as one that wants an EOI the guest never sends.
+        (void)publish(before);
         return err(fmt::format("auto-EOI vector {:#x}: vCPU {} did not take it within {} s", vector, v->id,
                                kAutoEoiWait.count()));
       }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string_view>
@@ -189,8 +190,14 @@ class XenDomain::Host final : public xen::PlatformHost {
   std::uint64_t not_freed() const noexcept { return not_freed_.load(std::memory_order_relaxed); }
 
   void console_write(std::string_view text) noexcept override {
+    // One log line per line of text, each with its prefix: a guest cannot start a line of ours.
     try {
-      spdlog::info("guest console_io: {}", text);
+      while (!text.empty()) {
+        const auto nl = text.find('\n');
+        const std::string_view line = text.substr(0, nl);
+        if (!line.empty()) spdlog::info("guest console_io: {}", line);
+        text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+      }
     } catch (...) {
     }
   }
@@ -397,8 +404,11 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
   dev.io_base = kPlatformIo;
   dev.mmio_base = static_cast<std::uint32_t>(kPlatformMmio);
   dev.gsi = kPlatformGsi;
-  dev.on_bar_moved = [](unsigned bar, std::uint32_t base) {
+  dev.on_bar_moved = [warned = std::make_shared<std::atomic<bool>>(false)](unsigned bar, std::uint32_t base) {
     // The grant frames stay where KVM maps them: a guest that moves BAR1 loses its grant table.
+    // Said once: the device logs each move itself, rate-limited (a guest rewriting the BARs in a
+    // loop would otherwise fill the host's log).
+    if (warned->exchange(true)) return;
     spdlog::warn("xen-platform: the guest moved BAR{} to {:#x}; xpv keeps BAR0 at {:#x} and the grant frames at {:#x}",
                  bar, base, kPlatformIo, kPlatformMmio);
   };

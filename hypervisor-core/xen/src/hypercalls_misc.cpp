@@ -1,5 +1,7 @@
 // xen_version, sched_op and console_io (platform.h; the table is in hypervisor-core/README.md).
 // vCPU thread of the caller.
+#include <fmt/core.h>
+
 #include <chrono>
 #include <thread>
 
@@ -127,6 +129,24 @@ std::int64_t Platform::console_io(std::uint64_t cmd, std::uint64_t count, std::u
       if (count == 0) return 0;
       std::array<std::uint8_t, kConsoleWriteMax> text;
       if (!mem.read(buf, std::span(text).first(count))) return err(XenErrno::efault);
+      std::uint64_t dropped = 0;
+      {
+        std::lock_guard lk(console_mu_);
+        if (!console_limit_.allow()) return 0;  // written, as far as the guest knows
+        dropped = console_limit_.take_suppressed();
+      }
+      // The host logs it: no escape sequences for a terminal, no carriage returns to overwrite
+      // what the host itself wrote.
+      for (std::uint64_t i = 0; i < count; ++i) {
+        if (text[i] != '\n' && (text[i] < 0x20 || text[i] >= 0x7f)) text[i] = '.';
+      }
+      if (dropped != 0) {
+        try {
+          host_.console_write(fmt::format("[xpv: {} console_io writes dropped: more than {} a second]\n", dropped,
+                                          kConsoleWritesPerSecond));
+        } catch (...) {
+        }
+      }
       host_.console_write(std::string_view(reinterpret_cast<const char*>(text.data()), count));
       return 0;
     }

@@ -140,6 +140,10 @@ void Platform::upcall(unsigned vcpu) noexcept {
 }
 
 void Platform::publish_upcall_routes() noexcept {
+  // Two vCPUs changing their vectors at once: each host_.upcall_route is two steps in the host,
+  // and interleaved they could leave a route half of one and half of the other. One at a time,
+  // the last publish reads the values both stored.
+  std::lock_guard lk(routes_mu_);
   const std::uint64_t cb = callback_irq_.load(std::memory_order_acquire);
   const std::uint8_t global = callback_kind(cb) == CallbackKind::vector ? global_callback_vector(cb) : 0;
   for (unsigned v = 0; v < cfg_.vcpus; ++v) {

@@ -390,6 +390,29 @@ TEST_F(NetbackQueueTest, APacketWithMissingSlotsDisablesTheQueue) {
   EXPECT_TRUE(queue_->disabled());
 }
 
+// Disabled in the middle of a turn that moved bytes: the queue's accounts in the fairness ledger
+// go idle, so other vifs' queues, ahead of its frozen count, are not held back until its teardown.
+TEST_F(NetbackQueueTest, ADisabledQueueHoldsNoOtherQueueBack) {
+  FairShare share(64 * 1024);
+  FairShare::Account* other = share.join();
+  NetbackConfig cfg;
+  cfg.share = &share;
+  start(cfg);
+  share.set_backlog(other, true);
+  const auto frame = tcp_frame(1500);
+  fe_.tx(slots_for(frame, 16, 0)[0]);  // a good packet: the turn moves bytes
+  fe_.tx(slots_for(tcp_frame(5000), 32, 1)[0]);  // then more_data, and its second slot never comes
+  fe_.tx_push();
+  EXPECT_FALSE(queue_->poll_once());
+  EXPECT_TRUE(queue_->disabled());
+  const auto got = host_read();
+  EXPECT_TRUE(got && got->second == frame) << "the good packet went out in the turn";
+  share.charge(other, 1 << 20);  // the other vif goes on, far past the dead queue's count
+  EXPECT_TRUE(share.may_go(other));
+  queue_.reset();  // leaves `share` before it goes
+  share.leave(other);
+}
+
 TEST_F(NetbackQueueTest, ABadProducerIndexDisablesTheQueueForGood) {
   start();
   std::atomic_ref<std::uint32_t> req_prod(*reinterpret_cast<std::uint32_t*>(fe_.tx_ring_page().data()));

@@ -1,8 +1,13 @@
 // Hypercalls other than event_channel_op: exact results, exact bytes written to guest memory,
 // bad pointers, bad vCPUs, unknown numbers and sub-commands.
+#include <gmock/gmock.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "fakes.h"
 #include "xpv/domain/shared_info.h"
@@ -587,6 +592,30 @@ TEST_F(Hypercalls, ConsoleWriteIsBoundedAndReadIsEmpty) {
   EXPECT_EQ(host_.console().size(), text.size() + 4096);
   EXPECT_EQ(call(kHcConsoleIo, kConsoleioRead, 16, kArg), 0);
   EXPECT_EQ(call(kHcConsoleIo, 2, 16, kArg), kEnosys);
+}
+
+// What reaches the host (which logs it): printable ASCII and newlines, and a bounded number of
+// writes a second — a guest looping on console_io cannot fill the host's log or drive its terminal.
+TEST_F(Hypercalls, ConsoleWriteReachesTheHostPrintableAndRateLimited) {
+  const std::string text = "a\x1b[2Jb\rc\x7f\xff\n";
+  for (std::size_t i = 0; i < text.size(); ++i) mem_.put(kArg + i, text[i]);
+  EXPECT_EQ(call(kHcConsoleIo, kConsoleioWrite, text.size(), kArg), 0);
+  EXPECT_EQ(host_.console(), "a.[2Jb.c..\n");
+  // Many more writes than a second's worth, as fast as they go: each answered 0 (as if written),
+  // and at most the limit a second passed on, with one note of how many were dropped.
+  constexpr int kWrites = 20 * kConsoleWritesPerSecond;
+  const auto began = std::chrono::steady_clock::now();
+  for (int i = 0; i < kWrites; ++i) EXPECT_EQ(call(kHcConsoleIo, kConsoleioWrite, 1, kArg), 0);
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - began).count();
+  const std::string out = host_.console().substr(std::string("a.[2Jb.c..\n").size());
+  const auto passed = static_cast<std::size_t>(std::count(out.begin(), out.end(), 'a'));
+  EXPECT_LE(passed, std::size_t{kConsoleWritesPerSecond} * static_cast<std::size_t>(seconds + 2)) << out.size();
+  EXPECT_LT(passed, std::size_t{kWrites});
+  // After a second without writes, the next one passes, with the note first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::size_t seen = host_.console().size();
+  EXPECT_EQ(call(kHcConsoleIo, kConsoleioWrite, 1, kArg), 0);
+  EXPECT_THAT(host_.console().substr(seen), ::testing::MatchesRegex("\\[xpv: [0-9]+ console_io writes dropped: more than 50 a second\\]\na"));
 }
 
 }  // namespace

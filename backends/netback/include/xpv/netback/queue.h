@@ -202,7 +202,11 @@ class NetbackQueue {
     gnttab::GrantRef gref = 0;
   };
 
-  bool pass() noexcept;  // one pass of the loop (run() and poll_once())
+  bool pass() noexcept;  // one pass of the loop (run() and poll_once()); false: disabled
+  bool serve() noexcept;  // pass() but for what a disabled queue leaves behind
+  // Both our accounts idle in cfg_.share: a queue that is disabled or stopping waits for no turn,
+  // so no other queue may wait for it (fair_share.h).
+  void idle_in_share() noexcept;
   void resume_drain() noexcept;  // answers what a dead backend left unanswered (see Resume)
   std::uint64_t now_us() const noexcept;
   bool tx_has_work() noexcept;

@@ -50,11 +50,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "xpv/domain/event_channels.h"
+#include "xpv/log_rate_limit.h"
 #include "xpv/xen/abi.h"
 #include "xpv/xen/config.h"
 
@@ -107,7 +109,9 @@ class PlatformHost {
     (void)pages;
     return false;
   }
-  virtual void console_write(std::string_view text) noexcept = 0;  // CONSOLEIO_write
+  // CONSOLEIO_write, as the host may log it: printable ASCII and '\n' only (any other byte is
+  // '.'), at most kConsoleWritesPerSecond calls a second (a note says how many were dropped).
+  virtual void console_write(std::string_view text) noexcept = 0;
 };
 
 struct Regs {
@@ -116,6 +120,9 @@ struct Regs {
 
 // Longest CONSOLEIO_write accepted in one call (longer → -EINVAL; Linux writes ≤ 1 KiB lines).
 inline constexpr std::uint64_t kConsoleWriteMax = 4096;
+// CONSOLEIO_write calls passed on a second; the rest are dropped (a guest looping on it would
+// otherwise fill the host's log).
+inline constexpr std::uint32_t kConsoleWritesPerSecond = 50;
 
 class Platform final : public domain::UpcallSink {
  public:
@@ -193,6 +200,9 @@ class Platform final : public domain::UpcallSink {
   std::atomic<std::uint64_t> upcalls_{0}, intx_eois_{0};
   std::atomic<std::int64_t> log_window_{0};  // rate limit for guest-triggered log lines
   std::atomic<std::uint32_t> log_used_{0};
+  std::mutex console_mu_;  // the console_io rate limit:
+  xpv::LogRateLimit console_limit_{kConsoleWritesPerSecond};
+  std::mutex routes_mu_;  // one publish_upcall_routes at a time: the last one sees the last change
 };
 
 }  // namespace xpv::xen
