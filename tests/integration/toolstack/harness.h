@@ -14,10 +14,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,9 +37,10 @@ struct RunResult {
   std::string out, err;
 };
 
-// Runs argv with extra environment; kills it after `timeout`.
+// Runs argv with extra environment; kills it after `timeout`. `started`, if given, gets its pid.
 inline RunResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env_add = {},
-                             std::chrono::seconds timeout = std::chrono::seconds(120)) {
+                             std::chrono::seconds timeout = std::chrono::seconds(120),
+                             std::atomic<pid_t>* started = nullptr) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
   posix_spawn_file_actions_t fa;
@@ -63,6 +66,7 @@ inline RunResult run_command(const std::vector<std::string>& argv, const std::ve
     ::close(err[0]);
     throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
   }
+  if (started) started->store(pid);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   pollfd p[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
   int open_fds = 2;
@@ -85,6 +89,7 @@ inline RunResult run_command(const std::vector<std::string>& argv, const std::ve
     if (x.fd >= 0) ::close(x.fd);
   }
   int status = 0;
+  if (started) started->store(0);  // about to be reaped: no longer a pid to signal
   for (;;) {
     if (::waitpid(pid, &status, WNOHANG) == pid) break;
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -162,6 +167,33 @@ class TestHost {
                                      "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_command(argv, env);
+  }
+  // run(), sending `sig` to the command once `when()` holds (looked at every 10 ms, for at most
+  // 60 s; never if the command ended first).
+  RunResult run_signalled(const std::vector<std::string>& args, int sig, const std::function<bool()>& when) const {
+    std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
+                                     "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::atomic<pid_t> pid{0};
+    std::atomic<bool> done{false};
+    RunResult r;
+    std::thread t([&] {
+      try {
+        r = run_command(argv, {}, std::chrono::seconds(120), &pid);
+      } catch (const std::exception& e) {
+        r.err = e.what();
+      }
+      done = true;
+    });
+    for (int i = 0; i < 6000 && !done; ++i) {
+      if (pid.load() > 0 && when()) {
+        ::kill(pid.load(), sig);  // our child, not yet reaped: run_command waits for it
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    t.join();
+    return r;
   }
 
   std::string write(const std::string& name, const std::string& content) const {

@@ -422,6 +422,35 @@ TEST_F(CreateErrors, NoControlSocketUndoesEverything) {
   expect_nothing_left(h, before);
 }
 
+// Ctrl-C (or SIGTERM) during `xpv create`: the command undoes what it made and says so, instead
+// of dying with a domain process, its namespace and its nodes left behind. Once while it waits for
+// the devices to connect (the stand-in backends never connect them), once as soon as the domain's
+// directory appears (wherever the command is then).
+TEST_F(CreateErrors, AnInterruptedCreateUndoesWhatItMade) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback", "xpv-netback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto img = image(h, "a.img");
+  const auto cfg = h.write("a.cfg", "name = \"web1\"\nmemory = 32\ndisk = [ 'vdev=xvda, target=" + img +
+                                        "' ]\nvif = [ 'ip=10.9.0.2/24' ]\n");
+  xenbus::client::SyncClient c(h.xs_socket);
+  auto r = h.run_signalled({"create", cfg}, SIGINT, [&] { return c.read("/local/domain/0/backend/vif/1/0/state").has_value(); });
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("xpv create: interrupted by SIGINT")) << "said once, after the undo";
+  EXPECT_EQ(r.out, "");
+  expect_nothing_left(h, before);
+  EXPECT_FALSE(fs::exists(h.dir + "/netns/xpv-dom1"));
+
+  r = h.run_signalled({"create", cfg}, SIGTERM, [&] { return fs::exists(h.run_dir + "/dom1"); });
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("xpv create: interrupted by SIGTERM"));
+  expect_nothing_left(h, before);
+  EXPECT_FALSE(fs::exists(h.dir + "/netns/xpv-dom1"));
+  // And the host is as it was: the same configuration creates its domain.
+  r = h.run({"create", cfg, "--no-wait"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 // ── the whole cycle with stand-in programs ───────────────────────────────────────────────────
 
 TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {

@@ -33,8 +33,10 @@ void require_backend(const Paths& p, DeviceKind k) {
   if (!backend_running(p, k)) throw ToolstackError(fmt::format("{} is not running; run `xpv up`", prog));
 }
 
-// Attach: write the nodes, wait (unless told not to), undo on failure.
+// Attach: write the nodes, wait (unless told not to), undo on failure — Ctrl-C during the wait
+// included (process.h, InterruptGuard).
 void attach(Context& ctx, Xenstore& xs, const DomainSummary& d, const DeviceRef& dev, const NodeList& nodes, bool wait) {
+  InterruptGuard interrupts;
   add_device(xs, d.domid, dev, nodes);
   if (!wait) return;
   try {

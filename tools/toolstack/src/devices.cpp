@@ -7,6 +7,7 @@
 #include "xpv/config/vdev.h"
 #include "xpv/toolstack/allocation.h"
 #include "xpv/toolstack/error.h"
+#include "xpv/toolstack/process.h"
 #include "xpv/toolstack/xenstore.h"
 
 namespace xpv::toolstack {
@@ -77,6 +78,7 @@ void wait_connected(Xenstore& xs, DomId domid, const std::vector<DeviceRef>& dev
       if (!frontend_alive()) {
         throw ToolstackError(fmt::format("the domain process died while {} was connecting; {}", device_label(d), hint));
       }
+      throw_if_interrupted();  // Ctrl-C: the caller undoes (process.h, InterruptGuard)
       if (std::chrono::steady_clock::now() >= deadline) {
         throw ToolstackError(fmt::format("{} did not connect within {} s ({}); {}", device_label(d),
                                          std::chrono::duration_cast<std::chrono::seconds>(timeout).count(),

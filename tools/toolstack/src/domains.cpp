@@ -69,6 +69,7 @@ void wait_ready(pid_t pid, const std::string& log, std::uint64_t offset, const c
       if (line == "ready") return;
       pos = nl + 1;
     }
+    throw_if_interrupted();
     int status = 0;
     if (child_exited(pid, &status)) {
       throw ToolstackError(fmt::format("{} exited ({}) before it was ready: {} (log: {})", program,
@@ -179,6 +180,7 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
 
 void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
   const Paths& p = ctx.paths;
+  InterruptGuard interrupts;  // Ctrl-C from here on: the undo below, not a half-made domain
   config::DomainConfig cfg;
   try {
     cfg = config::load_domain_config(config_path, true);
@@ -291,6 +293,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       }
     }
     self.record = rec;
+    throw_if_interrupted();
     // 1. The domain process; "ready" once dom<N>.sock listens.
     const std::string log = front_log(p, cfg.name, program);
     const std::uint64_t offset = file_size(log);
@@ -335,6 +338,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     write_record(dir, rec);
     wait_ready(rec.pid, log, offset, program);
 
+    throw_if_interrupted();
     // 2. The domain's nodes, one transaction.
     xs.transaction([&](TxId tx) { xs.write_nodes(domain_nodes({n, cfg.name, cfg.memory_mib, rec.uuid, cfg.maxmem_mib}), tx); });
 
@@ -347,6 +351,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       throw ToolstackError(fmt::format("cannot ask dom{} for its xenstore ring ({}): {}", n, p.control_socket(n), e.what()));
     }
     xs.introduce(n, ring.gfn, ring.port);
+    throw_if_interrupted();
 
     // 4. Devices, one transaction each, then (unless --no-wait) until both ends are Connected.
     std::vector<DeviceRef> devices;
@@ -363,6 +368,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       add_device(xs, n, d, vif_nodes(n, i, v, mac));
       devices.push_back(d);
     }
+    throw_if_interrupted();
     if (hvm) {
       try {
         domain::ControlClient::connect(p.control_socket(n), "xpv").unpause();
@@ -375,6 +381,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
       wait_connected(xs, n, devices, ctx.device_timeout, [&] { return process_is(rec.pid, kFront); },
                      fmt::format("see {} and {}", log, p.log_dir));
     }
+    throw_if_interrupted();  // the last chance: from here on the domain is made
     // 5. Its monitor, which acts on on_poweroff / on_reboot / on_crash when the process ends.
     rec.monitor_pid = spawn_monitor(p, rec);
     self.record = rec;  // the undo stops the monitor too

@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <thread>
 
 #include "xpv/toolstack/error.h"
@@ -182,6 +184,41 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
   return fmt::format("status {:#x}", status);
+}
+
+namespace {
+
+volatile std::sig_atomic_t g_interrupt = 0;
+constexpr int kInterruptSignals[] = {SIGINT, SIGTERM, SIGHUP};
+struct sigaction g_saved[std::size(kInterruptSignals)];
+int g_guards = 0;  // one command at a time, on the main thread; nested guards share the handlers
+
+extern "C" void on_interrupt(int sig) { g_interrupt = sig; }
+
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+  if (g_guards++ > 0) return;
+  g_interrupt = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) ::sigaction(kInterruptSignals[i], &sa, &g_saved[i]);
+}
+
+InterruptGuard::~InterruptGuard() {
+  if (--g_guards > 0) return;
+  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) ::sigaction(kInterruptSignals[i], &g_saved[i], nullptr);
+}
+
+int interrupt_signal() noexcept { return g_interrupt; }
+
+void throw_if_interrupted() {
+  const int sig = g_interrupt;
+  if (sig == 0) return;
+  const char* name = ::sigabbrev_np(sig);  // "INT"
+  throw ToolstackError(name ? fmt::format("interrupted by SIG{}", name) : fmt::format("interrupted by signal {}", sig));
 }
 
 }  // namespace xpv::toolstack

@@ -57,4 +57,24 @@ bool child_exited(pid_t pid, int* status);
 // "exit status 3" / "signal 9 (Killed)".
 std::string describe_status(int status);
 
+// Ctrl-C (SIGINT), SIGTERM or SIGHUP while a command builds something up (`xpv create`,
+// block-attach, network-attach): instead of dying half-way, leaving a domain process, its
+// namespace and its nodes behind, the command notices at its next step, or within one poll of a
+// wait, and undoes what it made. While a guard lives those signals only set a flag (SA_RESTART:
+// a blocking call in progress, such as a xenstore request, completes); the old dispositions come
+// back when it goes. Processes spawned meanwhile get default dispositions (spawn above) and, in
+// their own sessions, no terminal's Ctrl-C.
+class InterruptGuard {
+ public:
+  InterruptGuard();
+  ~InterruptGuard();
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+};
+
+// The signal caught while a guard lived (0: none).
+int interrupt_signal() noexcept;
+// Throws ToolstackError "interrupted by SIGINT" when one was caught.
+void throw_if_interrupted();
+
 }  // namespace xpv::toolstack
