@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <thread>
 
@@ -393,8 +394,16 @@ int cmd_supervise(Context& ctx) {
       if (journal_exists(p)) {
         log_line(fmt::format("xpv-xenstored (pid {}) is gone; starting it again from its journal {}", *xenstored,
                              p.xenstored_journal()));
+        std::optional<RunLock> lock;
         try {
-          RunLock lock(p.lock_file());
+          lock.emplace(p.lock_file());
+        } catch (const ToolstackError& e) {
+          // Another command holds it longer than the lock's wait: try again, never give up on a
+          // journal that can bring the domains' xenstore back.
+          log_line(fmt::format("{}; trying again", e.what()));
+          continue;
+        }
+        try {
           if (auto other = running_pid(p.pid_file(kXenstored), kXenstored)) {
             xenstored = *other;  // `xpv up` got there first
           } else {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <thread>
@@ -130,11 +131,10 @@ DomainSummary live_domain(Context& ctx, Xenstore& xs, const std::string& which) 
 void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   const Paths& p = ctx.paths;
   const std::string dir = p.domain_dir(d.domid);
-  const bool alive = d.record && process_is(d.record->pid, d.record->program);
+  const bool alive = d.record && domain_process_runs(*d.record);
   // Its monitor first (unless we are it): the domain process about to be stopped is no reason
   // for on_poweroff / on_crash to act.
-  if (d.record && d.record->monitor_pid > 0 && d.record->monitor_pid != ::getpid() &&
-      process_is(d.record->monitor_pid, fs::path(self_executable()).filename().string(), "monitor")) {
+  if (d.record && d.record->monitor_pid != ::getpid() && monitor_runs(*d.record)) {
     (void)stop_process(d.record->monitor_pid, 5s);
   }
 
@@ -178,7 +178,7 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   }
 }
 
-void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
+void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held) {
   const Paths& p = ctx.paths;
   InterruptGuard interrupts;  // Ctrl-C from here on: the undo below, not a half-made domain
   config::DomainConfig cfg;
@@ -211,7 +211,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
 
   make_dirs(p.run_dir, 0700);
   make_dirs(p.log_dir, 0755);
-  RunLock lock(p.lock_file());
+  std::optional<RunLock> lock;
+  if (!lock_held) lock.emplace(p.lock_file());
 
   const auto doms = gather_domains(p, &xs);
   for (const auto& d : doms) {
@@ -378,7 +379,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait) {
     }
     // An HVM guest's frontends connect once its kernel has booted: as xl, do not wait for them.
     if (wait && !hvm) {
-      wait_connected(xs, n, devices, ctx.device_timeout, [&] { return process_is(rec.pid, kFront); },
+      wait_connected(xs, n, devices, ctx.device_timeout, [&] { return domain_process_runs(rec); },
                      fmt::format("see {} and {}", log, p.log_dir));
     }
     throw_if_interrupted();  // the last chance: from here on the domain is made

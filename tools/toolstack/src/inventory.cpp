@@ -19,6 +19,15 @@
 
 namespace xpv::toolstack {
 
+bool domain_process_runs(const DomainRecord& r) {
+  return process_runs(r.pid, r.program, {"--domid", std::to_string(r.domid)});
+}
+
+bool monitor_runs(const DomainRecord& r) {
+  return r.monitor_pid > 0 && process_runs(r.monitor_pid, std::filesystem::path(self_executable()).filename().string(),
+                                           {"monitor", std::to_string(r.domid), r.uuid});
+}
+
 std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
   std::map<std::uint16_t, DomainSummary> by_id;
   std::error_code ec;
@@ -41,7 +50,7 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
         if (auto kib = xenbus::parse_uint(text); kib && *kib > 0 && (*kib >> 10) <= d.memory_mib) d.memory_mib = *kib >> 10;
       }
       d.vcpus = d.record->vcpus;
-      if (process_is(d.record->pid, d.record->program)) d.pid = d.record->pid;
+      if (domain_process_runs(*d.record)) d.pid = d.record->pid;
     }
   }
   if (xs != nullptr) {

@@ -13,8 +13,9 @@
 //              or died without a word)
 //            → the configured action for that reason:
 //                destroy  : tear the domain down (as `xpv destroy`)
-//                restart  : tear it down, release the lock, `xpv create` its configuration again
-//                           (a new domain id, as xl's restart; the new domain gets its own monitor)
+//                restart  : tear it down and, still holding the lock, `xpv create` its configuration
+//                           again (a new domain id, as xl's restart; the new domain gets its own
+//                           monitor)
 //                preserve : leave it as it is (`xpv list` shows it dead) until `xpv destroy`
 //
 // `xpv destroy` (and `xpv shutdown`, which destroys) stops the monitor first, so a domain that the
@@ -50,12 +51,16 @@ using namespace std::chrono_literals;
 std::string shutdown_file(const Paths& p, DomId n) { return p.domain_dir(n) + "/shutdown"; }
 
 pid_t spawn_monitor(const Paths& p, const DomainRecord& rec) {
-  return spawn({{self_executable(), "monitor", std::to_string(rec.domid), rec.uuid, "--run-dir", p.run_dir,
-                 "--log-dir", p.log_dir, "--xenstore", p.xenstore_socket, "--netns-dir", p.netns_dir, "--bin-dir",
-                 p.bin_dir},
+  const std::string self = self_executable();
+  std::error_code ec;
+  return spawn({{self, "monitor", std::to_string(rec.domid), rec.uuid, "--run-dir", p.run_dir, "--log-dir", p.log_dir,
+                 "--xenstore", p.xenstore_socket, "--netns-dir", p.netns_dir, "--bin-dir", p.bin_dir},
                 {},
                 p.log_file("monitor-" + rec.name),
-                true});
+                true},
+               // `xpv` removed since we started (a monitor restarting its domain after an
+               // uninstall): our own image still runs
+               fs::exists(self, ec) ? std::string() : std::string("/proc/self/exe"));
 }
 
 namespace {
@@ -90,14 +95,23 @@ int cmd_monitor(Context& ctx, DomId n, const std::string& uuid) {
   const auto began = std::chrono::steady_clock::now();
   // (glibc 2.36's <sys/pidfd.h> declares pidfd_open without C linkage: the system call itself)
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, rec->pid, 0)));  // fails only if it is gone already
-  while (pidfd && process_is(rec->pid, rec->program)) {
+  while (pidfd && domain_process_runs(*rec)) {
     pollfd pfd{pidfd.get(), POLLIN, 0};
     if (::poll(&pfd, 1, 500) > 0) break;
     if (!ours(read_record(dir), uuid)) return 0;  // destroyed meanwhile (and we were not stopped)
   }
 
+  // However long another command holds the lock (`xpv shutdown --timeout 120` of another
+  // domain, a slow create): a monitor that gave up would leave its domain dead for good.
   std::optional<RunLock> lock;
-  lock.emplace(p.lock_file());
+  while (!lock) {
+    try {
+      lock.emplace(p.lock_file());
+    } catch (const ToolstackError& e) {
+      if (!ours(read_record(dir), uuid)) return 0;  // destroyed meanwhile
+      log_line(ctx, fmt::format("{}; still waiting for it", e.what()));
+    }
+  }
   rec = read_record(dir);
   if (!ours(rec, uuid)) return 0;  // `xpv destroy` / `xpv shutdown` got there first
   const std::string reason = shutdown_reason(p, n);
@@ -118,9 +132,10 @@ int cmd_monitor(Context& ctx, DomId n, const std::string& uuid) {
   }
   log_line(ctx, fmt::format("{} (id {}) destroyed", rec->name, n));
   if (action != "restart") return 0;
-  lock.reset();  // `create` takes it
+  // The lock is kept through the re-create: a `xpv destroy` of this name waiting for it would
+  // otherwise get in between, find no domain, and the domain would come back regardless.
   try {
-    cmd_create(ctx, rec->config, true);
+    cmd_create(ctx, rec->config, true, /*lock_held=*/true);
   } catch (const std::exception& e) {
     log_line(ctx, fmt::format("cannot restart {} from {}: {}", rec->name, rec->config, e.what()));
     return 1;

@@ -53,8 +53,13 @@ std::string Paths::netns(std::uint16_t domid) const { return fmt::format("{}/xpv
 
 std::string self_executable() {
   std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
+  std::string p = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return {};
+  // Replaced since we started (a rebuild, an upgrade): the kernel's link says so after the name,
+  // which is still where `xpv` is (and what other processes' argv[0] says).
+  constexpr std::string_view kDeleted = " (deleted)";
+  if (p.ends_with(kDeleted)) p.resize(p.size() - kDeleted.size());
+  return p;
 }
 
 }  // namespace xpv::toolstack

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -42,13 +43,17 @@ struct SpawnAttrs {
 
 }  // namespace
 
-pid_t spawn(const SpawnOptions& opts) {
+pid_t spawn(const SpawnOptions& opts, const std::string& path) {
   if (opts.argv.empty()) throw ToolstackError("spawn: empty command");
   SpawnAttrs a;
   const std::string out = opts.output.empty() ? "/dev/null" : opts.output;
   posix_spawn_file_actions_addopen(&a.fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&a.fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
   posix_spawn_file_actions_adddup2(&a.fa, 1, 2);
+  // Nothing else of ours: a descriptor opened without O_CLOEXEC (Boost.Asio's xenstore socket is
+  // one) would give every domain process and monitor a privileged xenstore connection for life,
+  // one more with each restart.
+  posix_spawn_file_actions_addclosefrom_np(&a.fa, 3);
 
   sigset_t none, all_default;
   sigemptyset(&none);
@@ -79,7 +84,8 @@ pid_t spawn(const SpawnOptions& opts) {
   args.push_back(nullptr);
 
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &a.fa, &a.attr, args.data(), env.data());
+  const int rc = ::posix_spawn(&pid, path.empty() ? args[0] : path.c_str(), &a.fa, &a.attr, args.data(),
+                               env.data());
   if (rc != 0) throw ToolstackError(fmt::format("cannot start {}: {}", opts.argv[0], std::strerror(rc)));
   return pid;
 }
@@ -122,6 +128,23 @@ bool process_is(pid_t pid, std::string_view program, std::string_view arg1) {
   if (a0.size() + 1 >= s.size()) return false;
   std::string_view rest = s.substr(a0.size() + 1);
   return rest.substr(0, rest.find('\0')) == arg1;
+}
+
+bool process_runs(pid_t pid, std::string_view program, std::initializer_list<std::string_view> args) {
+  if (!process_is(pid, program)) return false;
+  auto cmdline = read_file(fmt::format("/proc/{}/cmdline", pid));
+  if (!cmdline) return false;
+  std::vector<std::string_view> argv;
+  for (std::string_view s = *cmdline; !s.empty();) {
+    const auto z = s.find('\0');
+    argv.push_back(s.substr(0, z));
+    s.remove_prefix(z == std::string_view::npos ? s.size() : z + 1);
+  }
+  if (argv.size() < 1 + args.size()) return false;
+  for (std::size_t i = 1; i + args.size() <= argv.size(); ++i) {
+    if (std::equal(args.begin(), args.end(), argv.begin() + static_cast<std::ptrdiff_t>(i))) return true;
+  }
+  return false;
 }
 
 std::optional<pid_t> read_pid_file(const std::string& path) {

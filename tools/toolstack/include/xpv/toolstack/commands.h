@@ -32,7 +32,8 @@ void cmd_live_update(Context& ctx, const std::string& binary, std::chrono::secon
 int cmd_supervise(Context& ctx);
 
 // Domains (domains.cpp).
-void cmd_create(Context& ctx, const std::string& config_path, bool wait);
+// `lock_held`: the caller holds the run lock already (a monitor restarting its domain).
+void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held = false);
 void cmd_list(Context& ctx, bool json);
 void cmd_destroy(Context& ctx, const std::string& which);
 // `xpv console NAME` (console.cpp): the HVM domain's serial console, until Ctrl-] or its end.

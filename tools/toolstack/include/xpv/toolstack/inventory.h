@@ -30,6 +30,11 @@ struct DomainSummary {
   std::optional<DomainRecord> record;
 };
 
+// The record's domain process / its monitor is running: that program, for that domain (process.h,
+// process_runs — not a pid reused by another domain's process or monitor).
+bool domain_process_runs(const DomainRecord& r);
+bool monitor_runs(const DomainRecord& r);
+
 // `xs` may be null (xenstored not running): then only the run directory is consulted.
 std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs);
 

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,8 +25,9 @@ struct SpawnOptions {
 };
 
 // posix_spawn (safe in a multithreaded process) with stdin from /dev/null, stdout/stderr to
-// `output`, default signal dispositions and an empty signal mask. Throws ToolstackError.
-pid_t spawn(const SpawnOptions& opts);
+// `output`, no other descriptor of ours, default signal dispositions and an empty signal mask.
+// `path`, when set, is what runs (argv[0] is then only its name). Throws ToolstackError.
+pid_t spawn(const SpawnOptions& opts, const std::string& path = {});
 
 // The fields of a /proc/<pid>/stat text after the command, which may itself hold spaces and
 // parentheses (so counted from its last ')'): [0] is field 3 (the state), [11] and [12] utime and
@@ -36,6 +38,10 @@ std::vector<std::string_view> proc_stat_fields(std::string_view stat);
 bool process_alive(pid_t pid);
 // Alive, argv[0]'s basename is `program`, and (if given) argv[1] is `arg1`.
 bool process_is(pid_t pid, std::string_view program, std::string_view arg1 = {});
+
+// process_is, and `args` stand one after another somewhere in argv[1..] — a domain's process
+// named by its domain id ("--domid", "3"): a pid reused by another domain's process is not it.
+bool process_runs(pid_t pid, std::string_view program, std::initializer_list<std::string_view> args);
 
 std::optional<pid_t> read_pid_file(const std::string& path);
 void write_pid_file(const std::string& path, pid_t pid);
