@@ -153,6 +153,35 @@ TEST_F(Toolstack, SupervisorRestartsAKilledBackend) {
   EXPECT_TRUE(processes_mentioning(h.dir).empty());
 }
 
+// The supervisor killed, its backends left running: `xpv up` starts a new one, which stops the
+// orphans and runs its own (one of each, named by the pid files) instead of a second beside them.
+TEST_F(Toolstack, ANewSupervisorTakesOverFromOrphanedBackends) {
+  TestHost h(kBin, kFake, {"xpv-blkback", "xpv-netback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const std::string pf = h.run_dir + "/xpv-blkback.pid";
+  ASSERT_TRUE(eventually([&] { return toolstack::running_pid(pf, "xpv-blkback").has_value(); }));
+  const pid_t orphan = *pid_in(pf);
+  const auto sup = pid_in(h.run_dir + "/xpv-supervise.pid");
+  ASSERT_TRUE(sup);
+  ASSERT_EQ(::kill(*sup, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return !toolstack::process_alive(*sup); }));
+  ASSERT_TRUE(toolstack::process_alive(orphan));
+  auto r = h.run({"up"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(eventually([&] {
+    auto p = toolstack::running_pid(pf, "xpv-blkback");
+    return p && *p != orphan && !toolstack::process_alive(orphan);
+  }));
+  EXPECT_THAT(slurp(h.log_dir + "/xpv-supervise.log"),
+              HasSubstr(fmt::format("xpv-blkback (pid {}) was running without a supervisor: stopped", orphan)));
+  // Exactly one of each: what the pid files name.
+  std::size_t blkbacks = 0;
+  for (pid_t p : processes_mentioning(h.dir)) blkbacks += toolstack::process_is(p, "xpv-blkback") ? 1 : 0;
+  EXPECT_EQ(blkbacks, 1u);
+  EXPECT_EQ(h.run({"down"}).rc, 0);
+  EXPECT_TRUE(processes_mentioning(h.dir).empty());
+}
+
 // xpv-xenstored killed: the supervisor starts it again from its journal (the store as it was) and
 // restarts the backends; killed once more without its journal, it cannot be, and that is fatal
 // and said so.

@@ -362,6 +362,18 @@ int cmd_supervise(Context& ctx) {
     fs::remove(p.pid_file(kSupervisor), ec);
   };
 
+  // A backend still running from a supervisor that died (killed, OOM): not ours to wait for, and
+  // a second one beside it would fail on its instance lock while the pid file named it. It is
+  // stopped (SIGTERM leaves its devices connected) and ours, started next, takes them over as
+  // after any backend restart.
+  for (auto& c : children) {
+    if (auto orphan = running_pid(p.pid_file(c.program), c.program)) {
+      const bool gone = stop_process(*orphan, 5s);
+      log_line(fmt::format("{} (pid {}) was running without a supervisor: {}", c.program, *orphan,
+                           gone ? "stopped; starting one of ours, which reconnects its devices"
+                                : "it did not stop; starting one of ours regardless"));
+    }
+  }
   for (auto& c : children) start(c);
   for (;;) {
     timespec wait{0, 500'000'000};

@@ -15,7 +15,8 @@ class Xenstore;
 // Tears down whatever exists of domain `d` (docs/PROCESS-DOMAINS.md "xpv destroy"): loop devices
 // on its disks, devices Closing → Closed (bounded), device and domain nodes, RELEASE, the domain
 // process, FUSE mounts, its run directory and control socket. `xs` null: xenstored is gone, only
-// the host side is cleaned. Warnings go to ctx.err. Caller holds the RunLock.
+// the host side is cleaned. Warnings go to ctx.err. Caller holds the RunLock. Throws
+// ToolstackError, keeping the record and run directory, when the domain process outlives SIGKILL.
 void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d);
 
 // Whether the daemon serving this kind of device runs (its pid file names a live process).

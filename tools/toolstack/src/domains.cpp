@@ -163,7 +163,12 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
     }
   }
   if (alive && !stop_process(d.record->pid, 10s)) {
-    ctx.err << fmt::format("warning: domain process {} did not exit\n", d.record->pid);
+    // Not even SIGKILL ends it (stuck in the kernel, say on a FUSE mount of its own): its record,
+    // run directory and namespace stay, or nothing could find or stop it any more.
+    throw ToolstackError(fmt::format("domain process {} did not exit, even after SIGKILL (/proc/{}/stack says where it "
+                                     "is stuck); dom{}'s record and run directory are kept: `xpv destroy {}` again "
+                                     "once it is gone",
+                                     d.record->pid, d.record->pid, d.domid, d.domid));
   }
   remove_domain_dir(dir);
   std::error_code ec;
