@@ -25,6 +25,20 @@ void write_all(int fd, const std::uint8_t* p, std::size_t n) noexcept {
     n -= static_cast<std::size_t>(w);
   }
 }
+
+// To the attached client, never blocking and never raising SIGPIPE: false when it is gone or
+// does not keep up (its socket buffer full), and is to be let go — the vCPU or event thread that
+// writes must not wait for a client (the backlog keeps the tail for the next one).
+bool send_all(int fd, const std::uint8_t* p, std::size_t n) noexcept {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
 }  // namespace
 
 Console::Console(const std::string& spec) {
@@ -65,7 +79,10 @@ void Console::write(std::span<const std::uint8_t> bytes) noexcept {
   std::lock_guard lk(mu_);
   backlog_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   if (backlog_.size() > kBacklog) backlog_.erase(0, backlog_.size() - kBacklog);
-  if (client_.valid()) write_all(client_.get(), bytes.data(), bytes.size());
+  // Let go of a client that is gone or does not keep up: shut down, not closed — the input thread
+  // may be reading its descriptor; it sees the end and closes it (a number closed here could be
+  // reused by any other open of this process under that thread's read).
+  if (client_.valid() && !send_all(client_.get(), bytes.data(), bytes.size())) ::shutdown(client_.get(), SHUT_RDWR);
 }
 
 void Console::start_input(Input sink) {
@@ -92,7 +109,18 @@ void Console::input_loop() noexcept {
       const std::size_t n = sink_(std::span(reinterpret_cast<const std::uint8_t*>(pending.data()), pending.size()));
       pending.erase(0, n);
       if (!pending.empty()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // FIFO full: let the guest drain it
+        // FIFO full (a guest that does not read its console never drains it): read no more, but
+        // keep watching the client, whose hang-up lets it go.
+        if (socket_mode_ && pfd.fd >= 0 && pfd.fd != listen_fd_.get()) {
+          pollfd hup{pfd.fd, 0, 0};
+          if (poll(&hup, 1, 5) > 0 && (hup.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+            std::lock_guard lk(mu_);
+            if (client_.valid() && client_.get() == hup.fd) client_.reset();
+            pending.clear();
+          }
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
         continue;
       }
     }
@@ -102,17 +130,20 @@ void Console::input_loop() noexcept {
     }
     if (poll(&pfd, 1, 100) <= 0) continue;
     if (socket_mode_ && pfd.fd == listen_fd_.get()) {
-      UniqueFd c(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      UniqueFd c(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!c.valid()) continue;
       std::lock_guard lk(mu_);
-      write_all(c.get(), reinterpret_cast<const std::uint8_t*>(backlog_.data()), backlog_.size());
-      client_ = std::move(c);
+      // One that cannot take even the backlog (its buffer is smaller, or it reads nothing): not
+      // attached.
+      if (send_all(c.get(), reinterpret_cast<const std::uint8_t*>(backlog_.data()), backlog_.size())) {
+        client_ = std::move(c);
+      }
       continue;
     }
     char buf[256];
     const ssize_t n = ::read(pfd.fd, buf, sizeof buf);
     if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (socket_mode_) {
         std::lock_guard lk(mu_);
         client_.reset();  // detach; the next client may attach

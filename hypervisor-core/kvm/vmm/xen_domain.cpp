@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <vector>
@@ -139,7 +140,8 @@ class XenDomain::Host final : public xen::PlatformHost {
     auto r = vm_.set_auto_eoi_vector(vector);
     if (r) return true;
     try {
-      spdlog::error("callback vector {:#x}: {}", vector, r.error().message);
+      // The guest may ask again and again (each refusal leaves the old callback in place).
+      if (auto note = rate_limited(); note) spdlog::error("callback vector {:#x}: {}{}", vector, r.error().message, *note);
     } catch (...) {
     }
     return false;
@@ -190,12 +192,16 @@ class XenDomain::Host final : public xen::PlatformHost {
   std::uint64_t not_freed() const noexcept { return not_freed_.load(std::memory_order_relaxed); }
 
   void console_write(std::string_view text) noexcept override {
-    // One log line per line of text, each with its prefix: a guest cannot start a line of ours.
+    // One log line per line of text, each with its prefix (a guest cannot start a line of ours),
+    // and no more than the host's log takes: the platform bounds the calls a second, this the
+    // lines (a 4096-byte write of "x\n" is 2048 of them).
     try {
       while (!text.empty()) {
         const auto nl = text.find('\n');
         const std::string_view line = text.substr(0, nl);
-        if (!line.empty()) spdlog::info("guest console_io: {}", line);
+        if (!line.empty()) {
+          if (auto note = rate_limited(); note) spdlog::info("guest console_io: {}{}", line, *note);
+        }
         text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
       }
     } catch (...) {
@@ -203,6 +209,16 @@ class XenDomain::Host final : public xen::PlatformHost {
   }
 
  private:
+  // The host-log lines the guest causes, at most 50 a second: nullopt for one to leave out, else
+  // the note to end it with (how many were left out before it).
+  std::optional<std::string> rate_limited() {
+    std::lock_guard lk(log_mu_);
+    if (!log_limit_.allow()) return std::nullopt;
+    const std::uint64_t n = log_limit_.take_suppressed();
+    return n == 0 ? std::string() : fmt::format(" ({} guest lines left out before this one)", n);
+  }
+  std::mutex log_mu_;
+  xpv::LogRateLimit log_limit_{50};
   // One bit per page of RAM (by file offset): given back. Under balloon_mu_ (balloon calls are
   // rare: Linux's driver sends 512 pages per hypercall).
   bool balloon(std::uint64_t gfn, std::uint64_t pages, bool release) noexcept {
@@ -604,15 +620,26 @@ void XenDomain::patch_kernel(std::uint64_t begin, std::uint64_t end, const kvm::
 // vCPU thread (a WRMSR exit). False: the write faults (#GP), as Xen refuses a bad page index.
 bool XenDomain::fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept {
   try {
+    // A guest may write the MSR in a loop: 10 lines a second, with a count of the rest.
+    auto note = [this]() -> std::optional<std::string> {
+      std::lock_guard lk(msr_log_mu_);
+      if (!msr_log_limit_.allow()) return std::nullopt;
+      const std::uint64_t n = msr_log_limit_.take_suppressed();
+      return n == 0 ? std::string() : fmt::format(" ({} similar lines left out)", n);
+    };
     auto gpa = xen::hypercall_page_address(value);
     if (!gpa) {
-      spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: {} → #GP", vcpu, xen::kHypercallPageMsr, value, gpa.error());
+      if (auto n = note()) {
+        spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: {} → #GP{}", vcpu, xen::kHypercallPageMsr, value, gpa.error(), *n);
+      }
       return false;
     }
     auto page = vm_.memory().translate(*gpa, 4096);
     if (!page) {
-      spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: the page is not guest RAM → #GP", vcpu, xen::kHypercallPageMsr,
-                   value);
+      if (auto n = note()) {
+        spdlog::warn("xen: vCPU {}: WRMSR {:#x} = {:#x}: the page is not guest RAM → #GP{}", vcpu,
+                     xen::kHypercallPageMsr, value, *n);
+      }
       return false;
     }
     // With the fast sends' trap in place, entry 32 holds the fast-send routine (stubs.h); the
@@ -622,8 +649,11 @@ bool XenDomain::fill_hypercall_page(unsigned vcpu, std::uint64_t value) noexcept
                             : xen::build_hypercall_page(xen::kHypercallPort);
     std::memcpy(page->data(), bytes.data(), bytes.size());
     if (fast) fast_send_installed();
-    spdlog::info("xen: vCPU {}: hypercall page at {:#x} filled with port-I/O stubs{}", vcpu, *gpa,
-                 fast ? fmt::format("; sends to backends are KVM ioeventfds on port {:#x}", xen::kEvtchnSendPort) : "");
+    if (auto n = note()) {
+      spdlog::info("xen: vCPU {}: hypercall page at {:#x} filled with port-I/O stubs{}{}", vcpu, *gpa,
+                   fast ? fmt::format("; sends to backends are KVM ioeventfds on port {:#x}", xen::kEvtchnSendPort) : "",
+                   *n);
+    }
     return true;
   } catch (...) {
     return false;

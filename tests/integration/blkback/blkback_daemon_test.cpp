@@ -517,7 +517,8 @@ TEST_F(BlkbackDaemon, Ext4OverFuseAndLoop) {
 
 // An image on a file system over 4 KiB-sector storage: O_DIRECT there takes 4 KiB units only, the
 // guest's disk has 512-byte sectors, so xpv-blkback reads and writes it buffered (STATX_DIOALIGN)
-// and the guest's single sectors, and a write across a 4 KiB boundary, land where it put them.
+// and the guest's single sectors, and a write across a 4 KiB boundary, land where it put them;
+// the storage's 4 KiB is the disk's physical sector size, so that the guest aligns to it.
 TEST_F(BlkbackDaemon, AnImageOnA4KSectorFileSystemTakes512ByteRequests) {
   if (std::system("command -v losetup mkfs.ext4 >/dev/null") != 0) GTEST_SKIP() << "needs losetup and mkfs.ext4";
   const auto backing = image("fs4k.img", 64 << 20);
@@ -543,6 +544,7 @@ TEST_F(BlkbackDaemon, AnImageOnA4KSectorFileSystemTakes512ByteRequests) {
   add_vbd(3, kXvda, img, "w");
   connect_blkfront(g, kXvda);
   EXPECT_EQ(xs_->read(be(3, kXvda) + "/sector-size").value_or(""), "512");
+  EXPECT_EQ(xs_->read(be(3, kXvda) + "/physical-sector-size").value_or(""), "4096") << "the guest aligns to it";
   const auto one = random_bytes(512, 21), across = random_bytes(1536, 22);
   ASSERT_EQ(g.front->write(512, one), 512);
   ASSERT_EQ(g.front->write(3584, across), 1536) << "sectors 7-9, across the first 4 KiB";

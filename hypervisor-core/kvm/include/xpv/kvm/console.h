@@ -2,7 +2,10 @@
 //   stdio          output to stdout, input from stdin (when stdin is readable; EOF ends input)
 //   socket:PATH    a unix stream socket (`xpv console` attaches to it): one client at a time;
 //                  output goes to the attached client, the last 64 KiB are kept and replayed to
-//                  a client that attaches later.
+//                  a client that attaches later. The guest never waits for a client: one whose
+//                  socket is full (it reads nothing) or gone is let go (no SIGPIPE), and the
+//                  next one gets the backlog; a client that hangs up while the guest reads none
+//                  of its typing is let go too.
 // Threads: write() is called by vCPU threads (under the UART lock); one input thread polls the
 // input side every 100 ms so stop() returns promptly. Lock order: uart → console.
 #pragma once

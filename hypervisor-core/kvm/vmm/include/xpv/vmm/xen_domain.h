@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "xpv/domain/domain.h"
+#include "xpv/log_rate_limit.h"
 #include "xpv/kvm/pci_host.h"
 #include "xpv/kvm/vm.h"
 #include "xpv/platform_pci/bars.h"
@@ -133,6 +134,10 @@ class XenDomain {
   void fast_send_installed();
   bool msr_trap_ = false;
   std::string msr_trap_error_;
+  // The lines a guest's WRMSRs of the hypercall page cause: a guest writing it in a loop gets
+  // 10 a second (and a count of the rest), not one each.
+  std::mutex msr_log_mu_;
+  xpv::LogRateLimit msr_log_limit_;
   std::mutex unpause_mu_;
   std::condition_variable unpause_cv_;
   bool unpaused_ = false;
