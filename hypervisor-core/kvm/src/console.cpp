@@ -4,9 +4,11 @@
 #include <fmt/core.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -65,13 +67,34 @@ Console::~Console() {
   if (socket_mode_) ::unlink(path_.c_str());
 }
 
-void Console::set_log(const std::string& path) {
+void Console::set_log(const std::string& path, std::uint64_t max_bytes) {
   log_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640));
   if (!log_.valid()) throw std::runtime_error(fmt::format("--console-log {}: {}", path, std::strerror(errno)));
+  struct stat st {};
+  log_bytes_ = ::fstat(log_.get(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+  log_path_ = path;
+  log_max_ = std::max<std::uint64_t>(max_bytes, 1);
 }
 
 void Console::write(std::span<const std::uint8_t> bytes) noexcept {
-  if (log_.valid()) write_all(log_.get(), bytes.data(), bytes.size());
+  {
+    std::lock_guard lk(log_mu_);
+    if (log_.valid() && log_bytes_ >= log_max_) {
+      // Full: the file becomes PATH.1 and a new one starts (what cannot be moved or reopened
+      // is not logged any more, rather than grown without end).
+      const std::string old = log_path_ + ".1";
+      UniqueFd fresh;
+      if (::rename(log_path_.c_str(), old.c_str()) == 0) {
+        fresh = UniqueFd(::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640));
+      }
+      log_ = std::move(fresh);
+      log_bytes_ = 0;
+    }
+    if (log_.valid()) {
+      write_all(log_.get(), bytes.data(), bytes.size());
+      log_bytes_ += bytes.size();
+    }
+  }
   if (!socket_mode_) {
     write_all(STDOUT_FILENO, bytes.data(), bytes.size());
     return;

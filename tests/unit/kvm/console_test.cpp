@@ -1,13 +1,16 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -141,6 +144,33 @@ TEST(Console, AClientThatHangsUpWhileTheGuestReadsNothingIsLetGo) {
   EXPECT_EQ(read_for(second, 2000, "hang-up\n"), "hello\nafter the hang-up\n") << "attached, with the backlog";
   close(second);
   c.stop();
+}
+
+// A guest printing without end fills no disk: past the limit the log becomes LOG.1 and a new one
+// starts, so at most twice the limit is kept, the newest output always in LOG.
+TEST(Console, TheLogIsRotatedAtItsLimit) {
+  char dir[] = "/tmp/xpv-console-log-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string log = std::string(dir) + "/console.log";
+  {
+    Console c("socket:" + std::string(dir) + "/console.sock");  // no client: only the log gets it
+    c.set_log(log, 4096);
+    const std::string line(99, 'x');
+    for (int i = 0; i < 1000; ++i) guest_writes(c, line + "\n");  // 100 000 bytes
+    guest_writes(c, "newest\n");
+  }
+  struct stat a {}, b {};
+  ASSERT_EQ(stat(log.c_str(), &a), 0);
+  ASSERT_EQ(stat((log + ".1").c_str(), &b), 0);
+  EXPECT_LE(a.st_size, 4096 + 100);
+  EXPECT_LE(b.st_size, 4096 + 100);
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_TRUE(ss.str().ends_with("newest\n"));
+  unlink(log.c_str());
+  unlink((log + ".1").c_str());
+  rmdir(dir);
 }
 
 }  // namespace

@@ -32,8 +32,11 @@ class Console {
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;
 
-  // Also append every output byte to a file (xenconsoled's guest log). Setup only.
-  void set_log(const std::string& path);
+  // Also append every output byte to a file (xenconsoled's guest log). Setup only. A guest
+  // printing in a loop must not fill the host's disk: past `max_bytes` the file is moved to
+  // PATH.1 (replacing the one before) and a new one started — at most twice that is kept.
+  static constexpr std::uint64_t kLogMaxBytes = 32ull << 20;
+  void set_log(const std::string& path, std::uint64_t max_bytes = kLogMaxBytes);
   void write(std::span<const std::uint8_t> bytes) noexcept;
   void start_input(Input sink);
   void stop() noexcept;
@@ -45,6 +48,9 @@ class Console {
   std::string path_;
   UniqueFd listen_fd_;
   UniqueFd log_;
+  std::string log_path_;
+  std::uint64_t log_max_ = kLogMaxBytes, log_bytes_ = 0;  // under log_mu_
+  std::mutex log_mu_;
   std::mutex mu_;          // client_ and backlog_
   UniqueFd client_;
   std::string backlog_;
