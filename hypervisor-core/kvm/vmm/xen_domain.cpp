@@ -313,8 +313,9 @@ struct XenDomain::Forward final : domain::UpcallSink {
 };
 
 void add_xen_device_memory(kvm::VmConfig& cfg, const XenDomainConfig& xcfg) {
-  if (xcfg.max_grant_frames == 0 || grant_bytes(xcfg) > (16u << 20)) {
-    throw std::runtime_error(fmt::format("max grant frames {}: must be 1..4096 (platform-pci BAR1 is 16 MiB)",
+  // BAR1 (16 MiB) holds the grant frames and, after them, at least a page of plain MMIO.
+  if (xcfg.max_grant_frames == 0 || grant_bytes(xcfg) >= (16u << 20)) {
+    throw std::runtime_error(fmt::format("max grant frames {}: must be 1..4095 (platform-pci BAR1 is 16 MiB)",
                                          xcfg.max_grant_frames));
   }
   cfg.device_memory.push_back({kPlatformMmio, grant_bytes(xcfg)});

@@ -195,6 +195,10 @@ void cmd_up(Context& ctx) {
            process_alive(*sup)) {
       std::this_thread::sleep_for(20ms);
     }
+    if (!pid && !process_alive(*sup)) {
+      throw ToolstackError(fmt::format("{} is not running, and the supervisor (pid {}) exited: {} (log: {})", b, *sup,
+                                       last_line(p.log_file(kSupervisor)), p.log_file(kSupervisor)));
+    }
     if (!pid) {
       throw ToolstackError(fmt::format("{} is not running: {} (log: {}); the supervisor keeps trying", b,
                                        last_line(p.log_file(b)), p.log_file(b)));
