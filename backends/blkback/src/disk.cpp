@@ -7,7 +7,6 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -15,14 +14,17 @@
 namespace xpv::blkback {
 namespace {
 
-// The file offset alignment O_DIRECT needs on this open regular file (its storage's sector
-// size: 4096 on 4 KiB-sector storage); 512 where the kernel or the file system does not say (no
-// STATX_DIOALIGN before Linux 6.1), 0 where the file system offers no O_DIRECT for it.
-std::uint32_t direct_io_alignment(int fd) {
+// What O_DIRECT needs on this open regular file: file offsets aligned to `offset` (its storage's
+// sector size: 4096 on 4 KiB-sector storage) and buffers to `memory`. 512 each where the kernel or
+// the file system does not say (no STATX_DIOALIGN before Linux 6.1); offset 0 where the file
+// system offers no O_DIRECT for it.
+struct DioAlign {
+  std::uint32_t offset = 512, memory = 512;
+};
+DioAlign direct_io_alignment(int fd) {
   struct statx stx {};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0 || !(stx.stx_mask & STATX_DIOALIGN)) return 512;
-  if (stx.stx_dio_offset_align == 0) return 0;
-  return std::max({stx.stx_dio_offset_align, stx.stx_dio_mem_align, 512u});
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) != 0 || !(stx.stx_mask & STATX_DIOALIGN)) return {};
+  return {stx.stx_dio_offset_align, stx.stx_dio_mem_align};
 }
 
 }  // namespace
@@ -49,12 +51,15 @@ Disk Disk::open(const std::string& path, bool readonly, bool direct) {
   if (S_ISREG(st.st_mode)) {
     bytes = static_cast<std::uint64_t>(st.st_size);
     info.discard = !readonly;  // FALLOC_FL_PUNCH_HOLE; a file system that lacks it answers EOPNOTSUPP
-    const std::uint32_t align = direct_io_alignment(fd.get());
+    const DioAlign align = direct_io_alignment(fd.get());
     // The guest is told the storage's sector size as its disk's physical one (blkif
     // "physical-sector-size"): it then aligns its I/O to it, and the host does no
     // read-modify-write of a sector for a smaller write.
-    if (align > 512 && align <= 65536 && (align & (align - 1)) == 0) info.physical_block_size = align;
-    if (info.direct && align != 512) {
+    const std::uint32_t sector = align.offset;
+    if (sector > 512 && sector <= 65536 && (sector & (sector - 1)) == 0) info.physical_block_size = sector;
+    // Guest segments start at any 512-byte offset of a page: more than that, for offsets or
+    // buffers, and O_DIRECT would refuse some of them.
+    if (info.direct && (align.offset == 0 || align.offset > 512 || align.memory > 512)) {
       // A file on a file system over 4 KiB-sector storage takes O_DIRECT only in 4 KiB units, and
       // the guest sees a 512-byte-sector disk (an image's partition table and file systems were
       // made for that): O_DIRECT would fail its smaller requests with EINVAL. Buffered I/O takes any

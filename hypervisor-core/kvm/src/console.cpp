@@ -17,6 +17,7 @@
 namespace xpv::kvm {
 namespace {
 constexpr std::size_t kBacklog = 64 * 1024;
+constexpr int kClientBuffer = 4 << 20;  // a client's socket: how far behind it may fall
 
 void write_all(int fd, const std::uint8_t* p, std::size_t n) noexcept {
   while (n > 0) {
@@ -155,6 +156,12 @@ void Console::input_loop() noexcept {
     if (socket_mode_ && pfd.fd == listen_fd_.get()) {
       UniqueFd c(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!c.valid()) continue;
+      // Room for a burst (a dmesg) while the client writes to a slow terminal: only one that
+      // falls this far behind is let go. FORCE: past wmem_max (208 KiB by default); we are root.
+      const int room = kClientBuffer;
+      if (setsockopt(c.get(), SOL_SOCKET, SO_SNDBUFFORCE, &room, sizeof room) != 0) {
+        (void)setsockopt(c.get(), SOL_SOCKET, SO_SNDBUF, &room, sizeof room);
+      }
       std::lock_guard lk(mu_);
       // One that cannot take even the backlog (its buffer is smaller, or it reads nothing): not
       // attached.

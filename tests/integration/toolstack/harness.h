@@ -186,8 +186,8 @@ class TestHost {
       done = true;
     });
     for (int i = 0; i < 6000 && !done; ++i) {
-      if (pid.load() > 0 && when()) {
-        ::kill(pid.load(), sig);  // our child, not yet reaped: run_command waits for it
+      if (const pid_t child = pid.load(); child > 0 && when()) {
+        ::kill(child, sig);  // our child, not yet reaped (run_command sets 0 before it reaps)
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -1,6 +1,7 @@
 // spawn and the checks that a pid is still the process a record names (process.h), on real
 // processes: /bin/sh and sleep.
 #include <fcntl.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +12,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "xpv/toolstack/error.h"
 #include "xpv/toolstack/process.h"
 
 namespace xpv::toolstack {
@@ -19,9 +22,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Stopped {  // the spawned process goes also when an expectation fails
+// The spawned process and what it started (its own session and process group: spawn's
+// new_session) go also when an expectation fails — once: a reaped pid may be another's by then.
+struct Stopped {
   pid_t pid;
-  ~Stopped() { (void)stop_process(pid, 2s); }
+  bool stop() {
+    if (pid <= 0) return true;
+    ::kill(-pid, SIGKILL);  // sh's sleep too
+    const bool gone = stop_process(std::exchange(pid, 0), 2s);
+    return gone;
+  }
+  ~Stopped() { (void)stop(); }
 };
 
 std::string cmdline(pid_t pid) {
@@ -45,8 +56,8 @@ TEST(Process, ARunningProcessIsKnownByItsProgramAndArguments) {
   EXPECT_FALSE(process_runs(pid, "sh", {"3", "--domid"}));
   EXPECT_FALSE(process_runs(pid, "sh", {"--domid", "3", "x"}));
   EXPECT_FALSE(process_runs(pid, "xpv-front", {"--domid", "3"}));
-  EXPECT_TRUE(stop_process(pid, 2s));
-  EXPECT_FALSE(process_runs(pid, "sh", {"--domid", "3"}));
+  EXPECT_TRUE(stop.stop());
+  EXPECT_FALSE(process_runs(pid, "sh", {"--domid", "3"})) << "gone (and not yet anyone else's)";
 }
 
 TEST(Process, ASpawnedProcessGetsNoDescriptorOfOursButItsOutput) {
@@ -69,6 +80,36 @@ TEST(Process, ASpawnedProcessGetsNoDescriptorOfOursButItsOutput) {
     }
   }
   EXPECT_EQ(fds, want);
+}
+
+// Ctrl-C during a command that builds something: a flag the command looks at, not the end of
+// the process — except for a signal the caller ignores (nohup's SIGHUP), which stays ignored.
+TEST(Process, AnInterruptGuardTurnsSignalsIntoAFlagAndLeavesIgnoredOnesAlone) {
+  struct sigaction ignore {}, saved_hup {}, saved_int {}, now {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(::sigaction(SIGHUP, &ignore, &saved_hup), 0);
+  ASSERT_EQ(::sigaction(SIGINT, nullptr, &saved_int), 0);
+  {
+    InterruptGuard guard;
+    EXPECT_EQ(interrupt_signal(), 0);
+    EXPECT_NO_THROW(throw_if_interrupted());
+    ASSERT_EQ(::raise(SIGHUP), 0);  // ignored before: still ignored
+    EXPECT_EQ(interrupt_signal(), 0);
+    ASSERT_EQ(::raise(SIGINT), 0);  // would end this test binary without the guard
+    EXPECT_EQ(interrupt_signal(), SIGINT);
+    try {
+      throw_if_interrupted();
+      ADD_FAILURE() << "no exception";
+    } catch (const ToolstackError& e) {
+      EXPECT_STREQ(e.what(), "interrupted by SIGINT");
+    }
+  }
+  ASSERT_EQ(::sigaction(SIGINT, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, saved_int.sa_handler) << "SIGINT's disposition given back";
+  ASSERT_EQ(::sigaction(SIGHUP, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  ::sigaction(SIGHUP, &saved_hup, nullptr);
 }
 
 }  // namespace

@@ -372,6 +372,9 @@ int cmd_supervise(Context& ctx) {
   // after any backend restart.
   for (auto& c : children) {
     if (auto orphan = running_pid(p.pid_file(c.program), c.program)) {
+      // Its pid file first: `xpv up`, waiting for the backends, must not report the orphan.
+      std::error_code ec;
+      fs::remove(p.pid_file(c.program), ec);
       const bool gone = stop_process(*orphan, 5s);
       log_line(fmt::format("{} (pid {}) was running without a supervisor: {}", c.program, *orphan,
                            gone ? "stopped; starting one of ours, which reconnects its devices"

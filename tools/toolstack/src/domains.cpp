@@ -218,6 +218,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
   make_dirs(p.log_dir, 0755);
   std::optional<RunLock> lock;
   if (!lock_held) lock.emplace(p.lock_file());
+  throw_if_interrupted();  // while the lock was awaited: nothing made yet
 
   const auto doms = gather_domains(p, &xs);
   for (const auto& d : doms) {

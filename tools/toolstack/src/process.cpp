@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -211,34 +212,44 @@ std::string describe_status(int status) {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupt = 0;
+// The handler may run on any thread (the xenstore client's I/O thread too): a lock-free atomic.
+std::atomic<int> g_interrupt{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 constexpr int kInterruptSignals[] = {SIGINT, SIGTERM, SIGHUP};
 struct sigaction g_saved[std::size(kInterruptSignals)];
+bool g_taken[std::size(kInterruptSignals)] = {};
 int g_guards = 0;  // one command at a time, on the main thread; nested guards share the handlers
 
-extern "C" void on_interrupt(int sig) { g_interrupt = sig; }
+extern "C" void on_interrupt(int sig) { g_interrupt.store(sig, std::memory_order_relaxed); }
 
 }  // namespace
 
 InterruptGuard::InterruptGuard() {
   if (g_guards++ > 0) return;
-  g_interrupt = 0;
+  g_interrupt.store(0);
   struct sigaction sa {};
   sa.sa_handler = on_interrupt;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
-  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) ::sigaction(kInterruptSignals[i], &sa, &g_saved[i]);
+  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) {
+    // One the caller ignores (nohup's SIGHUP, a script's background job's SIGINT) stays ignored:
+    // it never ended the command, so it must not undo it either.
+    g_taken[i] = ::sigaction(kInterruptSignals[i], nullptr, &g_saved[i]) == 0 && g_saved[i].sa_handler != SIG_IGN &&
+                 ::sigaction(kInterruptSignals[i], &sa, nullptr) == 0;
+  }
 }
 
 InterruptGuard::~InterruptGuard() {
   if (--g_guards > 0) return;
-  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) ::sigaction(kInterruptSignals[i], &g_saved[i], nullptr);
+  for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) {
+    if (g_taken[i]) ::sigaction(kInterruptSignals[i], &g_saved[i], nullptr);
+  }
 }
 
-int interrupt_signal() noexcept { return g_interrupt; }
+int interrupt_signal() noexcept { return g_interrupt.load(std::memory_order_relaxed); }
 
 void throw_if_interrupted() {
-  const int sig = g_interrupt;
+  const int sig = interrupt_signal();
   if (sig == 0) return;
   const char* name = ::sigabbrev_np(sig);  // "INT"
   throw ToolstackError(name ? fmt::format("interrupted by SIG{}", name) : fmt::format("interrupted by signal {}", sig));

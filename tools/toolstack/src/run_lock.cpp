@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "xpv/toolstack/error.h"
+#include "xpv/toolstack/process.h"
 
 namespace xpv::toolstack {
 
@@ -23,6 +24,7 @@ RunLock::RunLock(const std::string& path, std::chrono::milliseconds timeout)
     if (std::chrono::steady_clock::now() >= deadline) {
       throw ToolstackError(fmt::format("another xpv command holds {}", path));
     }
+    throw_if_interrupted();  // Ctrl-C while waiting (process.h, InterruptGuard): nothing made yet
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

@@ -3,7 +3,8 @@
 //   socket:PATH    a unix stream socket (`xpv console` attaches to it): one client at a time;
 //                  output goes to the attached client, the last 64 KiB are kept and replayed to
 //                  a client that attaches later. The guest never waits for a client: one whose
-//                  socket is full (it reads nothing) or gone is let go (no SIGPIPE), and the
+//                  4 MiB socket buffer is full (it reads nothing, or falls that far behind) or
+//                  that is gone is let go (no SIGPIPE), and the
 //                  next one gets the backlog; a client that hangs up while the guest reads none
 //                  of its typing is let go too.
 // Threads: write() is called by vCPU threads (under the UART lock); one input thread polls the
