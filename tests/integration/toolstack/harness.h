@@ -163,17 +163,12 @@ class TestHost {
   TestHost& operator=(const TestHost&) = delete;
 
   RunResult run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) const {
-    std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
-                                     "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run_command(argv, env);
+    return run_command(xpv_argv(args), env);
   }
   // run(), sending `sig` to the command once `when()` holds (looked at every 10 ms, for at most
   // 60 s; never if the command ended first).
   RunResult run_signalled(const std::vector<std::string>& args, int sig, const std::function<bool()>& when) const {
-    std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
-                                     "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
-    argv.insert(argv.end(), args.begin(), args.end());
+    const std::vector<std::string> argv = xpv_argv(args);
     std::atomic<pid_t> pid{0};
     std::atomic<bool> done{false};
     RunResult r;
@@ -205,6 +200,13 @@ class TestHost {
   std::string dir, run_dir, log_dir, xs_socket, bin_dir;
 
  private:
+  // `xpv` on this host's directories, then `args`.
+  std::vector<std::string> xpv_argv(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {real_bin_ + "/xpv", "--run-dir", run_dir, "--log-dir", log_dir,
+                                     "--xenstore", xs_socket, "--bin-dir", bin_dir, "--netns-dir", dir + "/netns"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
   std::string real_bin_;
 };
 

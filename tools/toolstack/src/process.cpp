@@ -118,29 +118,34 @@ bool process_alive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-bool process_is(pid_t pid, std::string_view program, std::string_view arg1) {
-  if (!process_alive(pid)) return false;
+namespace {
+
+// The argv of a live `pid` whose argv[0]'s basename is `program` (empty otherwise): read once,
+// for process_is and process_runs.
+std::vector<std::string> argv_if(pid_t pid, std::string_view program) {
+  if (!process_alive(pid)) return {};
   auto cmdline = read_file(fmt::format("/proc/{}/cmdline", pid));
-  if (!cmdline) return false;
-  std::string_view s = *cmdline;
-  std::string_view a0 = s.substr(0, s.find('\0'));
-  if (std::filesystem::path(std::string(a0)).filename().string() != program) return false;
-  if (arg1.empty()) return true;
-  if (a0.size() + 1 >= s.size()) return false;
-  std::string_view rest = s.substr(a0.size() + 1);
-  return rest.substr(0, rest.find('\0')) == arg1;
+  if (!cmdline) return {};
+  std::vector<std::string> argv;
+  for (std::string_view s = *cmdline; !s.empty();) {
+    const auto z = s.find('\0');
+    argv.emplace_back(s.substr(0, z));
+    s.remove_prefix(z == std::string_view::npos ? s.size() : z + 1);
+  }
+  if (argv.empty() || std::filesystem::path(argv[0]).filename().string() != program) return {};
+  return argv;
+}
+
+}  // namespace
+
+bool process_is(pid_t pid, std::string_view program, std::string_view arg1) {
+  const auto argv = argv_if(pid, program);
+  if (argv.empty()) return false;
+  return arg1.empty() || (argv.size() > 1 && argv[1] == arg1);
 }
 
 bool process_runs(pid_t pid, std::string_view program, std::initializer_list<std::string_view> args) {
-  if (!process_is(pid, program)) return false;
-  auto cmdline = read_file(fmt::format("/proc/{}/cmdline", pid));
-  if (!cmdline) return false;
-  std::vector<std::string_view> argv;
-  for (std::string_view s = *cmdline; !s.empty();) {
-    const auto z = s.find('\0');
-    argv.push_back(s.substr(0, z));
-    s.remove_prefix(z == std::string_view::npos ? s.size() : z + 1);
-  }
+  const auto argv = argv_if(pid, program);
   if (argv.size() < 1 + args.size()) return false;
   for (std::size_t i = 1; i + args.size() <= argv.size(); ++i) {
     if (std::equal(args.begin(), args.end(), argv.begin() + static_cast<std::ptrdiff_t>(i))) return true;
