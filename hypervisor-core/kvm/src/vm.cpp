@@ -98,6 +98,10 @@ struct Vm::Vcpu {
   std::size_t run_size = 0;
   std::thread thread;
   std::atomic<bool> started{false};
+  // The thread as kick_all may signal it: set by the thread as it begins and cleared as it ends,
+  // under kick_mu_, so a thread being (or already) joined is never signalled.
+  pthread_t handle{};
+  bool alive = false;
   std::array<std::atomic<std::uint64_t>, kExitReasons> exits{};
   // Monitor samples (see vm.h): generation answered and whether it was halted with IF=0.
   std::atomic<std::uint64_t> sample_gen{0};
@@ -105,6 +109,7 @@ struct Vm::Vcpu {
   // Auto-EOI vector (set_auto_eoi_vector): the generation this vCPU has applied; SynIC activated.
   std::atomic<std::uint64_t> auto_eoi_gen{0};
   bool synic_active = false;  // vCPU thread only
+  std::uint64_t auto_eoi_refused = 0;  // vCPU thread only: the generation it could not apply
   ~Vcpu() {
     if (run != nullptr) munmap(run, run_size);
   }
@@ -311,6 +316,9 @@ void Vm::signal_msi(unsigned vcpu, std::uint8_t vector) noexcept {
 std::vector<UniqueFd> Vm::upcall_lines() {
   std::lock_guard lk(route_mu_);
   if (upcall_fds_.empty()) {
+    // Made in full or not at all: on a failure the lines made so far are closed, which detaches
+    // them from KVM, and a later call starts again.
+    std::vector<UniqueFd> fds;
     for (unsigned v = 0; v < vcpus_.size(); ++v) {
       UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
       if (!fd.valid()) fail_setup(fmt::format("eventfd for vCPU {}'s upcall line", v));
@@ -318,9 +326,10 @@ std::vector<UniqueFd> Vm::upcall_lines() {
       f.fd = static_cast<std::uint32_t>(fd.get());
       f.gsi = kFirstUpcallGsi + v;
       if (ioctl(vm_fd_.get(), KVM_IRQFD, &f) < 0) fail_setup(fmt::format("KVM_IRQFD on GSI {} (vCPU {}'s upcall line)", f.gsi, v));
-      upcall_fds_.push_back(std::move(fd));
+      fds.push_back(std::move(fd));
     }
     upcall_vectors_.assign(vcpus_.size(), 0);
+    upcall_fds_ = std::move(fds);
   }
   std::vector<UniqueFd> out;
   for (const auto& fd : upcall_fds_) {
@@ -386,19 +395,31 @@ Result<void> Vm::route_upcall(unsigned vcpu, std::uint8_t vector) noexcept {
 
 void Vm::add_resample_line(std::uint32_t gsi, std::function<void()> on_eoi) {
   if (irqfd_.valid()) throw std::runtime_error("vm: only one resample line is supported");
-  irqfd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  resamplefd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  resample_stop_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!irqfd_.valid() || !resamplefd_.valid() || !resample_stop_.valid()) fail_setup("eventfd for the resample line");
+  // Kept only once attached and served: a failure leaves no line half-made (assert_line then
+  // writes nowhere, and a retry is not refused as a second line).
+  UniqueFd irqfd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  UniqueFd resamplefd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  UniqueFd stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!irqfd.valid() || !resamplefd.valid() || !stop.valid()) fail_setup("eventfd for the resample line");
   kvm_irqfd f{};
-  f.fd = static_cast<std::uint32_t>(irqfd_.get());
+  f.fd = static_cast<std::uint32_t>(irqfd.get());
   f.gsi = gsi;
   f.flags = KVM_IRQFD_FLAG_RESAMPLE;
-  f.resamplefd = static_cast<std::uint32_t>(resamplefd_.get());
+  f.resamplefd = static_cast<std::uint32_t>(resamplefd.get());
   if (ioctl(vm_fd_.get(), KVM_IRQFD, &f) < 0) fail_setup(fmt::format("KVM_IRQFD (resample) on GSI {}", gsi));
+  resamplefd_ = std::move(resamplefd);
+  resample_stop_ = std::move(stop);
   resample_gsi_ = gsi;
   on_eoi_ = std::move(on_eoi);
-  resample_thread_ = std::thread([this] { resample_loop(); });
+  try {
+    resample_thread_ = std::thread([this] { resample_loop(); });
+  } catch (...) {
+    resamplefd_ = UniqueFd();  // and `irqfd`, closed on the way out, detaches the line from KVM
+    resample_stop_ = UniqueFd();
+    on_eoi_ = nullptr;
+    throw;
+  }
+  irqfd_ = std::move(irqfd);
 }
 
 void Vm::assert_line() noexcept {
@@ -459,6 +480,15 @@ class TrapContext final : public VcpuContext {
     t.linear_address = gva;
     if (ioctl(fd_, KVM_TRANSLATE, &t) < 0 || !t.valid) return std::nullopt;
     return t.physical_address;
+  }
+  std::optional<unsigned> cpl() noexcept override {
+    kvm_sregs s{};
+    if (ioctl(fd_, KVM_GET_SREGS, &s) < 0) return std::nullopt;
+    if ((s.cr0 & 1) == 0) return 0u;  // real mode
+    const kvm_regs* r = regs();
+    if (r == nullptr) return std::nullopt;
+    if ((r->rflags & (1u << 17)) != 0) return 3u;  // EFLAGS.VM: virtual-8086 mode
+    return static_cast<unsigned>(s.ss.dpl);
   }
 
  private:
@@ -666,8 +696,9 @@ std::string Vm::stop_message() const {
 }
 
 void Vm::kick_all() noexcept {
+  std::lock_guard lk(kick_mu_);
   for (auto& v : vcpus_) {
-    if (v->started.load() && v->thread.joinable()) pthread_kill(v->thread.native_handle(), kKickSignal);
+    if (v->alive) pthread_kill(v->handle, kKickSignal);
   }
 }
 
@@ -783,8 +814,15 @@ Result<void> Vm::apply_auto_eoi(Vcpu& v) noexcept {
 Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
   kvm_run* run = v.run;
   while (stop_reason_.load() == StopReason::none) {
-    if (v.auto_eoi_gen.load(std::memory_order_relaxed) != auto_eoi_gen_.load(std::memory_order_acquire)) {
-      if (auto r = apply_auto_eoi(v); !r) return r;
+    if (const std::uint64_t want = auto_eoi_gen_.load(std::memory_order_acquire);
+        v.auto_eoi_gen.load(std::memory_order_relaxed) != want && v.auto_eoi_refused != want) {
+      // A change this vCPU cannot take is not applied (nor tried again): its setter waits for
+      // every vCPU, times out and rolls the change back (set_auto_eoi_vector). The guest is told
+      // the vector failed, as on the vCPU that asked; the VM runs on.
+      if (auto r = apply_auto_eoi(v); !r) {
+        v.auto_eoi_refused = want;
+        spdlog::error("vm: {}; the vector change is rolled back", r.error().message);
+      }
     }
     const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
     if (rc < 0) {
@@ -850,6 +888,10 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
       case KVM_EXIT_IRQ_WINDOW_OPEN:
       case KVM_EXIT_IOAPIC_EOI:
         break;
+      case KVM_EXIT_HYPERV:
+        // The guest wrote a SynIC MSR (SCONTROL, SIEFP, SIMP) once SynIC is on for the auto-EOI
+        // vector: KVM has done the write and only tells us; nothing here uses those pages.
+        break;
       default:
         return err(fmt::format("vCPU {}: unexpected exit {} ({})", v.id, reason, exit_reason_name(reason)));
     }
@@ -866,6 +908,11 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
     sigemptyset(&set);
     sigaddset(&set, kKickSignal);
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    {
+      std::lock_guard lk(kick_mu_);
+      v.handle = pthread_self();
+      v.alive = true;
+    }
     auto r = vcpu_loop(v);
     if (!r) request_stop(StopReason::error, r.error().message);
   } catch (const std::exception& e) {
@@ -873,6 +920,8 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
   } catch (...) {
     request_stop(StopReason::error, fmt::format("vCPU {}: unknown exception", v.id));
   }
+  std::lock_guard lk(kick_mu_);
+  v.alive = false;
   t_run = nullptr;
   t_vcpu = nullptr;
 }

@@ -33,6 +33,34 @@ namespace {
 
 std::uint64_t grant_bytes(const XenDomainConfig& c) { return std::uint64_t{c.max_grant_frames} << kPageShift; }
 
+// EVTCHNOP_send's argument as the fast-send routine's OUT carried it (eax: the port its lods
+// read from struct evtchn_send at gva), not read again from guest memory: one address
+// translation less per send, and the port sent is the one the OUT said even if another vCPU
+// rewrites the struct in between. Any other access is refused (-EFAULT).
+class SendArg final : public xen::GuestVirt {
+ public:
+  SendArg(std::uint64_t gva, std::uint32_t port) : gva_(gva), port_(port) {}
+  bool read(std::uint64_t gva, std::span<std::uint8_t> out) noexcept override {
+    if (gva != gva_ || out.size() != sizeof port_) return false;
+    std::memcpy(out.data(), &port_, sizeof port_);
+    return true;
+  }
+  bool write(std::uint64_t, std::span<const std::uint8_t>) noexcept override { return false; }
+
+ private:
+  std::uint64_t gva_;
+  std::uint32_t port_;
+};
+
+// The privilege level a trapped hypercall came from (xen::Regs::cpl). One KVM cannot tell counts
+// as a guest process's: the call is refused, not run with the kernel's rights.
+unsigned trap_cpl(kvm::VcpuContext& ctx, unsigned domid) noexcept {
+  if (auto cpl = ctx.cpl()) return *cpl;
+  spdlog::error("dom{}: vCPU {}: KVM_GET_SREGS failed in a hypercall; refused as if from a guest process", domid,
+                ctx.id());
+  return 3;
+}
+
 // One hypercall's view of guest-virtual memory: page by page through the vCPU's page tables.
 class TrapMemory final : public xen::GuestVirt {
  public:
@@ -388,8 +416,13 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
   vm.set_cpuid_hook([this](unsigned vcpu, std::vector<kvm_cpuid_entry2>& entries) { platform_->cpuid(vcpu, entries); });
   vm.set_pio_trap(xen::kHypercallPort, [this](kvm::VcpuContext& ctx) {
     const kvm_regs* r = ctx.regs();
-    if (r == nullptr) return;
-    xen::Regs regs{r->rax, r->rdi, r->rsi, r->rdx, r->r10, r->r8};
+    if (r == nullptr) {
+      // The guest would read its own hypercall number back as the result (32: "success").
+      vm_.request_stop(kvm::StopReason::error,
+                       fmt::format("dom{}: vCPU {}: KVM_GET_REGS failed in a hypercall", cfg_.domid, ctx.id()));
+      return;
+    }
+    xen::Regs regs{r->rax, r->rdi, r->rsi, r->rdx, r->r10, r->r8, trap_cpl(ctx, cfg_.domid)};
     TrapMemory mem(ctx, vm_.memory());
     const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
     ctx.set_rax(static_cast<std::uint64_t>(rc));
@@ -538,7 +571,8 @@ void XenDomain::prepare_fast_send() {
   }
   send_routes_ = std::make_unique<SendRoutes>(vm_, cfg_.domid);
   // The routine's OUT for a port KVM does not signal itself (stubs.h): the hypercall it stands
-  // for, EVTCHNOP_send of the struct its lods read (rsi - 4); the result goes into rdx, which the
+  // for, EVTCHNOP_send of the port the OUT carried (SendArg; the struct is at rsi - 4, past the
+  // lods); a call from outside the guest's kernel is refused. The result goes into rdx, which the
   // routine moves into rax. It answers only once a routine is in the guest (installed).
   vm_.set_pio_trap(
       xen::kEvtchnSendPort,
@@ -546,13 +580,19 @@ void XenDomain::prepare_fast_send() {
         if (!send_routes_->installed.load(std::memory_order_acquire)) return;  // no routine: a stray OUT
         const kvm_regs* r = ctx.regs();
         if (r == nullptr) {
-          spdlog::error("dom{}: vCPU {}: KVM_GET_REGS failed in an event-channel send", cfg_.domid, ctx.id());
+          vm_.request_stop(kvm::StopReason::error, fmt::format("dom{}: vCPU {}: KVM_GET_REGS failed in an "
+                                                               "event-channel send", cfg_.domid, ctx.id()));
           return;
         }
         send_routes_->trapped.fetch_add(1, std::memory_order_relaxed);
-        xen::Regs regs{xen::abi::kHcEventChannelOp, static_cast<std::uint64_t>(domain::EvtchnOp::send), r->rsi - 4,
-                       r->rdx, r->r10, r->r8};
-        TrapMemory mem(ctx, vm_.memory());
+        xen::Regs regs{xen::abi::kHcEventChannelOp,
+                       static_cast<std::uint64_t>(domain::EvtchnOp::send),
+                       r->rsi - 4,
+                       r->rdx,
+                       r->r10,
+                       r->r8,
+                       trap_cpl(ctx, cfg_.domid)};
+        SendArg mem(regs.rsi, static_cast<std::uint32_t>(r->rax));
         const std::int64_t rc = platform_->hypercall(ctx.id(), regs, mem);
         ctx.set_rdx(static_cast<std::uint64_t>(rc));
         reassert(ctx.id());

@@ -56,6 +56,7 @@ std::int64_t Platform::hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem
   if (regs.rax == abi::kHcSchedOp && sub < kSubOps) sched_calls_[sub].fetch_add(1, std::memory_order_relaxed);
   try {
     if (vcpu >= cfg_.vcpus) return err(XenErrno::einval);  // a VMM bug, not the guest's
+    if (regs.cpl != 0) return err(XenErrno::eperm);        // not from the guest's kernel
     return dispatch(vcpu, regs, mem);
   } catch (...) {
     // Nothing in the handlers is meant to throw; an allocation failure in logging is the only

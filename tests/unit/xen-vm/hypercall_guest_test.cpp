@@ -3,6 +3,7 @@
 // $0xe8`): unknown numbers, unknown subcommands, bad pointers and bad ports get Xen's error codes
 // in rax, a valid call still works after them, and the VM runs on to its own clean stop. The
 // hypercall-page MSR (older kernels): the page is filled and called through; a bad index faults.
+// A hypercall from ring 3 is refused with -EPERM, as Xen does.
 // Skipped with the reason when /dev/kvm cannot be used.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -57,6 +58,10 @@ struct Code {
     b.insert(b.end(), {0x31, 0xd2, 0x0f, 0x30});
   }
   void call_abs(std::uint32_t addr) { mov_eax(addr); b.insert(b.end(), {0xff, 0xd0}); }  // mov $addr, %eax; call *%rax
+  void lgdt_abs(std::uint32_t addr) { b.insert(b.end(), {0x0f, 0x01, 0x14, 0x25}); imm32(addr); }  // lgdt addr
+  void push(std::uint32_t v) { b.push_back(0x68); imm32(v); }  // push $v (sign-extended to 64 bits)
+  void iretq() { b.insert(b.end(), {0x48, 0xcf}); }
+  void hlt() { b.push_back(0xf4); }
 };
 
 struct TinyRun {
@@ -163,6 +168,71 @@ TEST(XenHypercallGuest, BadHypercallsGetErrorsAndTheVmmLivesOn) {
   EXPECT_EQ(got[6], kEnosys);
   EXPECT_EQ(got[7], kEnosys);
   EXPECT_EQ(got[8], (4 << 16) | 17) << "Xen 4.17, after all the bad calls";
+}
+
+// Xen refuses a hypercall from outside the guest's kernel with -EPERM. The guest drops to ring 3
+// with IOPL 3, so its `out` reaches the trap as a guest process's would: xen_version and a
+// poweroff are both refused. It then halts in ring 3, which (no IDT) ends in a triple fault; had
+// the poweroff been done, the VM would have stopped with poweroff instead.
+constexpr std::uint32_t kUserGdt = 0x4000, kUserGdtr = 0x4100, kUserStack = 0x6ff0;
+constexpr std::uint16_t kUserDs = 0x20 | 3, kUserCs = 0x28 | 3;
+
+TEST(XenHypercallGuest, ACallFromRing3IsRefusedWithEperm) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  Code c;
+  c.lgdt_abs(kUserGdtr);  // the boot GDT plus ring-3 code and data
+  c.push(kUserDs);        // ss
+  c.push(kUserStack);     // rsp
+  c.push(0x3002);         // rflags: IOPL 3, interrupts off
+  c.push(kUserCs);        // cs
+  const std::size_t entry_at = c.b.size() + 1;
+  c.push(0);              // rip: patched below
+  c.iretq();
+  const auto user_entry = static_cast<std::uint32_t>(0x100000 + c.b.size());
+  std::memcpy(c.b.data() + entry_at, &user_entry, 4);
+  c.mov_eax(17);          // xen_version(XENVER_version)
+  c.mov_edi(0);
+  c.hypercall();
+  c.store_rax(kResults);
+  c.mov_eax(29);          // sched_op(SCHEDOP_shutdown, {SHUTDOWN_poweroff})
+  c.mov_edi(2);
+  c.mov_rsi(kArgs);
+  c.hypercall();
+  c.store_rax(kResults + 8);
+  c.hlt();                // #GP in ring 3 → triple fault
+  std::array<std::int64_t, 2> got{7, 7};
+  const auto r = run_tiny(
+      c,
+      [](kvm::Vm& vm, XenDomain&) {
+        const GuestMemory& m = vm.memory();
+        const std::array<std::uint64_t, 6> gdt{0, 0, 0x00af'9b00'0000'ffffull, 0x00cf'9300'0000'ffffull,
+                                               0x00cf'f300'0000'ffffull, 0x00af'fb00'0000'ffffull};
+        std::memcpy(m.translate(kUserGdt, sizeof(gdt))->data(), gdt.data(), sizeof(gdt));
+        const std::uint16_t limit = sizeof(gdt) - 1;
+        const std::uint64_t base = kUserGdt;
+        std::memcpy(m.translate(kUserGdtr, 2)->data(), &limit, 2);
+        std::memcpy(m.translate(kUserGdtr + 2, 8)->data(), &base, 8);
+        // The first 2 MiB (code, stack, results) user-accessible at every level of the tables.
+        for (std::uint64_t table : {kvm::kPml4Gpa, kvm::kPml4Gpa + 0x1000, kvm::kPml4Gpa + 0x2000}) {
+          std::uint64_t e;
+          std::memcpy(&e, m.translate(table, 8)->data(), 8);
+          e |= 4;  // U/S
+          std::memcpy(m.translate(table, 8)->data(), &e, 8);
+        }
+        const std::uint32_t poweroff = 0;
+        std::memcpy(m.translate(kArgs, 4)->data(), &poweroff, 4);
+        std::memcpy(m.translate(kResults, 16)->data(), std::array<std::int64_t, 2>{7, 7}.data(), 16);
+      },
+      [&](kvm::Vm& vm, XenDomain& xen) {
+        std::memcpy(got.data(), vm.memory().translate(kResults, 16)->data(), 16);
+        EXPECT_EQ(xen.platform().calls(17), 1u) << "the call reached the dispatcher";
+        EXPECT_EQ(xen.platform().calls(29), 1u);
+      });
+  EXPECT_EQ(r.stop, kvm::StopReason::triple_fault) << "ring 3's halt, not the refused poweroff: " << r.message;
+  constexpr std::int64_t kEperm = -1;
+  EXPECT_EQ(got[0], kEperm) << "xen_version from ring 3";
+  EXPECT_EQ(got[1], kEperm) << "poweroff from ring 3";
 }
 
 // A kernel older than XSA-466 asks for the hypercall page with WRMSR 0x40000000 and then calls

@@ -87,6 +87,35 @@ TEST_F(Hypercalls, ACallFromANonexistentVcpuIsRefused) {
   EXPECT_EQ(platform_->hypercall(4, Regs{kHcXenVersion, 0, 0, 0, 0, 0}, mem_), kEinval);
 }
 
+// Xen refuses hypercalls made outside the guest's kernel (hvm_hypercall: CPL != 0 → -EPERM): a
+// guest process with I/O-port access must not shut the domain down, open event channels or read
+// the version strings. The kernel's next call works as before.
+TEST_F(Hypercalls, ACallFromOutsideTheGuestKernelIsRefusedAndDoesNothing) {
+  mem_.fill(0xaa);
+  for (unsigned cpl : {1u, 2u, 3u}) {
+    auto from = [&](std::uint64_t nr, std::uint64_t a1, std::uint64_t a2) {
+      Regs r{nr, a1, a2, 0, 0, 0};
+      r.cpl = cpl;
+      return platform_->hypercall(0, r, mem_);
+    };
+    mem_.put(kArg, SchedShutdown{0});
+    EXPECT_EQ(from(kHcSchedOp, kSchedopShutdown, kArg), kEperm) << cpl;
+    EXPECT_EQ(from(kHcXenVersion, kXenverExtraversion, kArg2), kEperm) << cpl;
+    EXPECT_EQ(from(kHcXenVersion, kXenverVersion, 0), kEperm) << cpl;
+    mem_.put(kArg, domain::EvtchnAllocUnboundOp{kDomidSelf, 0, 0xdead});
+    EXPECT_EQ(from(kHcEventChannelOp, static_cast<std::uint64_t>(domain::EvtchnOp::alloc_unbound), kArg), kEperm)
+        << cpl;
+    EXPECT_EQ(mem_.get<domain::EvtchnAllocUnboundOp>(kArg).port, 0xdeadu) << "no port allocated";
+  }
+  EXPECT_TRUE(host_.shutdowns().empty());
+  EXPECT_EQ(mem_.get<std::uint8_t>(kArg2), 0xaa) << "nothing written";
+  EXPECT_EQ(platform_->calls(kHcXenVersion), 6u) << "refused calls are counted";
+  EXPECT_EQ(call(kHcXenVersion, kXenverVersion), 0x40011);
+  mem_.put(kArg, SchedShutdown{0});
+  EXPECT_EQ(call(kHcSchedOp, kSchedopShutdown, kArg), 0);
+  EXPECT_EQ(host_.shutdowns(), std::vector<ShutdownReason>{ShutdownReason::poweroff});
+}
+
 // ---- xen_version -------------------------------------------------------------------------------
 
 TEST_F(Hypercalls, XenVersionStringsAreWrittenExactly) {

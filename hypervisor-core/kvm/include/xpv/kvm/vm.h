@@ -88,6 +88,9 @@ class VcpuContext {
   virtual void set_rdx(std::uint64_t value) noexcept = 0;
   // Guest-virtual → guest-physical through the vCPU's current page tables (KVM_TRANSLATE).
   virtual std::optional<std::uint64_t> translate(std::uint64_t gva) noexcept = 0;
+  // The privilege level of the trapping instruction, as KVM's own get_cpl reads it: 0 in real
+  // mode, 3 in virtual-8086 mode, else SS.DPL. nullopt when KVM refuses (KVM_GET_SREGS).
+  virtual std::optional<unsigned> cpl() noexcept = 0;
 };
 
 class Vm {
@@ -220,6 +223,7 @@ class Vm {
   std::condition_variable stop_cv_;
   std::string stop_message_;
   std::atomic<std::uint64_t> kick_gen_{0};
+  std::mutex kick_mu_;  // guards each Vcpu's handle and alive (kick_all against threads ending)
 
   struct PioTrap {
     std::uint16_t port = 0;

@@ -116,6 +116,10 @@ class PlatformHost {
 
 struct Regs {
   std::uint64_t rax, rdi, rsi, rdx, r10, r8;  // 64-bit hypercall ABI: nr, args 1..5
+  // The privilege level the call came from. Xen answers a call from outside the guest kernel
+  // (CPL 1-3: a guest process given I/O-port access, or vm86 code) with -EPERM and does nothing;
+  // so does hypercall(). The VMM reads it from the vCPU (SS.DPL; 0 in real mode).
+  unsigned cpl = 0;
 };
 
 // Longest CONSOLEIO_write accepted in one call (longer → -EINVAL; Linux writes ≤ 1 KiB lines).
@@ -138,7 +142,8 @@ class Platform final : public domain::UpcallSink {
   void attach(domain::EventChannels& evtchn);
 
   void cpuid(unsigned vcpu, std::vector<kvm_cpuid_entry2>& entries) const;  // install_xen_cpuid
-  std::int64_t hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem) noexcept;  // → rax
+  // → rax. A call with regs.cpl != 0 gets -EPERM (counted in calls(), like any other).
+  std::int64_t hypercall(unsigned vcpu, const Regs& regs, GuestVirt& mem) noexcept;
   void upcall(unsigned vcpu) noexcept override;  // EventChannels → inject per the guest's mode
   // The guest EOI'd INTx: re-assert while vCPU 0's evtchn_upcall_pending is 1, else de-assert.
   void intx_eoi() noexcept;
