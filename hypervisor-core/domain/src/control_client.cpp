@@ -1,6 +1,9 @@
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 
 #include "xpv/domain/control.h"
@@ -27,35 +30,65 @@ ControlClient ControlClient::connect(const std::string& path, const std::string&
 
 Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
                             std::vector<UniqueFd>* fds) {
+  release_orphans();
   const std::uint32_t seq = ++seq_;
   const auto wire_type = static_cast<std::uint16_t>(type);
   auto out = encode(wire_type, seq, payload);
   if (auto s = send_datagram(sock_.get(), out); !s) {
     throw ControlError(s.error().value(), "control socket send: " + s.error().message());
   }
-  auto ready = wait_readable(sock_.get(), timeout_ms_);
-  if (!ready || !*ready) {
-    throw ControlError(ETIMEDOUT, fmt::format("control socket: no answer within {} ms", timeout_ms_));
-  }
-  auto d = recv_datagram(sock_.get(), kMaxMessage, kMaxFds);
-  if (!d) throw ControlError(d.error().value(), "control socket receive: " + d.error().message());
-  if (d->bytes.empty()) throw ControlError(ECONNRESET, "control socket: the domain went away");
-  auto m = parse(d->bytes);
-  if (!m) throw ControlError(EPROTO, std::string("control socket: ") + to_string(m.error()));
-  if (m->header.seq != seq) throw ControlError(EPROTO, "control socket: answer to another request");
-  if (m->header.type == kErrorType) {
-    auto e = decode_fixed<ErrorPayload>(m->payload);
-    if (!e) {
-      throw ControlError(EPROTO, "control socket: malformed error answer");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    auto ready = wait_readable(sock_.get(), static_cast<int>(std::max<std::int64_t>(left, 0)));
+    if (!ready || !*ready) {
+      throw ControlError(ETIMEDOUT, fmt::format("control socket: no answer within {} ms", timeout_ms_));
     }
-    throw ControlError(e->error, e->message);
+    auto d = recv_datagram(sock_.get(), kMaxMessage, kMaxFds);
+    if (!d) throw ControlError(d.error().value(), "control socket receive: " + d.error().message());
+    if (d->bytes.empty()) throw ControlError(ECONNRESET, "control socket: the domain went away");
+    auto m = parse(d->bytes);
+    if (!m) throw ControlError(EPROTO, std::string("control socket: ") + to_string(m.error()));
+    if (m->header.seq != seq) {
+      // The late answer to a call that timed out (an earlier seq) is dropped with its fds; a
+      // bind it reports is undone at the next call. Anything else is a broken server.
+      const auto behind = static_cast<std::int32_t>(seq - m->header.seq);
+      if (behind <= 0) throw ControlError(EPROTO, "control socket: answer to another request");
+      if (m->header.type == (static_cast<std::uint16_t>(MsgType::bind_interdomain) | kResponseBit)) {
+        if (auto b = decode_fixed<BindResponse>(m->payload)) orphans_.push_back(b->port);
+      }
+      continue;
+    }
+    if (m->header.type == kErrorType) {
+      auto e = decode_fixed<ErrorPayload>(m->payload);
+      if (!e) {
+        throw ControlError(EPROTO, "control socket: malformed error answer");
+      }
+      throw ControlError(e->error, e->message);
+    }
+    const std::uint16_t expect = wire_type | kResponseBit;
+    if (m->header.type != expect || d->fds.size() != fds_for(expect)) {
+      throw ControlError(EPROTO, "control socket: unexpected answer type or fds");
+    }
+    if (fds) *fds = std::move(d->fds);
+    release_orphans();
+    return std::move(*m);
   }
-  const std::uint16_t expect = wire_type | kResponseBit;
-  if (m->header.type != expect || d->fds.size() != fds_for(expect)) {
-    throw ControlError(EPROTO, "control socket: unexpected answer type or fds");
+}
+
+void ControlClient::release_orphans() noexcept {
+  // A bind that timed out but was done all the same: its port is released as soon as its late
+  // answer has been seen.
+  while (!orphans_.empty()) {
+    const std::uint32_t port = orphans_.back();
+    orphans_.pop_back();
+    try {
+      unbind(port);
+    } catch (const std::exception&) {
+      // The connection is failing; the domain releases the port when it closes.
+    }
   }
-  if (fds) *fds = std::move(d->fds);
-  return std::move(*m);
 }
 
 DomainMemory ControlClient::map_memory() {

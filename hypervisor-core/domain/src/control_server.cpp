@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <variant>
 
 #include "xpv/domain/control.h"
@@ -77,7 +78,16 @@ void ControlServer::read_next(const std::shared_ptr<Connection>& c) {
   c->sock.async_wait(asio::posix::stream_descriptor::wait_read,
                      [this, c](boost::system::error_code ec) {
                        if (ec) return;  // closed by close()
-                       if (!serve_one(*c)) {
+                       bool ok = false;
+                       try {
+                         ok = serve_one(*c);
+                       } catch (const std::exception& e) {
+                         // A handler that failed outside its error returns (no memory, no
+                         // descriptors): that client's connection ends, its ports released;
+                         // the domain and the other clients go on.
+                         spdlog::error("{}: {}: {}; closing the connection", path_, c->client, e.what());
+                       }
+                       if (!ok) {
                          close(c);
                          return;
                        }

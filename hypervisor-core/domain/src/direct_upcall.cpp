@@ -196,6 +196,8 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
   Snapshot s;
   bool usable = false;
   bool pending_set = false;
+  const std::uint64_t* pending_at = nullptr;  // where step 1 set the bit, for which port
+  std::uint32_t pending_port = 0;
   for (int attempt = 0; attempt < kMaxRetries; ++attempt) {
     if (!snapshot(dom0_port, s, usable)) continue;  // the domain is writing: read again
     if (!usable) {
@@ -205,11 +207,16 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
       }
       break;
     }
+    // The bit set in step 1 is not where the table now points (shared_info moved, or another
+    // port): it may have missed the move's copy, so the classic path sets it again, there.
+    if (pending_set && (s.pending != pending_at || s.guest_port != pending_port)) break;
     const std::uint64_t bit = std::uint64_t{1} << (s.guest_port % kEvtchnWordBits);
     if (after_snapshot_ && !pending_set) after_snapshot_();
     // 1. pending: an already pending port has been signalled (unless we set it a moment ago).
     if (!pending_set) {
       pending_set = true;
+      pending_at = s.pending;
+      pending_port = s.guest_port;
       if (std::atomic_ref<std::uint64_t>(*s.pending).fetch_or(bit, std::memory_order_acq_rel) & bit) {
         delivered_.fetch_add(1, std::memory_order_relaxed);
         return true;

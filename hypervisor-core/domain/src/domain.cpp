@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <stdexcept>
+#include <system_error>
 
 namespace xpv::domain {
 
@@ -115,14 +116,25 @@ Expected<Dom0Binding, int> Domain::bind_interdomain(std::uint32_t remote_port) {
   b.port = fds->dom0_port;
   b.to_dom0 = std::move(fds->to_dom0);
   b.from_dom0 = std::move(fds->from_dom0);
-  watch_kicks(b.port);
+  try {
+    watch_kicks(b.port);
+  } catch (const std::exception& e) {
+    // No watch, no binding: a port bound without one would never pass the backend's kicks on.
+    spdlog::error("dom{}: cannot watch dom0 port {}'s kicks: {}; the bind is undone", config_.domid, b.port,
+                  e.what());
+    (void)close_endpoint(b.port, /*owner_gone=*/true);
+    return fail(ENOMEM);
+  }
   return b;
 }
 
 void Domain::watch_kicks(std::uint32_t dom0_port) {
   const int fd = evtchn_->kick_fd(dom0_port);
   if (fd < 0) return;
-  auto sd = std::make_unique<asio::posix::stream_descriptor>(io_, ::dup(fd));
+  UniqueFd copy(::dup(fd));
+  if (!copy.valid()) throw std::system_error(errno, std::generic_category(), "dup of the kick eventfd");
+  auto sd = std::make_unique<asio::posix::stream_descriptor>(io_, copy.get());
+  (void)copy.release();  // the descriptor object owns it now
   auto* raw = sd.get();
   kick_watch_[dom0_port] = std::move(sd);
   // Each wake-up: the backend wrote from_dom0; make the guest's port pending (and upcall).

@@ -546,6 +546,10 @@ Expected<void, XenErrno> EventChannels::move_shared_info(std::span<std::uint8_t>
     return a >= lo && a + s.size() <= lo + kSharedInfoPageBytes;
   };
 
+  // Backends' direct kicks see the table being written from before the copy to the new place's
+  // publication: a kick that set a pending bit in the old page after the copy read it then
+  // finds the table changed and hands over to the classic path (DirectUpcall::kick).
+  DirectWrite w(direct_);
   // Build the new contents in a host buffer (word by word from guest memory, atomically, as the
   // guest may still change bits), then store it into the new page.
   constexpr std::size_t kWords = kSharedInfoPageBytes / sizeof(std::uint64_t);
@@ -572,10 +576,7 @@ Expected<void, XenErrno> EventChannels::move_shared_info(std::span<std::uint8_t>
     if (in_page(old_lo, s.info))
       s.info = page.subspan(reinterpret_cast<std::uintptr_t>(s.info.data()) - old_lo, kVcpuInfoBytes);
   shared_info_ = page;
-  {
-    DirectWrite w(direct_);
-    publish_locations_locked();
-  }
+  publish_locations_locked();
   return {};
 }
 

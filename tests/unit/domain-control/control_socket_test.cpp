@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <string_view>
@@ -44,6 +45,7 @@ class FakeDomain : public ControlHandler {
   GrantTableInfo grant_table() override { return {{0xe, 0xf}, 64}; }
   Expected<Dom0Binding, int> bind_interdomain(std::uint32_t remote_port) override {
     bind_calls.push_back(remote_port);
+    if (before_bind) before_bind();
     if (remote_port != 5 && remote_port != 6) return fail(EINVAL);
     if (bound_.count(remote_port)) return fail(EBUSY);
     Dom0Binding b;
@@ -66,6 +68,7 @@ class FakeDomain : public ControlHandler {
   std::map<std::uint32_t, UniqueFd> notify_;  // the domain's view of to_dom0
   std::vector<std::uint32_t> unbound;
   std::vector<std::uint32_t> bind_calls;
+  std::function<void()> before_bind;  // on the io thread, before each bind (may throw, may wait)
 
  private:
   DomainMemory mem_;
@@ -181,6 +184,53 @@ TEST_F(ControlSocketTest, HandlerErrorsReachTheClientWithTheirErrno) {
   } catch (const ControlError& e) {
     EXPECT_EQ(e.error(), EBUSY);
   }
+}
+
+// A bind whose answer comes after the client gave up: the client drops that late answer (it no
+// longer takes it for the answer to its next call) and undoes the bind before its next request,
+// so the connection goes on working and the guest port can be bound again.
+TEST_F(ControlSocketTest, ALateBindAnswerIsDroppedAndItsBindUndone) {
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  on_io([&] {
+    domain_.before_bind = [open] { (void)open.wait_for(std::chrono::seconds(10)); };  // bounded
+  });
+  auto c = ControlClient::connect(path_, "slow-domain", /*timeout_ms=*/100);
+  try {
+    c.bind_interdomain(5);
+    FAIL() << "the bind answered although the domain was held";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), ETIMEDOUT);
+  }
+  gate.set_value();  // the domain now binds port 5 and answers, late
+  on_io([&] { domain_.before_bind = nullptr; });
+  Dom0Binding b = c.bind_interdomain(6);
+  EXPECT_EQ(b.port, 106u) << "the answer to this call, not the late one";
+  EXPECT_EQ(on_io([this] { return domain_.unbound; }), std::vector<std::uint32_t>{105})
+      << "the late bind was undone";
+  EXPECT_EQ(c.bind_interdomain(5).port, 105u) << "and port 5 binds again";
+  EXPECT_EQ(c.grant_table().max_frames, 64u);
+}
+
+// A handler that throws (no memory, no descriptors) ends that client's connection and releases
+// what it bound; the domain's loop and the other clients go on.
+TEST_F(ControlSocketTest, AHandlerThatThrowsEndsOnlyThatConnection) {
+  auto other = ControlClient::connect(path_, "other");
+  Dom0Binding kept = other.bind_interdomain(6);
+  auto c = ControlClient::connect(path_, "unlucky", /*timeout_ms=*/2000);
+  wait_for_connections(2);
+  on_io([&] { domain_.before_bind = [] { throw std::bad_alloc(); }; });
+  try {
+    c.bind_interdomain(5);
+    FAIL() << "a bind whose handler threw succeeded";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), ECONNRESET) << e.what();
+  }
+  wait_for_connections(1);
+  on_io([&] { domain_.before_bind = nullptr; });
+  EXPECT_EQ(other.bind_interdomain(5).port, 105u) << "the server still answers";
+  EXPECT_TRUE(on_io([this] { return domain_.unbound; }).empty()) << "the other client's port stays bound";
+  (void)kept;
 }
 
 TEST_F(ControlSocketTest, UnbindOnlyWhatThisConnectionBound) {

@@ -159,6 +159,28 @@ TEST_F(DirectUpcallTest, ARebindWhileTheKickReadsTheTableIsFollowed) {
   EXPECT_EQ(sink_.count(), 0u);
 }
 
+// The guest moves shared_info (XENMAPSPACE_shared_info again, as on resume) after the kick read
+// the table and before it set the pending bit: the bit lands in the old page, after the move
+// copied it. The kick must not go on to raise the guest from the new page (whose port is not
+// pending): it hands over, and the classic path sets the bit where the guest now looks.
+TEST_F(DirectUpcallTest, AKickThatSetItsBitInAMovedSharedInfoHandsOver) {
+  Dom0Fds fds;
+  auto [p, dp] = bound_port(&fds);
+  ev_->set_direct_route(0, true);
+  auto& moved = *reinterpret_cast<SharedInfo*>(mem_.view().page(7)->data());
+  direct_->set_after_snapshot_hook([&] { ASSERT_TRUE(ev_->move_shared_info(mem_.view().page(7).value())); });
+  EXPECT_FALSE(direct_->kick(dp)) << "declined: its pending bit is in the old page";
+  const std::uint64_t bit = std::uint64_t{1} << (p % 64);
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(moved.evtchn_pending[p / 64]).load() & bit, 0u);
+  EXPECT_EQ(line(0), 0u) << "no interrupt for a port the guest would find not pending";
+  // The backend then kicks through from_dom0, as it does whenever the direct path declines.
+  ASSERT_TRUE(EventFd(std::move(fds.from_dom0)).notify());
+  ASSERT_TRUE(ev_->service_dom0_kick(dp));
+  EXPECT_NE(std::atomic_ref<std::uint64_t>(moved.evtchn_pending[p / 64]).load() & bit, 0u);
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(moved.vcpu_info[0].evtchn_pending_sel).load(), std::uint64_t{1} << (p / 64));
+  EXPECT_EQ(sink_.calls(), std::vector<unsigned>{0});
+}
+
 TEST_F(DirectUpcallTest, SharedInfoOutsideGuestMemoryDeclines) {
   // An HVM guest's shared_info starts in a host placeholder, which no backend can reach.
   DomainMemory mem = DomainMemory::create("direct-test-2", {{0, 16 * 4096}});

@@ -154,6 +154,10 @@ class ControlClient {
   UniqueFd sock_;
   int timeout_ms_;
   std::uint32_t seq_ = 0;
+  // Ports bound by a bind_interdomain whose answer came only after it timed out: unbound once
+  // that answer has been read (by a later call).
+  void release_orphans() noexcept;
+  std::vector<std::uint32_t> orphans_;
   DomainInfo info_;
 };
 
