@@ -60,6 +60,7 @@ Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
       }
       continue;
     }
+    release_orphans();  // this call's answer is in hand: the socket is free for the unbinds
     if (m->header.type == kErrorType) {
       auto e = decode_fixed<ErrorPayload>(m->payload);
       if (!e) {
@@ -72,7 +73,6 @@ Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
       throw ControlError(EPROTO, "control socket: unexpected answer type or fds");
     }
     if (fds) *fds = std::move(d->fds);
-    release_orphans();
     return std::move(*m);
   }
 }

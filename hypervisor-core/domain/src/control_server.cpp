@@ -85,7 +85,11 @@ void ControlServer::read_next(const std::shared_ptr<Connection>& c) {
                          // A handler that failed outside its error returns (no memory, no
                          // descriptors): that client's connection ends, its ports released;
                          // the domain and the other clients go on.
-                         spdlog::error("{}: {}: {}; closing the connection", path_, c->client, e.what());
+                         try {
+                           spdlog::error("{}: {}: {}; closing the connection", path_, c->client, e.what());
+                         } catch (...) {
+                         }
+                       } catch (...) {
                        }
                        if (!ok) {
                          close(c);
@@ -193,7 +197,12 @@ bool ControlServer::serve_one(Connection& c) {
                            "cannot bind port " + std::to_string(req.remote_port) + ": " +
                                std::strerror(b.error()));
       }
-      c.bound.insert(b->port);
+      try {
+        c.bound.insert(b->port);
+      } catch (...) {
+        (void)handler_.release(b->port);  // not recorded, so not kept
+        throw;
+      }
       BindResponse r{b->port, 0};
       const int fds[2] = {b->to_dom0.get(), b->from_dom0.get()};
       spdlog::debug("{}: {} bound guest port {} as dom0 port {}", path_, c.client, req.remote_port,

@@ -79,7 +79,10 @@ DirectTable::~DirectTable() {
 void DirectTable::begin() noexcept {
   auto seq = at<std::uint32_t>(base_, kSeq);
   seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  // seq_cst, not release: what the writer then reads of guest memory (move_shared_info's copy)
+  // must come after the odd count is visible, as well as what it writes (against the fence
+  // after DirectUpcall::kick's step 1).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 void DirectTable::end() noexcept {
@@ -217,7 +220,11 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
       pending_set = true;
       pending_at = s.pending;
       pending_port = s.guest_port;
-      if (std::atomic_ref<std::uint64_t>(*s.pending).fetch_or(bit, std::memory_order_acq_rel) & bit) {
+      const std::uint64_t was = std::atomic_ref<std::uint64_t>(*s.pending).fetch_or(bit, std::memory_order_seq_cst);
+      // Against DirectTable::begin's fence: either a shared_info move's copy sees this bit, or
+      // the checks below see the move's table write and hand over.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (was & bit) {
         delivered_.fetch_add(1, std::memory_order_relaxed);
         return true;
       }
@@ -230,19 +237,25 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
       delivered_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // 3. selector bit; 4. upcall_pending; 5. the interrupt on its 0 → 1 edge.
+    // 3. selector bit; 4. upcall_pending; 5. the interrupt on its 0 → 1 edge. The kick ends
+    // only with the table still as read: a move of shared_info or vcpu_info since then may have
+    // copied these bits before they were set here, and the classic path sets them again where
+    // the guest looks now.
     const std::uint64_t sel_bit = std::uint64_t{1} << (s.guest_port / kEvtchnWordBits);
     auto sel = std::atomic_ref<std::uint64_t>(
         *reinterpret_cast<std::uint64_t*>(s.vcpu_info + offsetof(VcpuInfo, evtchn_pending_sel)));
-    delivered_.fetch_add(1, std::memory_order_relaxed);
-    if (sel.fetch_or(sel_bit, std::memory_order_acq_rel) & sel_bit) return true;
     auto up = std::atomic_ref<std::uint8_t>(*(s.vcpu_info + offsetof(VcpuInfo, evtchn_upcall_pending)));
-    if (up.exchange(1, std::memory_order_acq_rel) != 0) return true;
+    const bool raise = (sel.fetch_or(sel_bit, std::memory_order_acq_rel) & sel_bit) == 0 &&
+                       up.exchange(1, std::memory_order_acq_rel) == 0;
+    if (!still(s.seq)) break;
+    delivered_.fetch_add(1, std::memory_order_relaxed);
+    if (!raise) return true;
     const std::uint64_t one = 1;
     if (::write(vcpu_fds_[s.vcpu].get(), &one, sizeof one) == sizeof one) {
       interrupts_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
+    delivered_.fetch_sub(1, std::memory_order_relaxed);
     break;  // the interrupt could not be raised: let the domain do it
   }
   declined_.fetch_add(1, std::memory_order_relaxed);

@@ -120,10 +120,12 @@ Expected<Dom0Binding, int> Domain::bind_interdomain(std::uint32_t remote_port) {
     watch_kicks(b.port);
   } catch (const std::exception& e) {
     // No watch, no binding: a port bound without one would never pass the backend's kicks on.
+    const auto* sys = dynamic_cast<const std::system_error*>(&e);
+    const int error = sys != nullptr && sys->code().category() == std::generic_category() ? sys->code().value() : ENOMEM;
     spdlog::error("dom{}: cannot watch dom0 port {}'s kicks: {}; the bind is undone", config_.domid, b.port,
                   e.what());
-    (void)close_endpoint(b.port, /*owner_gone=*/true);
-    return fail(ENOMEM);
+    (void)close_endpoint(b.port, /*owner_gone=*/false);
+    return fail(error);
   }
   return b;
 }

@@ -75,6 +75,7 @@ constexpr unsigned long kSetMsrs = _IOW(KVMIO, 0x89, Cpuid2Header);
 constexpr std::uint32_t kHvMsrSint0 = 0x4000'0090;
 constexpr std::uint64_t kHvSintMasked = 1ull << 16;
 constexpr std::uint64_t kHvSintAutoEoi = 1ull << 17;
+constexpr std::uint64_t kHvStatusInvalidHypercallCode = 2;  // HV_STATUS_INVALID_HYPERCALL_CODE (TLFS)
 constexpr auto kAutoEoiWait = std::chrono::seconds(1);
 
 std::vector<std::uint8_t> cpuid_buffer(std::uint32_t n) {
@@ -889,8 +890,10 @@ Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
       case KVM_EXIT_IOAPIC_EOI:
         break;
       case KVM_EXIT_HYPERV:
-        // The guest wrote a SynIC MSR (SCONTROL, SIEFP, SIMP) once SynIC is on for the auto-EOI
-        // vector: KVM has done the write and only tells us; nothing here uses those pages.
+        // SynIC is on for the auto-EOI vector. A SynIC MSR write (SCONTROL, SIEFP, SIMP): KVM has
+        // done it and only tells us; nothing here uses those pages. A Hyper-V hypercall (which
+        // this KVM may let a guest enable once SynIC is on): refused as an unknown call code.
+        if (run->hyperv.type == KVM_EXIT_HYPERV_HCALL) run->hyperv.u.hcall.result = kHvStatusInvalidHypercallCode;
         break;
       default:
         return err(fmt::format("vCPU {}: unexpected exit {} ({})", v.id, reason, exit_reason_name(reason)));
