@@ -5,6 +5,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <future>
@@ -110,6 +111,29 @@ TEST(XenstoreClient, WatchCallbackFiresOnRegistrationAndChange) {
   EXPECT_EQ(again.error(), Error::enoent);
 }
 
+// A watch callback that throws is logged; the client goes on reading (before, the exception
+// ended its io thread and every later call timed out).
+TEST(XenstoreClient, AWatchCallbackThatThrowsDoesNotStopTheClient) {
+  InProcessDaemon d;
+  SyncClient c(d.socket(), 2s), writer(d.socket());
+  Events ev;
+  std::atomic<int> thrown{0};
+  auto inner = ev.callback();
+  ASSERT_TRUE(c.watch("/thrower", "tok", [&](const std::string& path, const std::string& token) {
+    inner(path, token);
+    ++thrown;
+    throw std::runtime_error("a watch callback failed");
+  }));
+  EXPECT_EQ(ev.wait_for(1).size(), 1u);  // the registration's event, which threw
+  ASSERT_TRUE(writer.write("/thrower/x", "1"));
+  EXPECT_EQ(ev.wait_for(2).size(), 2u) << "the next event still arrives";
+  ASSERT_TRUE(c.write("/after", "ok"));
+  auto v = c.read("/after");
+  ASSERT_TRUE(v) << "calls are answered";
+  EXPECT_EQ(*v, "ok");
+  EXPECT_EQ(thrown, 2);
+}
+
 TEST(XenstoreClient, SyncTransactionRetriesOnConflict) {
   InProcessDaemon d;
   SyncClient c(d.socket()), other(d.socket());
@@ -148,6 +172,67 @@ TEST(XenstoreClient, SyncTransactionGivesUpAfterMaxRetries) {
   EXPECT_EQ(r.error(), Error::eagain);
   EXPECT_EQ(attempts, 3);
   EXPECT_EQ(c.read("/y").error(), Error::enoent);
+}
+
+// xenstored answers EAGAIN to any request of a transaction it ended under the client (`xpv
+// live-update -F`, a journal replayed after a crash), not only to the commit: a body that meets
+// it starts again like a conflict at commit, within the same bound; its writes are not kept.
+TEST(XenstoreClient, SyncTransactionRetriesABodyThatMeetsEagain) {
+  InProcessDaemon d;
+  SyncClient c(d.socket());
+  int attempts = 0;
+  auto r = c.transaction([&](client::TxId tx) -> client::Result<void> {
+    ++attempts;
+    if (auto w = c.write("/body", std::to_string(attempts), tx); !w) return w;
+    if (attempts == 1) return xpv::fail(Error::eagain);
+    return {};
+  });
+  ASSERT_TRUE(r);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(c.retries(), 1u);
+  EXPECT_EQ(*c.read("/body"), "2");
+  attempts = 0;
+  auto never = c.transaction(
+      [&](client::TxId) -> client::Result<void> {
+        ++attempts;
+        return xpv::fail(Error::eagain);
+      },
+      2);
+  ASSERT_FALSE(never);
+  EXPECT_EQ(never.error(), Error::eagain);
+  EXPECT_EQ(attempts, 3);
+  auto other_error = c.transaction([&](client::TxId) -> client::Result<void> { return xpv::fail(Error::eperm); });
+  ASSERT_FALSE(other_error);
+  EXPECT_EQ(other_error.error(), Error::eperm) << "any other error ends the transaction at once";
+}
+
+TEST(XenstoreClient, AsyncTransactionRetriesABodyThatMeetsEagain) {
+  InProcessDaemon d;
+  SyncClient other(d.socket());
+  boost::asio::io_context io;
+  auto c = client::Client::create(io);
+  int attempts = 0;
+  client::Result<void> result = xpv::fail(Error::eio);
+  c->connect(d.socket(), [&](client::Result<void> r) {
+    ASSERT_TRUE(r);
+    c->transaction(
+        [&](client::TxId tx, client::Finish finish) {
+          ++attempts;
+          c->write("/async-body", std::to_string(attempts), [&, finish](client::Result<void> w) {
+            if (!w) return finish(w);
+            finish(attempts == 1 ? client::Result<void>(xpv::fail(Error::eagain)) : client::Result<void>());
+          }, tx);
+        },
+        [&](client::Result<void> r2) {
+          result = r2;
+          c->close();
+        });
+  });
+  io.run_for(10s);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(c->retries(), 1u);
+  EXPECT_EQ(*other.read("/async-body"), "2");
 }
 
 TEST(XenstoreClient, AsyncTransactionRetriesAndBodyErrorAborts) {

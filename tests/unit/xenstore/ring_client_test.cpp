@@ -198,6 +198,17 @@ TEST_F(RingClientTest, TransactionsRetryOnConflict) {
     return xpv::fail(wire::Error::einval);
   });
   EXPECT_EQ(r3.error(), wire::Error::einval);
+  // EAGAIN inside the body (a transaction xenstored ended under it) starts again, within the bound.
+  int body_eagain = 0;
+  auto r4 = client_->transaction([&](client::TxId tx) -> client::Result<void> {
+    ++body_eagain;
+    if (auto w = client_->write("n", std::to_string(body_eagain), tx); !w) return w;
+    if (body_eagain == 1) return xpv::fail(wire::Error::eagain);
+    return {};
+  });
+  ASSERT_TRUE(r4);
+  EXPECT_EQ(body_eagain, 2);
+  EXPECT_EQ(client_->read("n").value(), "2");
 }
 
 TEST_F(RingClientTest, LargeValuesCrossTheRingInPieces) {

@@ -1,6 +1,8 @@
 // Async xenstore client (see client.h). Calling context: the io_context thread only.
 #include "xpv/xenbus/client/client.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -81,20 +83,31 @@ void Client::read_header() {
                                                                     std::size_t) {
       if (ec2) return close();
       std::string body(payload_.data(), payload_.size());
-      if (h.type == static_cast<std::uint32_t>(MsgType::watch_event)) {
-        auto parts = split(body);
-        if (parts.size() >= 2)
-          if (auto it = watches_.find(parts[1]); it != watches_.end()) it->second(parts[0], parts[1]);
-      } else if (auto it = pending_.find(h.req_id); it != pending_.end()) {
-        ValueHandler handler = std::move(it->second);
-        pending_.erase(it);
-        if (h.type == static_cast<std::uint32_t>(MsgType::error)) {
-          if (!body.empty() && body.back() == '\0') body.pop_back();
-          auto e = wire::error_from_name(body);
-          handler(fail(e ? *e : Error::einval));
-        } else {
-          handler(std::move(body));
+      // A callback or handler that throws is logged and the connection goes on: the next
+      // message is still read. A watch callback runs from a copy, so it may replace or remove
+      // its own watch.
+      try {
+        if (h.type == static_cast<std::uint32_t>(MsgType::watch_event)) {
+          auto parts = split(body);
+          if (parts.size() >= 2) {
+            if (auto it = watches_.find(parts[1]); it != watches_.end()) {
+              const WatchCallback cb = it->second;
+              cb(parts[0], parts[1]);
+            }
+          }
+        } else if (auto it = pending_.find(h.req_id); it != pending_.end()) {
+          ValueHandler handler = std::move(it->second);
+          pending_.erase(it);
+          if (h.type == static_cast<std::uint32_t>(MsgType::error)) {
+            if (!body.empty() && body.back() == '\0') body.pop_back();
+            auto e = wire::error_from_name(body);
+            handler(fail(e ? *e : Error::einval));
+          } else {
+            handler(std::move(body));
+          }
         }
+      } catch (const std::exception& e) {
+        spdlog::error("xenstore client: a callback threw: {}", e.what());
       }
       if (connected_) read_header();
     });
@@ -227,8 +240,16 @@ void Client::run_transaction(std::shared_ptr<TxBody> body, Done done, int left) 
     TxId id = *tx;
     (*body)(id, [this, self, body, done, left, id](Result<void> r) {
       if (!r) {
-        // Abort; report the body's error whatever the abort answers.
-        return transaction_end(id, false, [done, r](Result<void>) { done(r); });
+        // Abort; report the body's error whatever the abort answers. EAGAIN inside the body (a
+        // transaction xenstored ended under it, e.g. `live-update -F`) is a conflict like one
+        // at commit: start again.
+        return transaction_end(id, false, [this, self, body, done, left, r](Result<void>) {
+          if (r.error() == Error::eagain && left > 0) {
+            ++retries_;
+            return run_transaction(body, done, left - 1);
+          }
+          done(r);
+        });
       }
       transaction_end(id, true, [this, self, body, done, left](Result<void> e) {
         if (!e && e.error() == Error::eagain && left > 0) {

@@ -382,6 +382,11 @@ Result<void> RingClient::transaction(const std::function<Result<void>(TxId)>& bo
     auto r = body(*tx);
     if (!r) {
       (void)transaction_end(*tx, false);
+      // EAGAIN inside the body (a transaction xenstored ended under it, e.g. `live-update -F`)
+      // is a conflict like one at commit: start again.
+      if (r.error() == Error::eagain && attempt < max_retries) {
+        continue;
+      }
       return r;
     }
     auto end = transaction_end(*tx, true);

@@ -114,6 +114,12 @@ Result<void> SyncClient::transaction(const std::function<Result<void>(TxId)>& bo
     auto r = body(*tx);
     if (!r) {
       (void)transaction_end(*tx, false);
+      // EAGAIN inside the body (a transaction xenstored ended under it, e.g. `live-update -F`)
+      // is a conflict like one at commit: start again.
+      if (r.error() == Error::eagain && attempt < max_retries) {
+        ++retries_;
+        continue;
+      }
       return r;
     }
     auto e = transaction_end(*tx, true);
