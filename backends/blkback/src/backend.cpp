@@ -202,7 +202,12 @@ Backend::Device* Backend::adopt(const Key& key) {
   d.fe_path = *fe;
   d.fe_token = fmt::format("fe:{}:{}", key.first, key.second);
   auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
-    asio::post(io_, [this, key] { guarded([&] { reconcile(key); }); });
+    // The guest writes that node as often as it likes: one reconcile queued per device at most.
+    if (!fe_events_.claim(key)) return;
+    asio::post(io_, [this, key] {
+      fe_events_.release(key);
+      guarded([&] { reconcile(key); });
+    });
   });
   if (!w) {
     spdlog::error("{}: cannot watch {}/state", name, d.fe_path);

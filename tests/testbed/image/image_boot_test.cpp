@@ -81,10 +81,16 @@ class TestbedImage : public ::testing::Test {
            "    if [ \"$n\" != \"$size\" ]; then size=$n; last=$i; fi\n"
            "    if [ $((i - last)) -ge 90 ]; then echo \"XPV-TEST: attempt $a stalled\"; kill $q; break; fi\n"
            "    sleep 1; i=$((i + 1))\n"
+           "    [ $((i % 60)) -eq 0 ] && echo \"XPV-TEST: attempt $a booting, $i s, console $n bytes\"\n"
            "  done\n"
            "  echo \"XPV-TEST: guest waiting after $(( $(date +%s) - t0 )) s\"\n"
            "  ping -c 3 -i 0.5 -W 2 10.0.0.2 > $S/ping.log 2>&1\n"
            "  echo \"XPV-TEST: ping rc=$?\"\n"
+           "  j=0\n"
+           "  while [ $j -lt 660 ] && kill -0 $q 2>/dev/null; do\n"
+           "    sleep 1; j=$((j + 1))\n"
+           "    [ $((j % 60)) -eq 0 ] && echo \"XPV-TEST: attempt $a waiting for poweroff, $j s\"\n"
+           "  done\n"
            "  wait $q\n"
            "  echo \"XPV-TEST: qemu rc=$? after $(( $(date +%s) - t0 )) s\"\n"
            "  grep -q XPV-DONE $S/guest.log && break\n"
@@ -95,8 +101,12 @@ class TestbedImage : public ::testing::Test {
            "ip link del xpvtap0 2>/dev/null\n"
            "cat $S/qemu.log\n";
     // A session the testbed itself lost (L1 reset or stuck) runs again, 3 sessions at most.
+    // --quiet-limit: run.sh prints at least once a minute while it waits (and after each step),
+    // so 300 silent seconds mean L1 hung; that session ends there and the next one has time to
+    // run within ctest's limit, which a hang found only at --timeout did not leave.
     const auto r = xpv::test::run_sessions("QEMU + virtio", [&](int) {
-      const int st = shell(std::string(XPV_BIN) + " testbed --timeout 1400 --share " + quote(S) + " -- sh " +
+      const int st = shell(std::string(XPV_BIN) + " testbed --timeout 1400 --quiet-limit 300 --share " + quote(S) +
+                           " -- sh " +
                            quote((share / "run.sh").string()) + " > " + quote((share / "out.log").string()) + " 2>&1");
       return xpv::test::SessionResult{st, slurp(share / "out.log")};
     });

@@ -56,6 +56,7 @@
 #include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
 #include "xpv/xenbus/device_state.h"
+#include "xpv/xenbus/event_coalescer.h"
 
 namespace xpv::blkback {
 
@@ -129,6 +130,8 @@ class Backend {
   std::string shadow_dir_;
   stats::Publisher stats_;
   boost::asio::steady_timer stats_timer_;
+  // Frontend state watches: claimed on xs_'s thread, so it outlives xs_ (declared before it).
+  xenbus::EventCoalescer<Key> fe_events_;
   std::unique_ptr<xenbus::client::SyncClient> xs_;
   std::map<Key, Device> devices_;
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;

@@ -55,6 +55,7 @@
 #include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
 #include "xpv/xenbus/device_state.h"
+#include "xpv/xenbus/event_coalescer.h"
 
 namespace xpv::netback {
 
@@ -134,6 +135,8 @@ class Backend {
   BackendOptions options_;
   stats::Publisher stats_;
   boost::asio::steady_timer stats_timer_;
+  // Frontend state watches: claimed on xs_'s thread, so it outlives xs_ (declared before it).
+  xenbus::EventCoalescer<Key> fe_events_;
   std::unique_ptr<xenbus::client::SyncClient> xs_;
   // Every queue of every vif shares it (fair_share.h); declared before devices_ so it outlives
   // their queues.
