@@ -237,26 +237,24 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
       delivered_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // 3. selector bit; 4. upcall_pending; 5. the interrupt on its 0 → 1 edge. The kick ends
-    // only with the table still as read: a move of shared_info or vcpu_info since then may have
-    // copied these bits before they were set here, and the classic path sets them again where
-    // the guest looks now.
+    // 3. selector bit; 4. upcall_pending; 5. the interrupt on its 0 → 1 edge (raised whatever
+    // follows: a spare interrupt costs the guest one scan, a missing one loses the event, since
+    // upcall_pending now says one is on its way). The kick ends only with the table still as
+    // read: a move of shared_info or vcpu_info since then may have copied these bits before
+    // they were set here, and the classic path sets them again where the guest looks now.
     const std::uint64_t sel_bit = std::uint64_t{1} << (s.guest_port / kEvtchnWordBits);
     auto sel = std::atomic_ref<std::uint64_t>(
         *reinterpret_cast<std::uint64_t*>(s.vcpu_info + offsetof(VcpuInfo, evtchn_pending_sel)));
     auto up = std::atomic_ref<std::uint8_t>(*(s.vcpu_info + offsetof(VcpuInfo, evtchn_upcall_pending)));
     const bool raise = (sel.fetch_or(sel_bit, std::memory_order_acq_rel) & sel_bit) == 0 &&
                        up.exchange(1, std::memory_order_acq_rel) == 0;
-    if (!still(s.seq)) break;
-    delivered_.fetch_add(1, std::memory_order_relaxed);
-    if (!raise) return true;
     const std::uint64_t one = 1;
-    if (::write(vcpu_fds_[s.vcpu].get(), &one, sizeof one) == sizeof one) {
-      interrupts_.fetch_add(1, std::memory_order_relaxed);
-      return true;
-    }
-    delivered_.fetch_sub(1, std::memory_order_relaxed);
-    break;  // the interrupt could not be raised: let the domain do it
+    const bool raised = raise && ::write(vcpu_fds_[s.vcpu].get(), &one, sizeof one) == sizeof one;
+    if (raised) interrupts_.fetch_add(1, std::memory_order_relaxed);
+    if (!still(s.seq)) break;
+    if (raise && !raised) break;  // the interrupt could not be raised: let the domain do it
+    delivered_.fetch_add(1, std::memory_order_relaxed);
+    return true;
   }
   declined_.fetch_add(1, std::memory_order_relaxed);
   // Also after step 1: the classic path re-signals a kicked port it finds pending and unmasked
