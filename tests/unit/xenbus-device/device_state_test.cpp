@@ -78,6 +78,18 @@ TEST(XenbusState, BackendDoesNotReconnectAfterCloseUntilTheFrontendStartsOver) {
   EXPECT_EQ(backend_step(S::closing, S::initialised, true).action, BackendAction::none);
 }
 
+TEST(XenbusState, AClosedBackendAnswersAFrontendThatClosesWithClosing) {
+  auto b = backend_step(S::closed, S::closing, true);
+  EXPECT_EQ(b.action, BackendAction::none);
+  EXPECT_EQ(b.next, S::closing);
+  // The frontend then closes, and the backend with it.
+  auto f = frontend_step(S::closing, b.next);
+  EXPECT_EQ(f.next, S::closed);
+  b = backend_step(b.next, f.next, true);
+  EXPECT_EQ(b.next, S::closed);
+  EXPECT_EQ(backend_step(S::closed, S::closed, true).action, BackendAction::none) << "and stays there";
+}
+
 TEST(XenbusState, VanishedFrontendRemovesTheDevice) {
   auto b = backend_step(S::connected, S::unknown, true);
   EXPECT_EQ(b.action, BackendAction::disconnect_remove);

@@ -38,6 +38,10 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
       return {A::none, backend};
     case S::closing:
       if (backend == S::connected || backend == S::init_wait) return {A::disconnect, S::closing};
+      // Already closed (a failed device, or one the frontend left before): answer Closing, as
+      // Linux's backends do, so the frontend moves on to Closed instead of waiting out its
+      // shutdown timeout for a backend state change that would never come.
+      if (backend == S::closed) return {A::none, S::closing};
       return {A::none, backend};
     case S::closed:
       if (!online) return {A::disconnect_remove, S::closed};
