@@ -52,7 +52,8 @@ Message ControlClient::call(MsgType type, std::span<const std::uint8_t> payload,
     if (!m) throw ControlError(EPROTO, std::string("control socket: ") + to_string(m.error()));
     if (m->header.seq != seq) {
       // The late answer to a call that timed out (an earlier seq) is dropped with its fds; a
-      // bind it reports is undone at the next call. Anything else is a broken server.
+      // bind it reports is undone once this call's own answer is in. Anything else (a later
+      // seq) is a broken server.
       const auto behind = static_cast<std::int32_t>(seq - m->header.seq);
       if (behind <= 0) throw ControlError(EPROTO, "control socket: answer to another request");
       if (m->header.type == (static_cast<std::uint16_t>(MsgType::bind_interdomain) | kResponseBit)) {
