@@ -242,10 +242,15 @@ Backend::Device* Backend::adopt(const Key& key) {
   auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
     // The guest writes that node as often as it likes: one reconcile queued per device at most.
     if (!fe_events_.claim(key)) return;
-    asio::post(io_, [this, key] {
-      fe_events_.release(key);
-      guarded([&] { reconcile(key); });
-    });
+    try {
+      asio::post(io_, [this, key] {
+        fe_events_.release(key);
+        guarded([&] { reconcile(key); });
+      });
+    } catch (...) {
+      fe_events_.release(key);  // nothing queued: the next event tries again
+      throw;
+    }
   });
   if (!w) {
     spdlog::error("{}: cannot watch {}/state", name, d.fe_path);

@@ -251,6 +251,7 @@ bool DirectUpcall::kick(std::uint32_t dom0_port) noexcept {
     const std::uint64_t one = 1;
     const bool raised = raise && ::write(vcpu_fds_[s.vcpu].get(), &one, sizeof one) == sizeof one;
     if (raised) interrupts_.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the bits above before the check, as in step 1
     if (!still(s.seq)) break;
     if (raise && !raised) break;  // the interrupt could not be raised: let the domain do it
     delivered_.fetch_add(1, std::memory_order_relaxed);

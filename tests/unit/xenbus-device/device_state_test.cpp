@@ -90,6 +90,20 @@ TEST(XenbusState, AClosedBackendAnswersAFrontendThatClosesWithClosing) {
   EXPECT_EQ(backend_step(S::closed, S::closed, true).action, BackendAction::none) << "and stays there";
 }
 
+// A frontend back at Initialising while the backend is still Closing (its Closed was missed,
+// or it never wrote one): the backend finishes closing and then offers the device again, rather
+// than both ends waiting for each other.
+TEST(XenbusState, AFrontendThatStartsOverWhileTheBackendIsClosingGetsTheDeviceAgain) {
+  auto b = backend_step(S::closing, S::initialising, true);
+  EXPECT_EQ(b.action, BackendAction::disconnect);
+  EXPECT_EQ(b.next, S::closed);
+  b = backend_step(b.next, S::initialising, true);
+  EXPECT_EQ(b.next, S::init_wait);
+  EXPECT_EQ(frontend_step(S::initialising, b.next).action, FrontendAction::setup);
+  // A device being removed is not offered again.
+  EXPECT_EQ(backend_step(S::closing, S::initialising, false).next, S::closing);
+}
+
 TEST(XenbusState, VanishedFrontendRemovesTheDevice) {
   auto b = backend_step(S::connected, S::unknown, true);
   EXPECT_EQ(b.action, BackendAction::disconnect_remove);

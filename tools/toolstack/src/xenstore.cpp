@@ -19,6 +19,18 @@ constexpr auto kTimeout = std::chrono::seconds(10);
 
 std::string err_name(Error e) { return std::string(xenbus::wire::error_name(e)); }
 
+// EAGAIN from an operation inside a transaction: xenstored ended the transaction under us (a
+// conflict, or `live-update -F`); transaction() starts it again rather than failing.
+struct TxConflict : ToolstackError {
+  using ToolstackError::ToolstackError;
+};
+
+[[noreturn]] void op_failed(const char* op, const std::string& path, Error e, TxId tx) {
+  const std::string what = fmt::format("xenstore {} {}: {}", op, path, err_name(e));
+  if (e == Error::eagain && tx != kNoTx) throw TxConflict(what);
+  throw ToolstackError(what);
+}
+
 }  // namespace
 
 Xenstore::Xenstore(const std::string& socket) : socket_(socket) {
@@ -41,32 +53,32 @@ std::optional<std::string> Xenstore::read(const std::string& path, TxId tx) {
   auto r = client_->read(path, tx);
   if (r) return *r;
   if (r.error() == Error::enoent) return std::nullopt;
-  throw ToolstackError(fmt::format("xenstore read {}: {}", path, err_name(r.error())));
+  op_failed("read", path, r.error(), tx);
 }
 
 std::vector<std::string> Xenstore::list(const std::string& path, TxId tx) {
   auto r = client_->directory(path, tx);
   if (r) return *r;
   if (r.error() == Error::enoent) return {};
-  throw ToolstackError(fmt::format("xenstore directory {}: {}", path, err_name(r.error())));
+  op_failed("directory", path, r.error(), tx);
 }
 
 bool Xenstore::exists(const std::string& path, TxId tx) { return read(path, tx).has_value(); }
 
 void Xenstore::write(const std::string& path, const std::string& value, TxId tx) {
   auto r = client_->write(path, value, tx);
-  if (!r) throw ToolstackError(fmt::format("xenstore write {}: {}", path, err_name(r.error())));
+  if (!r) op_failed("write", path, r.error(), tx);
 }
 
 void Xenstore::set_perms(const std::string& path, const xenbus::PermList& perms, TxId tx) {
   auto r = client_->set_perms(path, perms, tx);
-  if (!r) throw ToolstackError(fmt::format("xenstore set-perms {}: {}", path, err_name(r.error())));
+  if (!r) op_failed("set-perms", path, r.error(), tx);
 }
 
 void Xenstore::rm(const std::string& path, TxId tx) {
   auto r = client_->rm(path, tx);
   if (!r && r.error() != Error::enoent) {
-    throw ToolstackError(fmt::format("xenstore rm {}: {}", path, err_name(r.error())));
+    op_failed("rm", path, r.error(), tx);
   }
 }
 
@@ -83,6 +95,8 @@ void Xenstore::transaction(const std::function<void(TxId)>& body) {
     try {
       body(tx);
       return {};
+    } catch (const TxConflict&) {
+      return xpv::fail(Error::eagain);  // the client starts the transaction again
     } catch (...) {
       thrown = std::current_exception();
       return xpv::fail(Error::eio);  // aborts the transaction

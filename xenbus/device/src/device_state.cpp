@@ -29,6 +29,9 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
     case S::initialising:
       // A frontend starting over after we closed: offer the device again.
       if (backend == S::closed && online) return {A::none, S::init_wait};
+      // One that started over without our seeing it Closed (its Closed came and went between
+      // two reads, or a reset that skipped it): finish closing, and the step above follows.
+      if (backend == S::closing && online) return {A::disconnect, S::closed};
       return {A::none, backend};
     case S::initialised:
     case S::connected:
@@ -38,9 +41,9 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
       return {A::none, backend};
     case S::closing:
       if (backend == S::connected || backend == S::init_wait) return {A::disconnect, S::closing};
-      // Already closed (a failed device, or one the frontend left before): answer Closing, as
-      // Linux's backends do, so the frontend moves on to Closed instead of waiting out its
-      // shutdown timeout for a backend state change that would never come.
+      // Already closed (the frontend closed it before and came back to Closing): answer
+      // Closing, as Linux's backends do, so the frontend moves on to Closed instead of waiting
+      // out its shutdown timeout for a backend state change that would never come.
       if (backend == S::closed) return {A::none, S::closing};
       return {A::none, backend};
     case S::closed:
