@@ -203,16 +203,9 @@ Backend::Device* Backend::adopt(const Key& key) {
   d.fe_token = fmt::format("fe:{}:{}", key.first, key.second);
   auto w = xs_->watch(d.fe_path + "/state", d.fe_token, [this, key](const std::string&, const std::string&) {
     // The guest writes that node as often as it likes: one reconcile queued per device at most.
-    if (!fe_events_.claim(key)) return;
-    try {
-      asio::post(io_, [this, key] {
-        fe_events_.release(key);
-        guarded([&] { reconcile(key); });
-      });
-    } catch (...) {
-      fe_events_.release(key);  // nothing queued: the next event tries again
-      throw;
-    }
+    fe_events_.post_once(
+        key, [this](auto handler) { asio::post(io_, std::move(handler)); },
+        [this, key] { guarded([&] { reconcile(key); }); });
   });
   if (!w) {
     spdlog::error("{}: cannot watch {}/state", name, d.fe_path);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -25,6 +27,21 @@ TEST(EventCoalescer, OnlyTheFirstEventOfABurstPostsAndEachKeyOnItsOwn) {
   EXPECT_FALSE(c.queued({5, 768}));
   EXPECT_TRUE(c.claim({5, 768})) << "an event during the handling posts it again";
   EXPECT_FALSE(c.claim({5, 768}));
+}
+
+TEST(EventCoalescer, PostOnceQueuesOneHandlerThatReleasesBeforeItRuns) {
+  EventCoalescer<Key> c;
+  std::vector<std::function<void()>> queue;
+  int handled = 0;
+  auto post = [&](auto h) { queue.emplace_back(std::move(h)); };
+  for (int i = 0; i < 5; ++i) c.post_once({1, 2}, post, [&] { ++handled; });
+  ASSERT_EQ(queue.size(), 1u);
+  queue.front()();
+  EXPECT_EQ(handled, 1);
+  EXPECT_FALSE(c.queued({1, 2}));
+  // A post that throws queues nothing and leaves the key free.
+  EXPECT_THROW(c.post_once({3, 4}, [](auto) { throw std::bad_alloc(); }, [] {}), std::bad_alloc);
+  EXPECT_FALSE(c.queued({3, 4}));
 }
 
 TEST(EventCoalescer, ConcurrentEventsPostOnce) {

@@ -7,7 +7,7 @@
 // most one pending event per backend watch). The handler re-reads the state anyway, so events
 // that arrive while one is queued add nothing: claim() on the watch's thread says whether to
 // post, and the posted handler calls release() before it reads, so a change made while it runs
-// is handled once more.
+// is handled once more. post_once() does all three.
 #pragma once
 
 #include <mutex>
@@ -27,6 +27,21 @@ class EventCoalescer {
   void release(const Key& key) {
     std::lock_guard lk(mu_);
     queued_.erase(key);
+  }
+  // The whole protocol: unless one is queued for `key`, hands `post` a handler that releases
+  // the key and then runs `handle`. If `post` throws, nothing was queued: the key is released.
+  template <class Post, class Handle>
+  void post_once(const Key& key, Post&& post, Handle handle) {
+    if (!claim(key)) return;
+    try {
+      post([this, key, handle = std::move(handle)]() mutable {
+        release(key);
+        handle();
+      });
+    } catch (...) {
+      release(key);
+      throw;
+    }
   }
   bool queued(const Key& key) const {
     std::lock_guard lk(mu_);
