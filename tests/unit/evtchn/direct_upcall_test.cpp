@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "fixture.h"
@@ -332,6 +333,7 @@ TEST_F(DirectUpcallTest, EveryKickIsHandledWhileTheGuestRebindsThePort) {
   std::atomic<unsigned> bound_to{0};
   std::atomic<std::uint64_t> handled{0};
   std::atomic<bool> stop{false};
+  std::mutex seen_mu;
   // Linux's 2-level handler on vCPU v: only ports bound to v are handled (its cpu_evtchn mask).
   auto vcpu = [&](unsigned v) {
     pollfd pfd{lines_[v].get(), POLLIN, 0};
@@ -353,6 +355,7 @@ TEST_F(DirectUpcallTest, EveryKickIsHandledWhileTheGuestRebindsThePort) {
             bits &= bits - 1;
             const Port q = w * 64 + bit;
             if (q != port || bound_to.load() != v) continue;  // another vCPU's port
+            std::lock_guard lk(seen_mu);  // the bit taken and the count move together for the kicker
             if (pw.fetch_and(~(std::uint64_t{1} << bit)) & (std::uint64_t{1} << bit)) handled.fetch_add(1);
           }
         }
@@ -370,28 +373,46 @@ TEST_F(DirectUpcallTest, EveryKickIsHandledWhileTheGuestRebindsThePort) {
       (void)ev_->unmask(port);
     }
   });
+  // A kick the direct path hands over after setting the bit may be handled twice: the guest can
+  // take the first one before the domain's classic path sets the bit again. An extra event is
+  // harmless (Linux's handlers see an empty ring), a lost one is not; a kick delivered directly
+  // is handled exactly once. Each kick is waited for until its port is no longer pending, so a
+  // second delivery is counted with the kick that caused it.
   constexpr unsigned kKicks = 3000;
-  unsigned lost_at = 0;
+  unsigned lost_at = 0, doubled_direct_at = 0, handed_over = 0, twice = 0, more = 0;
   for (unsigned i = 0; i < kKicks && lost_at == 0; ++i) {
-    if (!direct_->kick(dport)) {
+    const std::uint64_t before = handled.load();
+    const bool direct = direct_->kick(dport);
+    if (!direct) {
+      ++handed_over;
       (void)from.notify();
       (void)ev_->service_dom0_kick(dport);  // the domain's event loop
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (handled.load() <= i) {
+    const auto settled = [&] {
+      std::lock_guard lk(seen_mu);
+      return handled.load() != before && !pending(port);
+    };
+    while (!settled()) {
       if (std::chrono::steady_clock::now() > deadline) {
         lost_at = i + 1;
         break;
       }
       std::this_thread::yield();
     }
+    const std::uint64_t n = handled.load() - before;
+    if (n == 2) ++twice;
+    if (n > 2) ++more;
+    if (n == 2 && direct && doubled_direct_at == 0) doubled_direct_at = i + 1;
   }
   stop.store(true);
   rebinder.join();
   v0.join();
   v1.join();
   EXPECT_EQ(lost_at, 0u) << "kick " << lost_at << " was never handled";
-  EXPECT_EQ(handled.load(), kKicks);
+  EXPECT_EQ(doubled_direct_at, 0u) << "kick " << doubled_direct_at << " was delivered directly and handled twice";
+  EXPECT_EQ(more, 0u) << "kicks handled three times or more";
+  EXPECT_LE(twice, handed_over);
   EXPECT_GT(direct_->interrupts(), 0u);
 }
 
