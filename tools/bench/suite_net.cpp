@@ -18,7 +18,8 @@
 // Two vifs at once (fairness between vifs, not only between directions): a second process domain
 // with its own vif, and one host->domain stream to each domain at the same time; `vifs min/max`
 // is the smaller of the two received rates over the larger (reference: two veth pairs, the same
-// two streams), `vifs sum` their total (Gbit/s).
+// two streams), `vifs sum` their total (Gbit/s). Then the first domain's stream again while the
+// second domain floods the host with 64-byte UDP datagrams: `tcp beside a 64-byte flood`.
 // Teardown, also after a failure: `xpv down --force`, SIGKILL of anything still naming W, every
 // mount under W detached (the namespaces go with their mounts), W removed.
 // Needs root, /dev/net/tun, nsenter, iproute2, iperf3 and the daemons next to `xpv`; without them
@@ -181,12 +182,18 @@ Figures measure(const Ends& ns, const std::string& ip, int port, int seconds) {
 }
 
 // One host->domain stream to each of two domains at once: their received rates (Gbit/s).
+// `mode_b`: iperf3 options of the second stream (default: the same TCP stream as the first).
 std::pair<Run, Run> concurrent(const Ends& a, const std::string& ip_a, const Ends& b, const std::string& ip_b,
-                               int port, int seconds) {
+                               int port, int seconds, const std::string& mode_b = "") {
   auto fa = std::async(std::launch::async, [&] { return iperf(a, ip_a, port, seconds, ""); });
-  auto fb = std::async(std::launch::async, [&] { return iperf(b, ip_b, port + 1, seconds, ""); });
+  auto fb = std::async(std::launch::async, [&] { return iperf(b, ip_b, port + 1, seconds, mode_b); });
   return {fa.get(), fb.get()};
 }
+
+// The second stream of the flood row: the domain sends UDP datagrams of 64 bytes (106-byte
+// frames) as fast as iperf3 can — a vif that costs its backend per packet far more than per byte.
+// (iperf() files what the host received under `fwd` for any mode but a bare "-R".)
+const std::string kFlood = "-u -b 0 -l 64 -R";
 
 bool veth_pair(const std::string& host_ns, const std::string& domain_ns, const std::string& name,
                const std::string& host_ip, const std::string& domain_ip) {
@@ -239,6 +246,7 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
     rs.push_back({"bidir min/max", "ratio", 0, std::nullopt, why});
     rs.push_back({"vifs min/max", "ratio", 0, std::nullopt, why});
     rs.push_back({"vifs sum", "Gbit/s", 0, std::nullopt, why});
+    rs.push_back({"tcp beside a 64-byte flood", "Gbit/s", 0, std::nullopt, why});
     return rs;
   };
   if (::geteuid() != 0 || ::access("/dev/net/tun", R_OK | W_OK) != 0) return unavailable("needs root and /dev/net/tun");
@@ -248,7 +256,7 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
   const std::string xh = "10.253.1.1", xd = "10.253.1.2", vh = "10.253.2.1", vd = "10.253.2.2";
   const std::string xd2 = "10.253.3.2", vh2 = "10.253.4.1", vd2 = "10.253.4.2";
   Figures x, v;
-  std::pair<Run, Run> x2, v2;
+  std::pair<Run, Run> x2, v2, xf, vf;
   std::string note;
   try {
     PrivateHost host;
@@ -278,11 +286,16 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
     }
     const Ends ends2{host.hostns(), m[1].str()};
     x2 = concurrent(ends, xd, ends2, xd2, 5311, seconds);
+    // The first stream again while the second domain floods the host with small datagrams
+    // (fairness between a bulk vif and one that is expensive per byte: backends/README.md
+    // "Fairness").
+    xf = concurrent(ends, xd, ends2, xd2, 5331, seconds, kFlood);
     if (!veth_pair(ends2.host_ns, ends2.domain_ns, "xpvc", vh2, vd2)) return unavailable("cannot create the second veth pair");
     v2 = concurrent(ends, vd, ends2, vd2, 5321, seconds);
+    vf = concurrent(ends, vd, ends2, vd2, 5341, seconds, kFlood);
     note = "xpv: xpv up + a process domain (" + std::to_string(kVcpus) +
            " vCPUs, so 2 netif queues) through xpv-netback and xpv-front";
-    if (!x.ok() || !x2.first.ok || !x2.second.ok) {
+    if (!x.ok() || !x2.first.ok || !x2.second.ok || !xf.first.ok || !xf.second.ok) {
       std::ifstream f(host.dir() + "/log/xpv-netback.log");
       const std::string log((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       return unavailable("an iperf3 run through xpv failed; xpv-netback's last log line: " + last_line(log));
@@ -290,7 +303,9 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
   } catch (const std::exception& e) {
     return unavailable(std::string("setup failed: ") + e.what());
   }
-  if (!v.ok() || !v2.first.ok || !v2.second.ok) return unavailable("an iperf3 run over the veth reference failed");
+  if (!v.ok() || !v2.first.ok || !v2.second.ok || !vf.first.ok || !vf.second.ok) {
+    return unavailable("an iperf3 run over the veth reference failed");
+  }
   plot(x, v, xpv::bench::plot_path(opt, "net", "bidir-timeline"));
   auto minmax = [](double a, double b) { return std::max(a, b) > 0 ? std::min(a, b) / std::max(a, b) : 0.0; };
   const std::string ref = "reference: veth pair between the same two namespaces; " + std::to_string(seconds) + " s per run";
@@ -308,6 +323,12 @@ std::vector<Result> run_net(const xpv::bench::Options& opt) {
                     std::to_string(v2.first.fwd) + " and " + std::to_string(v2.second.fwd) + " Gbit/s)"});
   rs.push_back({"vifs sum", "Gbit/s", x2.first.fwd + x2.second.fwd, v2.first.fwd + v2.second.fwd,
                 "the two streams' total; reference: two veth pairs"});
+  rs.push_back({"tcp beside a 64-byte flood", "Gbit/s", xf.first.fwd, vf.first.fwd,
+                "one host->domain TCP stream while the second domain floods the host with iperf3 " + kFlood +
+                    " (xpv " + std::to_string(xf.first.fwd) + " beside " + std::to_string(xf.second.fwd * 1000) +
+                    " Mbit/s of flood received, " + std::to_string(x.up.fwd) + " alone; veth " +
+                    std::to_string(vf.first.fwd) + " beside " + std::to_string(vf.second.fwd * 1000) + ", " +
+                    std::to_string(v.up.fwd) + " alone)"});
   return rs;
 }
 

@@ -343,6 +343,7 @@ bool NetbackQueue::tx_turn() noexcept {
     if (s == Step::none || s == Step::blocked || disabled()) return false;
     sched_.charge(bytes);
     turn_bytes_ += bytes;
+    ++turn_packets_;
   }
   return true;
 }
@@ -620,6 +621,7 @@ bool NetbackQueue::rx_turn() noexcept {
     if (s == Step::none || s == Step::blocked || disabled()) return false;
     sched_.charge(bytes);
     turn_bytes_ += bytes;
+    ++turn_packets_;
   }
   return true;
 }
@@ -774,6 +776,7 @@ bool NetbackQueue::serve() noexcept {
     auto d = sched_.begin_turn(tx_go, rx_go);
     if (!d) break;
     turn_bytes_ = 0;
+    turn_packets_ = 0;
     const bool more = *d == Dir::tx ? tx_turn() : rx_turn();
     sched_.end_turn(more);
     const std::uint64_t turn_end = now_us();
@@ -786,7 +789,7 @@ bool NetbackQueue::serve() noexcept {
     }
     if (share != nullptr) {
       FairShare::Account* a = share_acc_[*d == Dir::tx ? 0 : 1];
-      share->charge(a, turn_bytes_);
+      share->charge(a, turn_cost(turn_bytes_, turn_packets_, sched_.config()));
       // Ready but nothing moved (no rx buffers, rate limit): not holding anyone back.
       if (turn_bytes_ == 0) share->set_backlog(a, false);
     }

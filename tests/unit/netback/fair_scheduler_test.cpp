@@ -81,5 +81,16 @@ TEST(FairScheduler, AnEmptiedDirectionForfeitsItsCredit) {
   EXPECT_EQ(s.credit(Dir::tx), 1000);
 }
 
+TEST(FairScheduler, ATurnCostsItsBytesButAtLeastAPacketsShareOfTheTurnLimits) {
+  const FairConfig cfg{/*quantum_bytes=*/256 * 1024, /*max_packets=*/64};
+  EXPECT_EQ(turn_cost(64 * 64, 64, cfg), 256u * 1024);  // a turn of 64 small frames: a full turn
+  EXPECT_EQ(turn_cost(4 * 65536, 4, cfg), 4u * 65536);  // large frames: their bytes
+  EXPECT_EQ(turn_cost(3 * 65536 + 30 * 66, 33, cfg), 3u * 65536 + 30 * 66);  // bulk and ACKs: the bytes
+  EXPECT_EQ(turn_cost(30 * 66, 30, cfg), 30u * 4096);  // ACKs alone: 4 KiB each
+  EXPECT_EQ(turn_cost(0, 5, cfg), 5u * 4096);          // dropped packets cost their work too
+  EXPECT_EQ(turn_cost(0, 0, cfg), 0u);
+  EXPECT_EQ(turn_cost(1000, 3, FairConfig{3000, 0}), 1000u);  // no packet limit: bytes only
+}
+
 }  // namespace
 }  // namespace xpv::netback

@@ -413,6 +413,43 @@ TEST_F(NetbackQueueTest, ADisabledQueueHoldsNoOtherQueueBack) {
   share.leave(other);
 }
 
+// Small frames are charged at least quantum / max_packets (4 KiB) each in the ledger, so a queue
+// flooding them cannot hold other vifs to its byte rate (fair_scheduler.h, turn_cost). Twenty
+// 64-byte frames cost 80 KiB, past the 64 KiB lead over another vif's backlogged queue: the next
+// frame waits until that queue has moved as much. Counted by bytes (1280), it went at once.
+TEST_F(NetbackQueueTest, SmallFramesAreChargedAPacketsShareOfATurnInTheLedger) {
+  FairShare share(64 * 1024);
+  FairShare::Account* other = share.join();
+  NetbackConfig cfg;
+  cfg.share = &share;
+  start(cfg);
+  share.set_backlog(other, true);
+  const auto small = tcp_frame(64);
+  auto s = slots_for(small, 16, 0)[0];
+  for (std::uint16_t i = 0; i < 20; ++i) {
+    s.id = i;
+    fe_.tx(s);
+  }
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  ASSERT_EQ(queue_->counters().tx_packets.load(), 20u);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(host_read());
+  EXPECT_EQ(queue_->counters().fair_waits.load(), 0u);
+  s.id = 20;
+  fe_.tx(s);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 20u) << "the 21st frame went although 16 KiB past the lead";
+  EXPECT_GT(queue_->counters().fair_waits.load(), 0u);
+  EXPECT_FALSE(host_read());
+  share.charge(other, 20 * 4096);  // the other vif's queue catches up
+  ASSERT_TRUE(queue_->poll_once());
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 21u);
+  EXPECT_TRUE(host_read());
+  queue_.reset();  // leaves `share` before it goes
+  share.leave(other);
+}
+
 TEST_F(NetbackQueueTest, ABadProducerIndexDisablesTheQueueForGood) {
   start();
   std::atomic_ref<std::uint32_t> req_prod(*reinterpret_cast<std::uint32_t*>(fe_.tx_ring_page().data()));

@@ -33,6 +33,20 @@ struct FairConfig {
   std::uint32_t max_packets = 64;            // packets a direction may move per turn
 };
 
+// What one turn costs in FairShare's ledger (fair_share.h), in bytes: what it moved, but at least
+// `quantum / max_packets` a packet (4 KiB with the defaults) — the two limits of a turn, counted
+// alike, so that a turn of max_packets small frames costs what a full turn of large ones does. A
+// queue's work is as much per packet as per byte (a ring request, a grant copy, a TAP read or
+// write each); counted by bytes alone, a vif flooding 64-byte frames was always behind in the
+// ledger, and every other vif's queues were held to its byte rate. vhost-net ends a turn by the
+// same two limits (VHOST_NET_WEIGHT 512 KiB or VHOST_NET_PKT_WEIGHT 256 packets, whichever comes
+// first); Linux netback's credit counts bytes only, but it is a rate limit, not a leveller.
+// Dropped packets count: they cost the work too.
+constexpr std::uint64_t turn_cost(std::uint64_t bytes, std::uint64_t packets, const FairConfig& cfg) noexcept {
+  const std::uint64_t per_packet = cfg.max_packets == 0 ? 0 : cfg.quantum_bytes / cfg.max_packets;
+  return std::max(bytes, packets * per_packet);
+}
+
 class FairScheduler {
  public:
   explicit FairScheduler(FairConfig cfg = {}) noexcept : cfg_(cfg) {}

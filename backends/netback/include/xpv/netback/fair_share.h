@@ -10,7 +10,8 @@
 //
 //   account  = one direction of one queue (join() per queue: two accounts)
 //   group    = the accounts of one vif (join(group)); 0: an account of its own
-//   served   = bytes that account moved (its virtual time), each byte counted k times where k is
+//   served   = what that account's turns cost (its virtual time): the bytes they moved, but at
+//              least 4 KiB a packet (turn_cost, fair_scheduler.h), each counted k times where k is
 //              how many accounts of its group have work at the time: a vif whose traffic is on
 //              four queues then moves, all four together, what a vif on one queue moves
 //              (weights: each vif one share, split among its busy accounts)
@@ -20,7 +21,7 @@
 //                                                   *other* backlogged accounts + lead
 //   no direction of this queue may go, but one has work ──► wait() (≤ 1 ms, or until any account
 //                                                           is charged or goes idle), then retry
-//   after a turn:                                   charge(a, bytes of the turn)
+//   after a turn:                                   charge(a, turn_cost(bytes, packets of the turn))
 //   an account that becomes backlogged after idling starts at max(its served, that minimum):
 //   idle time banks no credit (the same rule as FairScheduler's forfeited credit).
 //
@@ -65,8 +66,8 @@ class FairShare {
   void set_backlog(Account* a, bool backlog) noexcept;
   // May `a` (backlogged) take a turn now?
   bool may_go(const Account* a) const noexcept;
-  // `bytes` moved in `a`'s turn: its served grows (by bytes × the busy accounts of its group);
-  // waiters look again.
+  // What `a`'s turn cost, in bytes (turn_cost: bytes moved, at least 4 KiB a packet): its served
+  // grows by that × the busy accounts of its group; waiters look again.
   void charge(Account* a, std::size_t bytes) noexcept;
   // The ledger's version: changes with every charge and every account going idle.
   std::uint64_t generation() const noexcept;

@@ -243,6 +243,7 @@ class NetbackQueue {
   FairScheduler sched_;
   FairShare::Account* share_acc_[2] = {nullptr, nullptr};  // [Dir]: our accounts in cfg_.share
   std::size_t turn_bytes_ = 0;                              // bytes moved in the current turn
+  std::size_t turn_packets_ = 0;                            // packets it moved or dropped
   CreditLimiter limiter_;
   domain::EventFd stop_;
   std::atomic<bool> disabled_{false};
