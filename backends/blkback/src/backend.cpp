@@ -39,7 +39,8 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
       options_(std::move(options)),
       shadow_dir_(options_.run_dir + "/blkback"),
       stats_(stats::stats_dir(options_.run_dir), "xpv-blkback"),
-      stats_timer_(io) {
+      stats_timer_(io),
+      xs_probe_(io) {
   if (options_.max_queues == 0) options_.max_queues = 1;
   std::filesystem::create_directories(shadow_dir_);
   ::chmod(shadow_dir_.c_str(), 0700);
@@ -50,6 +51,9 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   } catch (const std::exception&) {
     throw std::runtime_error("cannot connect to xpv-xenstored at " + options_.xenstore_path);
   }
+  // xenstore client thread: hand the break to the control thread (shutdown() joins that thread
+  // before the Backend goes).
+  xs_->on_lost([this] { asio::post(io_, [this] { on_xenstore_lost(); }); });
   auto w = xs_->watch(kBase, "vbd", [this](const std::string& path, const std::string&) {
     // xenstore client thread: hand the event to the control thread.
     asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
@@ -88,6 +92,7 @@ void Backend::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   stats_timer_.cancel();
+  xs_probe_.cancel();
   // Stop every queue of every device first so they all drain in parallel, then tear down.
   for (auto& [key, d] : devices_) {
     if (d.conn) d.conn->stop();
@@ -107,15 +112,28 @@ std::optional<std::string> Backend::read(const std::string& path) {
   return *r;
 }
 
+void Backend::on_xenstore_lost() {
+  if (shut_down_ || xs_lost_) return;
+  xs_lost_ = true;
+  spdlog::error("blkback: lost xpv-xenstored at {}; control plane stopped, {} device(s) keep being served{}",
+                options_.xenstore_path, devices_.size(),
+                options_.xenstore_back ? "; looking each second whether it answers again" : "");
+  if (!options_.xenstore_back) return;
+  xs_probe_.start(options_.xenstore_path, std::chrono::seconds(1), [this] {
+    spdlog::warn("blkback: xpv-xenstored at {} answers again; stopping, so that the next start resumes the {} "
+                 "device(s) over a new connection",
+                 options_.xenstore_path, devices_.size());
+    options_.xenstore_back();
+  });
+}
+
 template <class F>
 void Backend::guarded(F&& f) {
   if (shut_down_ || xs_lost_) return;
   try {
     f();
   } catch (const XenstoreLost&) {
-    xs_lost_ = true;
-    spdlog::error("blkback: lost xpv-xenstored at {}; control plane stopped, {} device(s) keep being served",
-                  options_.xenstore_path, devices_.size());
+    on_xenstore_lost();
   } catch (const std::exception& e) {
     // A control-plane bug must not take the data plane of every domain down with it.
     spdlog::error("blkback: control plane: {}", e.what());

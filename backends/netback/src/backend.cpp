@@ -79,7 +79,8 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
     : io_(io),
       options_(std::move(options)),
       stats_(stats::stats_dir(options_.run_dir), "xpv-netback"),
-      stats_timer_(io) {
+      stats_timer_(io),
+      xs_probe_(io) {
   if (options_.max_queues == 0) options_.max_queues = 1;
   std::filesystem::create_directories(stats_.dir());
   stats_.remove_leftovers("vif");
@@ -88,6 +89,9 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
   } catch (const std::exception&) {
     throw std::runtime_error("cannot connect to xpv-xenstored at " + options_.xenstore_path);
   }
+  // xenstore client thread: hand the break to the control thread (shutdown() joins that thread
+  // before the Backend goes).
+  xs_->on_lost([this] { asio::post(io_, [this] { on_xenstore_lost(); }); });
   auto w = xs_->watch(kBase, "vif", [this](const std::string& path, const std::string&) {
     // xenstore client thread: hand the event to the control thread.
     asio::post(io_, [this, path] { guarded([&] { on_event(path); }); });
@@ -127,6 +131,7 @@ void Backend::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   stats_timer_.cancel();
+  xs_probe_.cancel();
   for (auto& [key, d] : devices_) {
     if (d.conn) d.conn->stop();
   }
@@ -145,15 +150,28 @@ std::optional<std::string> Backend::read(const std::string& path) {
   return *r;
 }
 
+void Backend::on_xenstore_lost() {
+  if (shut_down_ || xs_lost_) return;
+  xs_lost_ = true;
+  spdlog::error("netback: lost xpv-xenstored at {}; control plane stopped, {} vif(s) keep being served{}",
+                options_.xenstore_path, devices_.size(),
+                options_.xenstore_back ? "; looking each second whether it answers again" : "");
+  if (!options_.xenstore_back) return;
+  xs_probe_.start(options_.xenstore_path, std::chrono::seconds(1), [this] {
+    spdlog::warn("netback: xpv-xenstored at {} answers again; stopping, so that the next start resumes the {} "
+                 "vif(s) over a new connection",
+                 options_.xenstore_path, devices_.size());
+    options_.xenstore_back();
+  });
+}
+
 template <class F>
 void Backend::guarded(F&& f) {
   if (shut_down_ || xs_lost_) return;
   try {
     f();
   } catch (const XenstoreLost&) {
-    xs_lost_ = true;
-    spdlog::error("netback: lost xpv-xenstored at {}; control plane stopped, {} vif(s) keep being served",
-                  options_.xenstore_path, devices_.size());
+    on_xenstore_lost();
   } catch (const std::exception& e) {
     // A control-plane bug must not take the data plane of every domain down with it.
     spdlog::error("netback: control plane: {}", e.what());

@@ -790,8 +790,8 @@ bool NetbackQueue::serve() noexcept {
     if (share != nullptr) {
       FairShare::Account* a = share_acc_[*d == Dir::tx ? 0 : 1];
       share->charge(a, turn_cost(turn_bytes_, turn_packets_, sched_.config()));
-      // Ready but nothing moved (no rx buffers, rate limit): not holding anyone back.
-      if (turn_bytes_ == 0) share->set_backlog(a, false);
+      // Ready but nothing moved or dropped (no rx buffers, rate limit): not holding anyone back.
+      if (turn_packets_ == 0) share->set_backlog(a, false);
     }
     if (!disabled()) push_and_notify();
     if (t + 1 == kTurnsPerPoll) busy_ = true;

@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/client/xenstored_probe.h"
 #include "xpv/xenbus/daemon/socket_server.h"
 
 using namespace std::chrono_literals;
@@ -290,4 +292,87 @@ TEST(XenstoreClient, ConnectFailureAndBrokenConnection) {
   auto r = c->read("/x");
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error(), Error::eio);
+}
+
+// A connection the daemon ends is reported once, on the client's thread, without a call having to
+// fail first; one that learns of the hook only after the break hears of it at once.
+TEST(XenstoreClient, ABrokenConnectionIsReportedOnce) {
+  std::promise<void> lost;
+  std::atomic<int> lost_calls{0};
+  std::optional<SyncClient> c;
+  {
+    InProcessDaemon d;
+    c.emplace(d.socket(), 2s);
+    c->on_lost([&] {
+      if (lost_calls.fetch_add(1) == 0) lost.set_value();
+    });
+    ASSERT_TRUE(c->write("/x", "1"));
+  }  // the daemon gone: a break
+  ASSERT_EQ(lost.get_future().wait_for(10s), std::future_status::ready) << "the break was not reported";
+  std::promise<void> late;
+  c->on_lost([&] { late.set_value(); });
+  EXPECT_EQ(late.get_future().wait_for(10s), std::future_status::ready) << "a hook set after the break runs at once";
+  EXPECT_FALSE(c->read("/x"));
+  c.reset();
+  EXPECT_EQ(lost_calls.load(), 1);
+}
+
+// The client's own close() is no break, also with a read pending (aborted by it) and with the
+// daemon's end of the socket closing afterwards.
+TEST(XenstoreClient, ClosingTheConnectionIsNotReportedAsABreak) {
+  InProcessDaemon d;
+  boost::asio::io_context io;
+  auto c = client::Client::create(io);
+  bool connected = false, broken = false;
+  c->connect(d.socket(), [&](client::Result<void> r) { connected = r.has_value(); });
+  for (int i = 0; i < 500 && !connected; ++i) io.run_for(10ms);
+  ASSERT_TRUE(connected);
+  c->on_broken([&] { broken = true; });
+  bool answered = false;
+  c->read("/", [&](client::Result<std::string>) { answered = true; });
+  c->close();  // the read's answer may or may not have come; the header read is aborted
+  io.restart();
+  io.run_for(200ms);
+  EXPECT_FALSE(broken);
+  EXPECT_TRUE(answered) << "the pending call got its EIO (or its answer)";
+  EXPECT_FALSE(c->connected());
+}
+
+// The probe a backend runs while its xenstored is gone: no answer, looks again; a daemon at the
+// socket, calls back once and stops looking; cancelled, never calls back.
+TEST(XenstoredProbe, CallsBackOnceWhenADaemonAnswersAtTheSocket) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "xpv-xsprobe-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  EXPECT_FALSE(client::xenstored_answers(dir + "/nothing", 200ms));
+  boost::asio::io_context io;
+  client::XenstoredProbe probe(io);
+  int answered = 0;
+  std::optional<InProcessDaemon> d;
+  probe.start(dir + "/nothing", 50ms, [&] { ++answered; });
+  // Looks until a daemon answers; `io` runs here, bounded.
+  for (int i = 0; i < 500 && probe.looks() < 3; ++i) io.run_for(10ms);
+  EXPECT_GE(probe.looks(), 3u);
+  EXPECT_EQ(answered, 0);
+  EXPECT_TRUE(probe.running());
+  d.emplace();
+  EXPECT_TRUE(client::xenstored_answers(d->socket(), 2s));
+  probe.start(d->socket(), 500ms, [&] { ++answered; });  // 500 ms to connect and answer
+  for (int i = 0; i < 1000 && answered == 0; ++i) io.run_for(10ms);
+  EXPECT_EQ(answered, 1);
+  EXPECT_FALSE(probe.running());
+  // With the answer the probe armed nothing more, so io ran out of work and stopped: restart it
+  // for each of the checks below, or they would run nothing and prove nothing.
+  const auto looks = probe.looks();
+  io.restart();
+  io.run_for(100ms);
+  EXPECT_EQ(probe.looks(), looks) << "it stopped looking";
+  probe.start(d->socket(), 20ms, [&] { ++answered; });
+  probe.cancel();
+  io.restart();
+  io.run_for(100ms);
+  EXPECT_EQ(answered, 1) << "a cancelled probe calls nobody";
+  EXPECT_EQ(probe.looks(), looks) << "nor looks";
+  d.reset();
+  std::filesystem::remove_all(dir);
 }

@@ -65,6 +65,26 @@ void Client::close() {
   fail_all(Error::eio);
 }
 
+void Client::on_broken(std::function<void()> cb) {
+  if (broken_) {
+    if (cb) cb();
+    return;
+  }
+  on_broken_ = std::move(cb);
+}
+
+void Client::broke(boost::system::error_code ec) {
+  // Our own close() came first (its aborted reads and writes, or one that had completed before
+  // it but ran after), or the other direction's error did: nothing more to report.
+  if (!connected_ || ec == boost::asio::error::operation_aborted) return close();
+  close();
+  broken_ = true;
+  if (auto cb = std::move(on_broken_)) {
+    on_broken_ = nullptr;
+    cb();
+  }
+}
+
 void Client::fail_all(Error e) {
   auto pending = std::move(pending_);
   pending_.clear();
@@ -75,13 +95,13 @@ void Client::read_header() {
   auto self = shared_from_this();
   asio::async_read(sock_, asio::buffer(hdr_buf_), [this, self](boost::system::error_code ec,
                                                                std::size_t) {
-    if (ec) return close();
+    if (ec) return broke(ec);
     wire::Header h = wire::decode_header(hdr_buf_);
-    if (!wire::check_header(h)) return close();
+    if (!wire::check_header(h)) return broke({});
     payload_.resize(h.len);
     asio::async_read(sock_, asio::buffer(payload_), [this, self, h](boost::system::error_code ec2,
                                                                     std::size_t) {
-      if (ec2) return close();
+      if (ec2) return broke(ec2);
       std::string body(payload_.data(), payload_.size());
       // A callback or handler that throws is logged and the connection goes on: the next
       // message is still read. A watch callback runs from a copy, so it may replace or remove
@@ -126,7 +146,7 @@ void Client::write_next() {
                       out_.pop_front();
                       if (ec) {
                         writing_ = false;
-                        return close();
+                        return broke(ec);
                       }
                       write_next();
                     });

@@ -36,6 +36,10 @@ SyncClient::SyncClient(const std::string& socket_path, std::chrono::milliseconds
   }
 }
 
+void SyncClient::on_lost(std::function<void()> cb) {
+  asio::post(*io_, [c = client_, cb = std::move(cb)]() mutable { c->on_broken(std::move(cb)); });
+}
+
 SyncClient::~SyncClient() {
   asio::post(*io_, [c = client_] { c->close(); });
   io_->stop();
@@ -125,6 +129,16 @@ Result<void> SyncClient::transaction(const std::function<Result<void>(TxId)>& bo
     auto e = transaction_end(*tx, true);
     if (e || e.error() != Error::eagain || attempt >= max_retries) return e;
     ++retries_;
+  }
+}
+
+bool xenstored_answers(const std::string& socket_path, std::chrono::milliseconds timeout) noexcept {
+  try {
+    SyncClient probe(socket_path, timeout);
+    auto r = probe.read("/");
+    return r || r.error() != wire::Error::eio;  // EIO: no answer in time, or the connection went
+  } catch (const std::exception&) {
+    return false;  // not there, or out of memory or threads: not known to answer
   }
 }
 

@@ -76,6 +76,7 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
   }
 
   Launcher launcher;
+  int status = 0;
   try {
     if (!foreground) daemonize(d.name.c_str(), launcher);
     if (!log_file.empty()) {
@@ -94,7 +95,10 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
     boost::asio::io_context io(1);
     // Signals first, before the backend's xenstore client starts its thread.
     boost::asio::signal_set signals(io, SIGTERM, SIGINT);
-    const std::function<void()> stop = d.start(io);
+    const std::function<void()> stop = d.start(io, [&io, &status](int s) {
+      status = s;  // on io's thread: the loop below ends, then stop() as after a signal
+      io.stop();
+    });
     PidFile pid;
     if (!pid_file.empty()) pid = PidFile(pid_file);
     signals.async_wait([&](boost::system::error_code ec, int sig) {
@@ -107,7 +111,7 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
     auto work = boost::asio::make_work_guard(io);
     io.run();
     stop();
-    spdlog::info("{}: stopped", logger);
+    spdlog::info("{}: stopped{}", logger, status == 0 ? "" : fmt::format(" (exit {})", status));
   } catch (const std::exception& e) {
     if (foreground && log_file.empty()) {
       std::fprintf(stderr, "%s: %s\n", d.name.c_str(), e.what());  // one line, no log decoration
@@ -117,7 +121,7 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
     launcher.failed(e.what());
     return 1;
   }
-  return 0;
+  return status;
 }
 
 }  // namespace xpv::daemon

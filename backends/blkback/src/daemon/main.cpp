@@ -6,6 +6,8 @@
 // or prints the daemon's startup error and exits 1 — as xpv-xenstored does. On SIGTERM/SIGINT the
 // devices are left as they are in xenstore (a new xpv-blkback reconnects to them), every queue is
 // stopped after its in-flight I/O, exit 0. The process side is xpv::daemon::run_backend_daemon.
+// The same stop, with exit 3, when it lost xpv-xenstored and finds it answering again: its next
+// start (the supervisor's) resumes the devices over a new connection (backends/README.md).
 #include "xpv/blkback/backend.h"
 #include "xpv/xenbus/daemon/backend_main.h"
 

@@ -43,6 +43,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +56,7 @@
 #include "xpv/domain/foreign_domain.h"
 #include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/client/xenstored_probe.h"
 #include "xpv/xenbus/device_state.h"
 #include "xpv/xenbus/event_coalescer.h"
 
@@ -68,6 +70,10 @@ struct BackendOptions {
   unsigned max_ring_page_order = 4;   // max-ring-page-order
   std::uint32_t max_indirect_segments = 256;
   unsigned poll_max_us = 100;         // QueueConfig::poll_max of every queue (0: never spin)
+  // Called (on the io_context's thread) when xpv-xenstored, lost, answers again; the daemon then
+  // exits for a restart that resumes the devices (backend_main.h, kExitXenstoreBack). Unset: the
+  // control plane stays stopped and nothing looks.
+  std::function<void()> xenstore_back;
 };
 
 class Backend {
@@ -108,6 +114,9 @@ class Backend {
   struct XenstoreLost {};
   template <class F>
   void guarded(F&& f);  // runs a control-plane step; XenstoreLost stops the control plane
+  // The connection to xpv-xenstored broke, or a call got no answer in time (EIO): the control
+  // plane stops (the queues go on) and, with options_.xenstore_back, the probe starts.
+  void on_xenstore_lost();
   void on_event(const std::string& path);
   void scan();
   void reconcile(const Key& key);
@@ -138,6 +147,8 @@ class Backend {
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
   bool xs_lost_ = false;
+  // While xs_lost_: whether xpv-xenstored answers again (options_.xenstore_back).
+  xenbus::client::XenstoredProbe xs_probe_;
 };
 
 }  // namespace xpv::blkback

@@ -43,6 +43,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,6 +55,7 @@
 #include "xpv/netback/fair_share.h"
 #include "xpv/stats_file.h"
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/client/xenstored_probe.h"
 #include "xpv/xenbus/device_state.h"
 #include "xpv/xenbus/event_coalescer.h"
 
@@ -64,6 +66,10 @@ struct BackendOptions {
   std::string run_dir = "/run/xpv";  // dom<N>.sock live here; each connected vif's statistics
                                      // in stats/ (stats_file.h)
   unsigned max_queues = 1;           // multi-queue-max-queues
+  // Called (on the io_context's thread) when xpv-xenstored, lost, answers again; the daemon then
+  // exits for a restart that resumes the devices (backend_main.h, kExitXenstoreBack). Unset: the
+  // control plane stays stopped and nothing looks.
+  std::function<void()> xenstore_back;
 };
 
 // What probe() validated from the backend directory (written by the toolstack).
@@ -112,6 +118,9 @@ class Backend {
   struct XenstoreLost {};
   template <class F>
   void guarded(F&& f);
+  // The connection to xpv-xenstored broke, or a call got no answer in time (EIO): the control
+  // plane stops (the queues go on) and, with options_.xenstore_back, the probe starts.
+  void on_xenstore_lost();
   void on_event(const std::string& path);
   void scan();
   void reconcile(const Key& key);
@@ -146,6 +155,8 @@ class Backend {
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
   bool xs_lost_ = false;
+  // While xs_lost_: whether xpv-xenstored answers again (options_.xenstore_back).
+  xenbus::client::XenstoredProbe xs_probe_;
 };
 
 }  // namespace xpv::netback

@@ -55,6 +55,10 @@ class Client : public std::enable_shared_from_this<Client> {
   void connect(const std::string& socket_path, Done done);
   void close();
   bool connected() const noexcept { return connected_; }
+  // `cb` runs once, on the io thread, when the connection breaks (the daemon closed it, went
+  // away, or sent garbage) — at once if it already has; not for close(). Pending requests get
+  // EIO first.
+  void on_broken(std::function<void()> cb);
 
   void read(const std::string& path, ValueHandler h, TxId tx = kNoTx);
   void write(const std::string& path, std::string_view value, Done h, TxId tx = kNoTx);
@@ -78,6 +82,10 @@ class Client : public std::enable_shared_from_this<Client> {
  private:
   explicit Client(boost::asio::io_context& io);
   void read_header();
+  // A read or write ended with `ec` (or the daemon sent garbage: no ec): close(); then, unless
+  // the connection was closed already (our own close(), or the other direction's error),
+  // on_broken_ (once).
+  void broke(boost::system::error_code ec);
   void write_next();
   void fail_all(wire::Error e);
   void run_transaction(std::shared_ptr<TxBody> body, Done done, int left);
@@ -85,6 +93,8 @@ class Client : public std::enable_shared_from_this<Client> {
   boost::asio::io_context& io_;
   boost::asio::local::stream_protocol::socket sock_;
   bool connected_ = false;
+  bool broken_ = false;
+  std::function<void()> on_broken_;
   std::uint32_t next_req_ = 1;
   std::map<std::uint32_t, ValueHandler> pending_;
   std::map<std::string, WatchCallback> watches_;  // by token

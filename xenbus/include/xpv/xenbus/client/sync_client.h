@@ -42,6 +42,10 @@ class SyncClient {
   // reply text without its NUL.
   Result<std::string> control(const std::vector<std::string>& args);
   std::uint64_t retries() const noexcept { return retries_; }
+  // `cb` runs once, on the client's own thread, when the connection to xenstored breaks (at once
+  // if it already has); not when this SyncClient goes. A call that merely times out is not a
+  // break: its EIO is the caller's to judge.
+  void on_lost(std::function<void()> cb);
 
  private:
   template <class T, class Start>
@@ -53,5 +57,11 @@ class SyncClient {
   std::chrono::milliseconds timeout_;
   std::uint64_t retries_ = 0;
 };
+
+// Does an xenstored answer at `socket_path` now? A fresh connection and one read, each bounded by
+// `timeout`: any answer (the node's value or an error reply such as ENOENT) is yes; no daemon, a
+// refused connection or no answer within the bound is no. For a daemon whose own connection was
+// lost, to learn when a new one would work (xpv-blkback, xpv-netback).
+bool xenstored_answers(const std::string& socket_path, std::chrono::milliseconds timeout) noexcept;
 
 }  // namespace xpv::xenbus::client

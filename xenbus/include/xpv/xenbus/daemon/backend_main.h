@@ -27,17 +27,26 @@ struct BackendDaemon {
   std::function<void(CLI::App&)> add_options;  // the daemon's own options
   // Builds the backend on `io` once the process is set up; returns what stops it (called from
   // the signal handler and again after the loop ends; it must be idempotent). The backend lives
-  // as long as the returned function.
-  std::function<std::function<void()>(boost::asio::io_context& io)> start;
+  // as long as the returned function. `exit(status)`, called on `io`'s thread, ends the daemon as
+  // a signal does, with that exit status.
+  std::function<std::function<void()>(boost::asio::io_context& io, std::function<void(int)> exit)> start;
 };
 
+// The backend lost xpv-xenstored (no answer within its client's bound, or the connection gone)
+// and has found it answering again: it stops as on SIGTERM, leaving the devices as they are, so
+// that its next start — `xpv supervise` restarts a backend that exits — resumes every device over
+// a new connection, as after any restart. (Its own connection is not mended in place: a request
+// that timed out may yet have been done, and its watches may have missed events.)
+inline constexpr int kExitXenstoreBack = 3;
+
 // Exit status: 0 after a signal, 1 when setup failed (the reason on stderr or in the log, and to
-// the launching process), 2 for a bad command line.
+// the launching process), 2 for a bad command line, kExitXenstoreBack (3).
 int run_backend_daemon(int argc, char** argv, const BackendDaemon& d);
 
 // run_backend_daemon for a Backend constructed as Backend(io, opts) with a shutdown(), whose
-// Options have xenstore_path, run_dir and max_queues (offered as --max-queues, default: the
-// host's CPUs, at most 64). `more_options` adds the daemon's own.
+// Options have xenstore_path, run_dir, max_queues (offered as --max-queues, default: the host's
+// CPUs, at most 64) and xenstore_back (called when lost xenstored answers again: exits with
+// kExitXenstoreBack). `more_options` adds the daemon's own.
 template <class Backend, class Options>
 int run_backend(int argc, char** argv, std::string name, std::string description, Options& opts,
                 std::function<void(CLI::App&)> more_options = {}) {
@@ -53,7 +62,8 @@ int run_backend(int argc, char** argv, std::string name, std::string description
         ->capture_default_str();
     if (more) more(app);
   };
-  d.start = [&opts](boost::asio::io_context& io) -> std::function<void()> {
+  d.start = [&opts](boost::asio::io_context& io, std::function<void(int)> exit) -> std::function<void()> {
+    opts.xenstore_back = [exit = std::move(exit)] { exit(kExitXenstoreBack); };
     auto backend = std::make_shared<Backend>(io, opts);
     return [backend] { backend->shutdown(); };
   };
