@@ -153,16 +153,8 @@ std::optional<std::string> Backend::read(const std::string& path) {
 void Backend::on_xenstore_lost() {
   if (shut_down_ || xs_lost_) return;
   xs_lost_ = true;
-  spdlog::error("netback: lost xpv-xenstored at {}; control plane stopped, {} vif(s) keep being served{}",
-                options_.xenstore_path, devices_.size(),
-                options_.xenstore_back ? "; looking each second whether it answers again" : "");
-  if (!options_.xenstore_back) return;
-  xs_probe_.start(options_.xenstore_path, std::chrono::seconds(1), [this] {
-    spdlog::warn("netback: xpv-xenstored at {} answers again; stopping, so that the next start resumes the {} "
-                 "vif(s) over a new connection",
-                 options_.xenstore_path, devices_.size());
-    options_.xenstore_back();
-  });
+  xs_probe_.after_loss("netback", options_.xenstore_path, fmt::format("{} vif(s)", devices_.size()),
+                       options_.xenstore_back);
 }
 
 template <class F>

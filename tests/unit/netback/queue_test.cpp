@@ -171,6 +171,19 @@ class NetbackQueueTest : public ::testing::Test {
                                             nullptr, tap_.get(), cfg);
   }
 
+  // A fairness ledger (64 KiB lead) with another vif's queue on it; start_beside_a_busy_vif
+  // starts ours on it with that one backlogged. The test resets queue_ before `other` leaves.
+  struct Ledger {
+    FairShare share{64 * 1024};
+    FairShare::Account* other = share.join();
+  };
+  void start_beside_a_busy_vif(Ledger& l) {
+    NetbackConfig cfg;
+    cfg.share = &l.share;
+    start(cfg);
+    l.share.set_backlog(l.other, true);
+  }
+
   // Puts `frame` into data pages granted from gfn `gfn` on, one slot per page-sized piece.
   std::vector<NetifTxRequest> slots_for(const std::vector<std::uint8_t>& frame, std::uint64_t gfn,
                                         std::uint16_t first_id) {
@@ -393,12 +406,10 @@ TEST_F(NetbackQueueTest, APacketWithMissingSlotsDisablesTheQueue) {
 // Disabled in the middle of a turn that moved bytes: the queue's accounts in the fairness ledger
 // go idle, so other vifs' queues, ahead of its frozen count, are not held back until its teardown.
 TEST_F(NetbackQueueTest, ADisabledQueueHoldsNoOtherQueueBack) {
-  FairShare share(64 * 1024);
-  FairShare::Account* other = share.join();
-  NetbackConfig cfg;
-  cfg.share = &share;
-  start(cfg);
-  share.set_backlog(other, true);
+  Ledger l;
+  start_beside_a_busy_vif(l);
+  FairShare& share = l.share;
+  FairShare::Account* other = l.other;
   const auto frame = tcp_frame(1500);
   fe_.tx(slots_for(frame, 16, 0)[0]);  // a good packet: the turn moves bytes
   fe_.tx(slots_for(tcp_frame(5000), 32, 1)[0]);  // then more_data, and its second slot never comes
@@ -418,12 +429,10 @@ TEST_F(NetbackQueueTest, ADisabledQueueHoldsNoOtherQueueBack) {
 // 64-byte frames cost 80 KiB, past the 64 KiB lead over another vif's backlogged queue: the next
 // frame waits until that queue has moved as much. Counted by bytes (1280), it went at once.
 TEST_F(NetbackQueueTest, SmallFramesAreChargedAPacketsShareOfATurnInTheLedger) {
-  FairShare share(64 * 1024);
-  FairShare::Account* other = share.join();
-  NetbackConfig cfg;
-  cfg.share = &share;
-  start(cfg);
-  share.set_backlog(other, true);
+  Ledger l;
+  start_beside_a_busy_vif(l);
+  FairShare& share = l.share;
+  FairShare::Account* other = l.other;
   const auto small = tcp_frame(64);
   auto s = slots_for(small, 16, 0)[0];
   for (std::uint16_t i = 0; i < 20; ++i) {

@@ -1,5 +1,7 @@
 #include "xpv/xenbus/client/xenstored_probe.h"
 
+#include <spdlog/spdlog.h>
+
 #include <utility>
 
 #include "xpv/xenbus/client/sync_client.h"
@@ -13,6 +15,19 @@ void XenstoredProbe::start(std::string socket_path, std::chrono::milliseconds in
   on_answer_ = std::move(on_answer);
   running_ = true;
   arm();
+}
+
+void XenstoredProbe::after_loss(const std::string& who, const std::string& socket_path, const std::string& served,
+                                std::function<void()> on_answer) {
+  spdlog::error("{}: lost xpv-xenstored at {}; control plane stopped, {} keep being served{}", who, socket_path,
+                served, on_answer ? "; looking each second whether it answers again" : "");
+  if (!on_answer) return;
+  start(socket_path, std::chrono::seconds(1), [who, socket_path, served, answer = std::move(on_answer)] {
+    spdlog::warn("{}: xpv-xenstored at {} answers again; stopping, so that the next start resumes the {} over a new "
+                 "connection",
+                 who, socket_path, served);
+    answer();
+  });
 }
 
 void XenstoredProbe::cancel() noexcept {

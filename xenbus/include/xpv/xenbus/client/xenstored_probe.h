@@ -24,6 +24,11 @@ class XenstoredProbe {
 
   // Starts looking (again: a running probe starts over with these arguments).
   void start(std::string socket_path, std::chrono::milliseconds interval, std::function<void()> on_answer);
+  // A backend daemon's control plane lost xenstored at `socket_path`: logs that (`who`:
+  // "blkback"; `served`: "2 device(s)", what its queues go on serving) and, with `on_answer` set,
+  // starts looking each second, logs the answer when it comes and calls `on_answer`.
+  void after_loss(const std::string& who, const std::string& socket_path, const std::string& served,
+                  std::function<void()> on_answer);
   // No more looks; on_answer is not called after this returns (on the io_context's thread).
   void cancel() noexcept;
   bool running() const noexcept { return running_; }
