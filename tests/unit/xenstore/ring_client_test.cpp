@@ -166,6 +166,49 @@ TEST_F(RingClientTest, WatchEventsReachCallbacksWhichMayCallBack) {
   EXPECT_EQ(client_->unwatch("data", "tok").error(), wire::Error::enoent);
 }
 
+// unwatch() returns only after a firing of that watch that is running now has returned, so the
+// caller may free what the callback uses; from inside the callback it does not wait for itself.
+TEST_F(RingClientTest, UnwatchReturnsOnlyAfterTheCallbackRunningNow) {
+  make_client();
+  give_home(5);
+  serve(5);
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> calls{0};
+  std::atomic<bool> inside{false};
+  ASSERT_TRUE(client_->watch("data", "tok", [&, released](const std::string&, const std::string&) {
+    if (calls.fetch_add(1) != 0) return;
+    inside = true;  // the initial firing: held until the test lets it go (bounded)
+    entered.set_value();
+    (void)released.wait_for(10s);
+    inside = false;
+  }));
+  ASSERT_EQ(entered.get_future().wait_for(5s), std::future_status::ready);
+  auto unwatching = std::async(std::launch::async, [&] {
+    auto r = client_->unwatch("data", "tok");
+    EXPECT_FALSE(inside.load()) << "unwatch returned while the callback still ran";
+    return r.has_value();
+  });
+  // Its reply comes at once from the store; the wait is for the callback held above.
+  EXPECT_EQ(unwatching.wait_for(300ms), std::future_status::timeout) << "unwatch did not wait";
+  release.set_value();
+  ASSERT_EQ(unwatching.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(unwatching.get());
+  ASSERT_TRUE(client_->write("data/y", "1"));
+  std::promise<void> flushed;
+  client_->post([&] { flushed.set_value(); });  // after anything the write could have queued
+  ASSERT_EQ(flushed.get_future().wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(calls.load(), 1) << "it fired after unwatch";
+
+  std::promise<bool> self;
+  ASSERT_TRUE(client_->watch("data", "own", [&](const std::string&, const std::string&) {
+    self.set_value(client_->unwatch("data", "own").has_value());
+  }));
+  auto f = self.get_future();
+  ASSERT_EQ(f.wait_for(5s), std::future_status::ready) << "a callback that unwatches itself waited for itself";
+  EXPECT_TRUE(f.get());
+}
+
 TEST_F(RingClientTest, TransactionsRetryOnConflict) {
   make_client();
   give_home(5);

@@ -191,7 +191,18 @@ void RingClient::handle_message(const wire::Header& h, std::string payload) {
         auto it = watch_cbs_.find(token);
         if (it == watch_cbs_.end()) return;  // unwatched meanwhile
         cb = it->second;
+        running_token_ = token;  // unwatch(token) waits until it has returned
       }
+      struct Done {
+        RingClient* c;
+        ~Done() {
+          {
+            std::lock_guard w3(c->watch_lock_);
+            c->running_token_.reset();
+          }
+          c->watch_idle_cv_.notify_all();
+        }
+      } done{this};  // also when cb throws
       cb(path, token);
     });
     watch_cv_.notify_one();
@@ -350,8 +361,14 @@ Result<void> RingClient::watch(const std::string& path, const std::string& token
 Result<void> RingClient::unwatch(const std::string& path, const std::string& token) {
   auto r = request(MsgType::unwatch, z(path) + z(token));
   {
-    std::lock_guard w(watch_lock_);
+    std::unique_lock w(watch_lock_);
     watch_cbs_.erase(token);
+    // A firing of it that is running now ends before we return, so that the caller may free what
+    // the callback uses (Linux's unregister_xenbus_watch waits the same way) — unless that
+    // firing is the caller, which would wait for itself.
+    if (std::this_thread::get_id() != watch_thread_.get_id()) {
+      watch_idle_cv_.wait(w, [&] { return running_token_ != token; });
+    }
   }
   if (!r) return fail(r.error());
   return {};

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -89,6 +90,8 @@ class RingClient {
   // The callback is registered before WATCH is sent (the initial firing is not lost) and runs
   // on the watch thread.
   Result<void> watch(const std::string& path, const std::string& token, WatchCallback cb);
+  // Once it returns, the token's callback is not running and will not run again (called from
+  // that callback itself, it returns without waiting for it).
   Result<void> unwatch(const std::string& path, const std::string& token);
   Result<TxId> transaction_start();
   Result<void> transaction_end(TxId tx, bool commit);
@@ -142,9 +145,11 @@ class RingClient {
   std::string in_;  // rsp bytes not yet fed to the framer
   Stats stats_;
 
-  std::mutex watch_lock_;  // watch_cbs_, events_, watch_stopping_
+  std::mutex watch_lock_;  // watch_cbs_, events_, watch_stopping_, running_token_
   std::condition_variable watch_cv_;
   std::map<std::string, WatchCallback> watch_cbs_;  // by token
+  std::optional<std::string> running_token_;        // whose callback the watch thread runs now
+  std::condition_variable watch_idle_cv_;           // running_token_ cleared
   std::deque<std::function<void()>> events_;
   bool watch_stopping_ = false;
 
