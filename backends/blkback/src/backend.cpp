@@ -1,5 +1,6 @@
 #include "xpv/blkback/backend.h"
 #include "xpv/xenbus/daemon/run_every.h"
+#include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
@@ -367,7 +368,7 @@ void Backend::connect(Device& d, bool resume) {
     if (!layout) throw std::runtime_error(fmt::format("{}/multi-queue-num-queues {}", fe, layout.error()));
     const unsigned nq = layout->queues;
     if (auto p = read(fe + "/protocol"); p && *p != "x86_64-abi") {
-      throw std::runtime_error(fmt::format("{}/protocol '{}': only x86_64-abi is served", fe, *p));
+      throw std::runtime_error(fmt::format("{}/protocol {}: only x86_64-abi is served", fe, xenbus::shown(*p)));
     }
     const auto root_order = read(fe + "/ring-page-order");
     for (unsigned q = 0; q < nq; ++q) {
@@ -377,14 +378,14 @@ void Backend::connect(Device& d, bool resume) {
       if (!order_s) order_s = root_order;
       if (order_s) {
         auto o = parse_uint(*order_s, options_.max_ring_page_order);
-        if (!o) throw std::runtime_error(fmt::format("{}/ring-page-order '{}': expected 0..{}", dir, *order_s, options_.max_ring_page_order));
+        if (!o) throw std::runtime_error(fmt::format("{}/ring-page-order {}: expected 0..{}", dir, xenbus::shown(*order_s), options_.max_ring_page_order));
         r.page_order = *o;
       }
       auto ref_at = [&](const std::string& node) {
         auto v = read(dir + "/" + node);
         if (!v) throw std::runtime_error(fmt::format("{}/{} is missing", dir, node));
         auto ref = parse_uint(*v, UINT32_MAX);
-        if (!ref) throw std::runtime_error(fmt::format("{}/{} '{}' is not a grant reference", dir, node, *v));
+        if (!ref) throw std::runtime_error(fmt::format("{}/{} {} is not a grant reference", dir, node, xenbus::shown(*v)));
         return *ref;
       };
       if (r.page_order == 0) {

@@ -1,5 +1,6 @@
 #include "xpv/netback/backend.h"
 #include "xpv/xenbus/daemon/run_every.h"
+#include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
@@ -430,7 +431,7 @@ void Backend::connect(Device& d, bool resume) {
         auto v = read(dir + "/" + node);
         if (!v) return std::nullopt;
         auto n = parse_uint(*v, UINT32_MAX);
-        if (!n) throw std::runtime_error(fmt::format("{}/{} '{}' is not a number", dir, node, *v));
+        if (!n) throw std::runtime_error(fmt::format("{}/{} {} is not a number", dir, node, xenbus::shown(*v)));
         return static_cast<std::uint32_t>(*n);
       };
       auto need = [&](const std::string& node) {

@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "xpv/xenbus/peer_value.h"
+
 namespace xpv::xenbus {
 
 std::string QueueLayout::dir(const std::string& frontend, unsigned q) const {
@@ -15,7 +17,7 @@ Expected<QueueLayout, std::string> queue_layout(const std::optional<std::string>
   unsigned n = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
   if (s.empty() || s.size() > 10 || ec != std::errc() || p != s.data() + s.size() || n == 0 || n > max) {
-    return fail("'" + s + "': expected 1.." + std::to_string(max));
+    return fail(shown(s) + ": expected 1.." + std::to_string(max));
   }
   l.queues = n;
   l.per_queue_dirs = n > 1;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "xpv/ring/byte_ring.h"
 #include "xpv/thread_name.h"
@@ -203,7 +204,8 @@ void RingClient::handle_message(const wire::Header& h, std::string payload) {
           c->watch_idle_cv_.notify_all();
         }
       } done{this};  // also when cb throws
-      cb(path, token);
+      // The copy (and what it captured) goes before `done` lets unwatch() return.
+      std::exchange(cb, nullptr)(path, token);
     });
     watch_cv_.notify_one();
     return;

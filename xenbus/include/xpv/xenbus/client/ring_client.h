@@ -91,7 +91,8 @@ class RingClient {
   // on the watch thread.
   Result<void> watch(const std::string& path, const std::string& token, WatchCallback cb);
   // Once it returns, the token's callback is not running and will not run again (called from
-  // that callback itself, it returns without waiting for it).
+  // that callback itself, it returns without waiting for it). So a caller must not unwatch while
+  // holding a lock the callback takes, nor while the callback waits for the calling thread.
   Result<void> unwatch(const std::string& path, const std::string& token);
   Result<TxId> transaction_start();
   Result<void> transaction_end(TxId tx, bool commit);
