@@ -261,9 +261,11 @@ void Backend::reconcile(const Key& key) {
 
   if (d->fatal) {
     // An error was reported: nothing happens until the frontend acknowledged it by closing,
-    // or the device goes away.
-    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && online) return;
-    d->fatal = false;
+    // or the device goes away — but a frontend on its way down (Closing) gets its answer below,
+    // or it would wait out its shutdown timeout for a backend that stays silent.
+    const bool closing = fe_state == XenbusState::closing;
+    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && !closing && online) return;
+    if (!closing) d->fatal = false;
   }
 
   // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the

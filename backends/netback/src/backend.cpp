@@ -302,8 +302,10 @@ void Backend::reconcile(const Key& key) {
   if (d->conn && (*be_state == XenbusState::closing || *be_state == XenbusState::closed)) disconnect(*d);
 
   if (d->fatal) {
-    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && online) return;
-    d->fatal = false;
+    // As blkback's: a frontend going down (Closing) is answered; the rest waits for its Closed.
+    const bool closing = fe_state == XenbusState::closing;
+    if (fe_state != XenbusState::closed && fe_state != XenbusState::unknown && !closing && online) return;
+    if (!closing) d->fatal = false;
   }
 
   // Restart: the vif was Connected when a previous xpv-netback died. Reattach to the published

@@ -216,6 +216,13 @@ TEST_F(BlkbackDaemon, AMissingImageIsReportedAndTheDaemonKeepsServing) {
   connect_blkfront(g, kXvda);
   std::vector<std::uint8_t> d(4096, 9);
   EXPECT_EQ(g.front->write(0, d), 4096);
+  // The guest shuts down: the failed device's frontend goes Closing and gets the Closing it waits
+  // for (until session 46 the error kept the backend silent, and Linux's frontend waited out its
+  // timeout), then Closed, and the backend with it.
+  ASSERT_TRUE(xs_->write(fe(3, kXvdb) + "/state", "5"));
+  EXPECT_EQ(wait_value(be(3, kXvdb) + "/state", "5"), "5");
+  ASSERT_TRUE(xs_->write(fe(3, kXvdb) + "/state", "6"));
+  EXPECT_EQ(wait_value(be(3, kXvdb) + "/state", "6"), "6");
 }
 
 TEST_F(BlkbackDaemon, AGarbageRingDisablesOnlyThatDevice) {
