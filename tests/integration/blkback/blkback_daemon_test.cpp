@@ -51,7 +51,7 @@ using namespace std::chrono_literals;
 using frontends::Blkfront;
 using xenbus::client::SyncClient;
 
-constexpr std::uint32_t kXvda = 51712, kXvdb = 51728;
+constexpr std::uint32_t kXvda = 51712, kXvdb = 51728, kXvdc = 51744;
 
 using test::blkrig::Child;
 using test::blkrig::Guest;
@@ -223,6 +223,17 @@ TEST_F(BlkbackDaemon, AMissingImageIsReportedAndTheDaemonKeepsServing) {
   EXPECT_EQ(wait_value(be(3, kXvdb) + "/state", "5"), "5");
   ASSERT_TRUE(xs_->write(fe(3, kXvdb) + "/state", "6"));
   EXPECT_EQ(wait_value(be(3, kXvdb) + "/state", "6"), "6");
+  // A frontend that was Closing after an error and starts over without the backend seeing its
+  // Closed (a reset, or Closed and Initialising between two reads) gets the device offered
+  // again — here its image exists by then. Before, the error's gate waited for a Closed that
+  // had come and gone, and both ends stayed where they were.
+  add_vbd(3, kXvdc, dir_ + "/late.img", "w");
+  EXPECT_EQ(wait_value(be(3, kXvdc) + "/state", "6"), "6");
+  ASSERT_TRUE(xs_->write(fe(3, kXvdc) + "/state", "5"));
+  EXPECT_EQ(wait_value(be(3, kXvdc) + "/state", "5"), "5");
+  image("late.img");
+  ASSERT_TRUE(xs_->write(fe(3, kXvdc) + "/state", "1"));
+  EXPECT_EQ(wait_value(be(3, kXvdc) + "/state", "2"), "2") << log();
 }
 
 TEST_F(BlkbackDaemon, AGarbageRingDisablesOnlyThatDevice) {

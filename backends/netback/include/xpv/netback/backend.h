@@ -112,6 +112,7 @@ class Backend {
     std::unique_ptr<VifConnection> conn;
     std::uint64_t generation = 0;  // of conn, to match queue-exit posts
     bool fatal = false;            // an error was reported; wait for the frontend to close
+    bool fatal_acked = false;      // ...and it has been Closing since: its start over counts too
     bool resume_checked = false;   // the restart check ran once
   };
 
