@@ -259,19 +259,8 @@ void Backend::reconcile(const Key& key) {
   }
   const bool online = read(be + "/online") == "1";
 
-  if (d->fatal) {
-    // An error was reported: nothing happens until the frontend acknowledged it by closing,
-    // or the device goes away — but a frontend on its way down (Closing) gets its answer below,
-    // or it would wait out its shutdown timeout for a backend that stays silent. One that was
-    // Closing and is back at Initialising has closed (its Closed came and went between two
-    // reads): the step below finishes the close and offers the device again.
-    const bool closing = fe_state == XenbusState::closing;
-    if (closing) d->fatal_acked = true;
-    const bool over = fe_state == XenbusState::closed || fe_state == XenbusState::unknown || !online ||
-                      (d->fatal_acked && fe_state == XenbusState::initialising);
-    if (!over && !closing) return;
-    if (over) d->fatal = d->fatal_acked = false;
-  }
+  // Held in error (ErrorHold, device_state.h): only a closing or closed frontend goes on.
+  if (!d->fatal.lets_through(fe_state, online)) return;
 
   // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the
   // published rings without touching `state`: the frontend sees nothing.
@@ -458,8 +447,7 @@ void Backend::fatal(Device& d, XenbusState state, int err, const std::string& wh
   });
   disconnect(d, /*for_good=*/true);
   write_state(d, state);
-  d.fatal = true;
-  d.fatal_acked = false;
+  d.fatal.hold();
 }
 
 void Backend::on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue) {

@@ -301,16 +301,8 @@ void Backend::reconcile(const Key& key) {
   // frontend's pages now, before it ends its grants on seeing Closing.
   if (d->conn && (*be_state == XenbusState::closing || *be_state == XenbusState::closed)) disconnect(*d);
 
-  if (d->fatal) {
-    // As blkback's: a frontend going down (Closing) is answered; the rest waits for its Closed,
-    // or for its start over after Closing.
-    const bool closing = fe_state == XenbusState::closing;
-    if (closing) d->fatal_acked = true;
-    const bool over = fe_state == XenbusState::closed || fe_state == XenbusState::unknown || !online ||
-                      (d->fatal_acked && fe_state == XenbusState::initialising);
-    if (!over && !closing) return;
-    if (over) d->fatal = d->fatal_acked = false;
-  }
+  // Held in error (ErrorHold, device_state.h): only a closing or closed frontend goes on.
+  if (!d->fatal.lets_through(fe_state, online)) return;
 
   // Restart: the vif was Connected when a previous xpv-netback died. Reattach to the published
   // rings without touching `state`: the frontend sees nothing but a few lost packets.
@@ -522,8 +514,7 @@ void Backend::fatal(Device& d, XenbusState state, int err, const std::string& wh
   });
   disconnect(d);
   write_state(d, state);
-  d.fatal = true;
-  d.fatal_acked = false;
+  d.fatal.hold();
 }
 
 void Backend::on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue) {

@@ -169,5 +169,37 @@ TEST(XenbusState, ReconnectAfterCloseIsNotBouncedBack) {
   EXPECT_EQ(backend_step(S::closed, S::initialising, true).next, S::init_wait);
 }
 
+// A device held in error: nothing goes through but a frontend closing (answered Closing), closed,
+// gone or a device going offline; a frontend that starts over counts only after it was Closing.
+TEST(ErrorHold, OnlyAClosingOrClosedFrontendEndsIt) {
+  ErrorHold h;
+  EXPECT_TRUE(h.lets_through(S::initialising, true)) << "not held: everything goes through";
+  h.hold();
+  for (const S fe : {S::initialising, S::init_wait, S::initialised, S::connected, S::reconfiguring}) {
+    EXPECT_FALSE(h.lets_through(fe, true)) << to_string(fe);
+  }
+  EXPECT_TRUE(h.held());
+  EXPECT_TRUE(h.lets_through(S::closing, true)) << "answered, so that it goes on to Closed";
+  EXPECT_TRUE(h.held()) << "still held: Closing is not the end";
+  EXPECT_FALSE(h.lets_through(S::connected, true));
+  EXPECT_TRUE(h.lets_through(S::initialising, true)) << "back at Initialising after Closing: it has closed";
+  EXPECT_FALSE(h.held());
+  EXPECT_EQ(backend_step(S::closing, S::initialising, true).action, BackendAction::disconnect);
+
+  h.hold();
+  EXPECT_TRUE(h.lets_through(S::closed, true));
+  EXPECT_FALSE(h.held());
+  h.hold();
+  EXPECT_TRUE(h.lets_through(S::unknown, true)) << "the frontend's directory is gone";
+  EXPECT_FALSE(h.held());
+  h.hold();
+  EXPECT_TRUE(h.lets_through(S::connected, false)) << "the toolstack removes the device";
+  EXPECT_FALSE(h.held());
+  h.hold();
+  EXPECT_TRUE(h.lets_through(S::closing, true));
+  h.hold();  // a new error: the old Closing does not count for it
+  EXPECT_FALSE(h.lets_through(S::initialising, true));
+}
+
 }  // namespace
 }  // namespace xpv::xenbus

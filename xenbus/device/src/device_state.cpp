@@ -62,6 +62,16 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
   return {A::none, backend};
 }
 
+bool ErrorHold::lets_through(XenbusState frontend, bool online) noexcept {
+  if (!held_) return true;
+  using S = XenbusState;
+  const bool closing = frontend == S::closing;
+  if (closing) acked_ = true;
+  const bool over = frontend == S::closed || frontend == S::unknown || !online || (acked_ && frontend == S::initialising);
+  if (over) held_ = acked_ = false;
+  return over || closing;
+}
+
 FrontendStep frontend_step(XenbusState frontend, XenbusState backend) noexcept {
   using S = XenbusState;
   using A = FrontendAction;

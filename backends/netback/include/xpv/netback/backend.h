@@ -111,8 +111,7 @@ class Backend {
     std::optional<VifBackendNodes> nodes;  // probed
     std::unique_ptr<VifConnection> conn;
     std::uint64_t generation = 0;  // of conn, to match queue-exit posts
-    bool fatal = false;            // an error was reported; wait for the frontend to close
-    bool fatal_acked = false;      // ...and it has been Closing since: its start over counts too
+    xenbus::ErrorHold fatal;       // an error was reported; wait for the frontend to close
     bool resume_checked = false;   // the restart check ran once
   };
 

@@ -68,6 +68,27 @@ struct BackendStep {
 // that is not online is removed once the frontend has closed.
 BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online) noexcept;
 
+// A device whose backend reported an error (Linux's xenbus_dev_fatal: `error` node, state Closed
+// or Closing) is held: nothing happens to it until the frontend acknowledged the error by
+// closing, or the device goes away — no retry loop. Two exceptions: a frontend going down
+// (Closing) is let through, so that backend_step answers Closing and it goes on to Closed
+// instead of waiting out its shutdown timeout; and one that was Closing and is back at
+// Initialising without our seeing its Closed (it came and went between two reads) has closed.
+class ErrorHold {
+ public:
+  void hold() noexcept {
+    held_ = true;
+    acked_ = false;
+  }
+  bool held() const noexcept { return held_; }
+  // Whether the backend acts on this observation (backend_step); ends the hold once it is over.
+  bool lets_through(XenbusState frontend, bool online) noexcept;
+
+ private:
+  bool held_ = false;
+  bool acked_ = false;  // the frontend has been Closing since the error
+};
+
 // What a frontend does when it observes the backend's state.
 enum class FrontendAction {
   none,
