@@ -34,6 +34,7 @@ BONNIE_DIRECT=0
 BONNIE_CHUNK=0
 EOI_TRACE=0
 TCP_DETAIL=0
+MEM_TARGET_MIB=
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     xpv.run=*) RUN="${arg#xpv.run=}" ;;
@@ -49,6 +50,7 @@ for arg in $(cat /proc/cmdline); do
     xpv.bonnie_chunk=*) BONNIE_CHUNK="${arg#xpv.bonnie_chunk=}" ;;
     xpv.eoi_trace=*) EOI_TRACE="${arg#xpv.eoi_trace=}" ;;
     xpv.tcp_detail=*) TCP_DETAIL="${arg#xpv.tcp_detail=}" ;;
+    xpv.mem_target_mib=*) MEM_TARGET_MIB="${arg#xpv.mem_target_mib=}" ;;
   esac
 done
 
@@ -199,21 +201,26 @@ eoi_counts() {
        }' "${2:-/proc/interrupts}" "$t/events/xpv/eoi/hist" "$w"
 }
 
-# mem_state [XEN_MEMORY_DIR] [MEMINFO] [WAIT_S]: the guest's memory as its Xen balloon driver
-# (drivers/xen/xen-balloon.c's sysfs) and the kernel see it, one line: "mem_kib=<MemTotal>
+# mem_state [XEN_MEMORY_DIR] [MEMINFO] [WAIT_S] [TARGET_KIB]: the guest's memory as its Xen balloon
+# driver (drivers/xen/xen-balloon.c's sysfs) and the kernel see it, one line: "mem_kib=<MemTotal>
 # balloon_current_kib=<...> balloon_target_kib=<...>", or "mem_kib=<...> balloon=none" without a
 # balloon (virtio guests). Waits (bounded: WAIT_S, default 150 s) while the balloon is still
 # moving to its target: the host's `xpv mem-set` only sets the target, and the balloon zeroes each
 # page it gives back (in the nested testbed, first touches of 256 MiB took from 4 to over 30 s).
+# With TARGET_KIB (xpv.mem_target_mib, from a host that announced its `xpv mem-set`), it also waits,
+# within the same bound, for the target to fall to at most that (the driver takes off what it
+# found missing below memory/static-max at its first look), as the host's steps before its
+# `xpv mem-set` may outlast xpv.wait.
 mem_state() {
-  b=${1:-/sys/devices/system/xen_memory/xen_memory0} mi=${2:-/proc/meminfo} n=${3:-150}
+  b=${1:-/sys/devices/system/xen_memory/xen_memory0} mi=${2:-/proc/meminfo} n=${3:-150} want=${4:-}
   total() { awk '/^MemTotal:/ { print $2 }' "$mi"; }
   if [ ! -r "$b/info/current_kb" ] || [ ! -r "$b/target_kb" ]; then
     echo "mem_kib=$(total) balloon=none"
     return 0
   fi
   i=0
-  while [ "$(cat "$b/info/current_kb")" != "$(cat "$b/target_kb")" ] && [ "$i" -lt "$n" ]; do
+  while { [ "$(cat "$b/info/current_kb")" != "$(cat "$b/target_kb")" ] ||
+          { [ -n "$want" ] && [ "$(cat "$b/target_kb")" -gt "$want" ]; }; } && [ "$i" -lt "$n" ]; do
     sleep 1
     i=$((i + 1))
   done
@@ -341,7 +348,7 @@ case "$RUN" in
     sync
     say "XPV-AFTER-WAIT-FILE /root/after-wait.txt $(wc -c < /root/after-wait.txt)"
     # The host may have set a new memory target during the wait (`xpv mem-set`).
-    say "XPV-MEM $(mem_state)"
+    say "XPV-MEM $(mem_state "" "" "" ${MEM_TARGET_MIB:+$((MEM_TARGET_MIB * 1024))})"
     if [ "$SHUTDOWN_WAIT" -gt 0 ]; then
       # Room for the host's `xpv shutdown`: the kernel's xen manage code sees poweroff in
       # control/shutdown and runs /sbin/poweroff (busybox), which signals init — this script:

@@ -74,6 +74,9 @@ boot() {
   # would): INTx guests get one netif queue, spelled with '-' as users often do.
   MODOPT=
   [ "$M" = intx ] && MODOPT=" xen-netfront.max_queues=1"
+  # Vector mode: the guest is told the target its `xpv mem-set 256` below will set, so its XPV-MEM
+  # waits for it even when the host's steps before it outlast xpv.wait.
+  [ "$M" = vector ] && MODOPT=" xpv.mem_target_mib=256"
   # Callback guests get memory = 384 of maxmem = 512: their balloon gives 128 MiB back at boot.
   MEMCFG="memory = 512"
   [ "$M" = callback ] && MEMCFG="memory = 384
@@ -112,6 +115,16 @@ CFG
         break
       fi
       if [ $PINGED = no ] && grep -q "^XPV-WAIT" $W/log/console-$N.log 2>/dev/null; then
+        # Vector mode: the guest gives half its memory back (`xpv mem-set`, memory/target; its
+        # balloon driver), set first in its wait so the balloon moves while the guest waits. The
+        # RAM file's allocated MiB before and after is information only: the balloon zeroes each
+        # page before it gives it back, so pages never touched before cost nothing either way.
+        if [ "$M" = vector ]; then
+          VMM=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
+          echo "XPV-TEST: ram-file-mib before $(ram_file_mib $VMM)"
+          OUT=$($B/xpv mem-set $N 256 2>&1)
+          echo "XPV-TEST: mem-set rc=$? $OUT"
+        fi
         ping -c 3 -W 2 10.0.$i.2 >/dev/null 2>&1 && PINGED=yes
         echo "XPV-TEST: ping $PINGED"
         # `xpv console` replays the console's backlog (stdin at EOF: it only shows output).
@@ -122,16 +135,6 @@ CFG
         # selftest file through it, its vif carried the pings (the backends publish every second;
         # the console attaches above took longer than that).
         echo "XPV-TEST: top $($B/xpv top --json -i 1 -d 1 2>&1 | head -c 20000 | tr -d '\n')"
-        # Vector mode: the guest gives half its memory back (`xpv mem-set`, memory/target; its
-        # balloon driver), set early in its wait so the balloon moves while the guest waits. The
-        # RAM file's allocated MiB before and after is information only: the balloon zeroes each
-        # page before it gives it back, so pages never touched before cost nothing either way.
-        if [ "$M" = vector ]; then
-          VMM=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
-          echo "XPV-TEST: ram-file-mib before $(ram_file_mib $VMM)"
-          OUT=$($B/xpv mem-set $N 256 2>&1)
-          echo "XPV-TEST: mem-set rc=$? $OUT"
-        fi
         restart_backends
         # xpv-xenstored replaced in place under the running guest (`xpv live-update`): what
         # follows — the balloon's memory/target, control/shutdown, the reboot — reaches the
