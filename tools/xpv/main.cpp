@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
   std::string cfg;
   create->add_option("config", cfg, "configuration file")->required();
   create->add_flag("--no-wait", no_wait, "do not wait for the devices to connect");
+  bool create_paused = false;
+  create->add_flag("-p,--paused", create_paused, "leave the (HVM) domain paused once it is made; `xpv unpause` starts it, as xl create -p");
 
   auto* list = app.add_subcommand("list", "list domains");
   bool json = false;
@@ -155,6 +157,10 @@ int main(int argc, char** argv) {
   auto* mem_set = app.add_subcommand("mem-set", "set an HVM domain's memory target (memory/target); its balloon driver gives memory back or takes it again, up to its maxmem, as xl mem-set");
   mem_set->add_option("domain", which, "name or id")->required();
   mem_set->add_option("size", mem_size, "new target: MiB, or with a unit t, g, m, k, b (e.g. 256, 1g)")->required();
+  auto* pause = app.add_subcommand("pause", "stop an HVM domain's vCPUs until `xpv unpause` (its devices, event channels and clock go on), as xl pause");
+  pause->add_option("domain", which, "name or id")->required();
+  auto* unpause = app.add_subcommand("unpause", "let a paused HVM domain's vCPUs run again (or start one created paused), as xl unpause");
+  unpause->add_option("domain", which, "name or id")->required();
   auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
   monitor->group("");
   unsigned monitor_domid = 0;
@@ -214,7 +220,9 @@ int main(int argc, char** argv) {
     else if (*down) ts::cmd_down(ctx, force);
     else if (*live_update) ts::cmd_live_update(ctx, lu_binary, std::chrono::seconds(lu_timeout_s), lu_force);
     else if (*supervise) return ts::cmd_supervise(ctx);
-    else if (*create) ts::cmd_create(ctx, cfg, !no_wait);
+    else if (*create) ts::cmd_create(ctx, cfg, !no_wait, /*lock_held=*/false, create_paused);
+    else if (*pause) ts::cmd_pause(ctx, which);
+    else if (*unpause) ts::cmd_unpause(ctx, which);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*top) ts::cmd_top(ctx, top_opts);
     else if (*destroy) ts::cmd_destroy(ctx, which);

@@ -127,6 +127,7 @@ void ControlClient::unbind(std::uint32_t port) {
 }
 
 void ControlClient::unpause() { (void)call(MsgType::unpause, {}); }
+void ControlClient::pause() { (void)call(MsgType::pause, {}); }
 
 ControlClient::DirectFds ControlClient::direct_upcall(std::uint32_t vcpu) {
   DirectUpcallRequest req{vcpu, 0};

@@ -20,7 +20,7 @@ const char* to_string(ProtoError e) noexcept {
 namespace {
 bool known_request(std::uint16_t t) noexcept {
   return t >= static_cast<std::uint16_t>(MsgType::hello) &&
-         t <= static_cast<std::uint16_t>(MsgType::get_direct_upcall);
+         t <= static_cast<std::uint16_t>(MsgType::pause);
 }
 }  // namespace
 
@@ -61,6 +61,7 @@ Expected<Request, ProtoError> decode_request(const Message& m) noexcept {
     case MsgType::get_grant_table:
     case MsgType::get_xenstore:
     case MsgType::unpause:
+    case MsgType::pause:
       if (!m.payload.empty()) return fail(ProtoError::bad_payload);
       return r;
   }

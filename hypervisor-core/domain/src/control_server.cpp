@@ -231,6 +231,10 @@ bool ControlServer::serve_one(Connection& c) {
       if (auto r = handler_.unpause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
       return reply(fd, rsp, seq, {});
     }
+    case MsgType::pause: {
+      if (auto r = handler_.pause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
+      return reply(fd, rsp, seq, {});
+    }
     case MsgType::get_direct_upcall: {
       const auto& req = std::get<DirectUpcallRequest>(rq->body);
       auto du = handler_.direct_upcall(req.vcpu);

@@ -177,6 +177,11 @@ Expected<void, int> Domain::unpause() {
   return {};
 }
 
+Expected<void, int> Domain::pause() {
+  if (!pause_) return fail(EOPNOTSUPP);
+  return pause_();
+}
+
 void Domain::enable_direct_upcalls(std::vector<UniqueFd> vcpu_fds, const GuestMemory& spans_from) {
   if (direct_) throw std::logic_error("direct upcalls enabled twice");
   if (vcpu_fds.size() != config_.vcpus) {

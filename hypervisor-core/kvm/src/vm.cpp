@@ -111,6 +111,9 @@ struct Vm::Vcpu {
   std::atomic<std::uint64_t> auto_eoi_gen{0};
   bool synic_active = false;  // vCPU thread only
   std::uint64_t auto_eoi_refused = 0;  // vCPU thread only: the generation it could not apply
+  // Pause (Vm::pause): waiting outside the guest; the thread has left its loop. Under pause_mu_.
+  bool parked = false;
+  bool ended = false;
   ~Vcpu() {
     if (run != nullptr) munmap(run, run_size);
   }
@@ -687,8 +690,67 @@ void Vm::request_stop(StopReason reason, std::string message) noexcept {
       stop_message_ = std::move(message);
     }
     stop_cv_.notify_all();
+    {
+      std::lock_guard lk(pause_mu_);  // a parked vCPU waits on this cv: it ends now
+    }
+    pause_cv_.notify_all();
   }
   kick_all();
+}
+
+Result<void> Vm::pause(std::chrono::milliseconds wait) noexcept {
+  if (t_vcpu != nullptr) return err("a vCPU cannot pause its own VM (it would wait for itself)");
+  std::unique_lock lk(pause_mu_);
+  if (pause_wanted_.load()) return err("the VM is paused already");
+  pause_wanted_.store(true);
+  lk.unlock();
+  kick_all();  // out of KVM_RUN (or not into it): each parks at the top of its loop
+  lk.lock();
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const Vcpu* late = nullptr;
+  const auto all_parked = [&] {
+    late = nullptr;
+    for (auto& v : vcpus_) {
+      if (v->started.load() && !v->parked && !v->ended) late = v.get();
+    }
+    return late == nullptr || stop_reason_.load() != StopReason::none;
+  };
+  while (!all_parked()) {
+    if (pause_cv_.wait_until(lk, deadline) == std::cv_status::timeout && !all_parked()) {
+      pause_wanted_.store(false);
+      lk.unlock();
+      pause_cv_.notify_all();
+      return err(fmt::format("vCPU {} did not stop within {} ms; the VM runs on", late->id, wait.count()));
+    }
+  }
+  return {};
+}
+
+Result<void> Vm::resume() noexcept {
+  {
+    std::lock_guard lk(pause_mu_);
+    if (!pause_wanted_.load()) return err("the VM is not paused");
+    pause_wanted_.store(false);
+  }
+  pause_cv_.notify_all();
+  return {};
+}
+
+bool Vm::paused() const noexcept { return pause_wanted_.load(); }
+
+void Vm::park(Vcpu& v) noexcept {
+  std::unique_lock lk(pause_mu_);
+  v.parked = true;
+  pause_cv_.notify_all();
+  while (pause_wanted_.load() && stop_reason_.load() == StopReason::none) {
+    // A vector change made by a vCPU that was in its hypercall when the pause came waits for
+    // every vCPU to take it (set_auto_eoi_vector): taken here too, so it need not time out.
+    lk.unlock();
+    apply_pending_auto_eoi(v);
+    lk.lock();
+    pause_cv_.wait_for(lk, std::chrono::milliseconds(10));
+  }
+  v.parked = false;
 }
 
 std::string Vm::stop_message() const {
@@ -812,18 +874,26 @@ Result<void> Vm::apply_auto_eoi(Vcpu& v) noexcept {
   return {};
 }
 
+void Vm::apply_pending_auto_eoi(Vcpu& v) noexcept {
+  if (const std::uint64_t want = auto_eoi_gen_.load(std::memory_order_acquire);
+      v.auto_eoi_gen.load(std::memory_order_relaxed) != want && v.auto_eoi_refused != want) {
+    // A change this vCPU cannot take is not applied (nor tried again): its setter waits for
+    // every vCPU, times out and rolls the change back (set_auto_eoi_vector). The guest is told
+    // the vector failed, as on the vCPU that asked; the VM runs on.
+    if (auto r = apply_auto_eoi(v); !r) {
+      v.auto_eoi_refused = want;
+      spdlog::error("vm: {}; the vector change is rolled back", r.error().message);
+    }
+  }
+}
+
 Result<void> Vm::vcpu_loop(Vcpu& v) noexcept {
   kvm_run* run = v.run;
   while (stop_reason_.load() == StopReason::none) {
-    if (const std::uint64_t want = auto_eoi_gen_.load(std::memory_order_acquire);
-        v.auto_eoi_gen.load(std::memory_order_relaxed) != want && v.auto_eoi_refused != want) {
-      // A change this vCPU cannot take is not applied (nor tried again): its setter waits for
-      // every vCPU, times out and rolls the change back (set_auto_eoi_vector). The guest is told
-      // the vector failed, as on the vCPU that asked; the VM runs on.
-      if (auto r = apply_auto_eoi(v); !r) {
-        v.auto_eoi_refused = want;
-        spdlog::error("vm: {}; the vector change is rolled back", r.error().message);
-      }
+    apply_pending_auto_eoi(v);
+    if (pause_wanted_.load()) {
+      park(v);
+      continue;
     }
     const int rc = ioctl(v.fd.get(), KVM_RUN, 0);
     if (rc < 0) {
@@ -923,6 +993,11 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
   } catch (...) {
     request_stop(StopReason::error, fmt::format("vCPU {}: unknown exception", v.id));
   }
+  {
+    std::lock_guard lk(pause_mu_);  // a pause waiting for this vCPU need not
+    v.ended = true;
+  }
+  pause_cv_.notify_all();
   std::lock_guard lk(kick_mu_);
   v.alive = false;
   t_run = nullptr;
@@ -938,11 +1013,13 @@ StopReason Vm::run() noexcept {
     }
     for (auto& v : vcpus_) {
       Vcpu* vp = v.get();
+      // Started before the thread runs: a pause() from now on waits for it to park (the thread
+      // looks at the pause before it first enters the guest).
+      v->started.store(true);
       v->thread = std::thread([this, vp] {
         set_thread_name(fmt::format("vcpu{}", vp->id));
         vcpu_thread(*vp);
       });
-      v->started.store(true);
     }
     // Monitor: wait for a stop; every halt_poll, sample all vCPUs (see vm.h).
     int all_halted = 0;

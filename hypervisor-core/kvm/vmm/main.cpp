@@ -174,6 +174,9 @@ int run(int argc, char** argv) {
   app.add_option("--memory-file", xcfg.memory_file,
                  "with --xen: keep the guest's current memory in this file, in KiB (what its balloon has not "
                  "given back; written when that changes; what `xpv list` shows)");
+  app.add_option("--state-file", xcfg.state_file,
+                 "with --xen: keep the domain's run state in this file: paused or running (what `xpv list` "
+                 "shows)");
   app.add_flag("--paused", paused, "with --xen: print 'ready' and wait for unpause on the control socket");
   app.add_option("--max-grant-frames", xcfg.max_grant_frames, "grant-table frames (--xen)")->capture_default_str();
   try {
@@ -280,6 +283,8 @@ int run(int argc, char** argv) {
     if (paused) {
       xendom->wait_unpaused();
       spdlog::info("dom{} unpaused", xcfg.domid);
+    } else {
+      xendom->unpause_now();
     }
   }
   console.start_input([&](std::span<const std::uint8_t> b) { return uart.receive(b); });

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "xpv/replace_file.h"
 #include "xpv/thread_name.h"
 #include "xpv/xen/stubs.h"
 
@@ -305,17 +306,15 @@ class XenDomain::Host final : public xen::PlatformHost {
   void publish_memory() noexcept {
     if (memory_file_.empty()) return;
     const std::uint64_t kib = (vm_.ram().size() >> 10) - (ballooned_.load(std::memory_order_relaxed) << (kPageShift - 10));
-    const std::string tmp = memory_file_ + ".new";
-    bool ok = false;
-    if (FILE* f = std::fopen(tmp.c_str(), "we")) {
-      ok = std::fprintf(f, "%llu\n", static_cast<unsigned long long>(kib)) > 0;
-      ok = (std::fclose(f) == 0) && ok;
-      ok = ok && std::rename(tmp.c_str(), memory_file_.c_str()) == 0;
+    int e = ENOMEM;
+    try {
+      e = replace_file(memory_file_, std::to_string(kib) + "\n");
+    } catch (...) {
     }
-    if (!ok && !memory_file_failed_) {
+    if (e != 0 && !memory_file_failed_) {
       memory_file_failed_ = true;
       try {
-        spdlog::warn("balloon: cannot write the guest's memory to {}: {}", memory_file_, std::strerror(errno));
+        spdlog::warn("balloon: cannot write the guest's memory to {}: {}", memory_file_, std::strerror(e));
       } catch (...) {
       }
     }
@@ -476,13 +475,35 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
   // BAR1 beyond the grant frames (which are RAM-backed, no exits) is plain MMIO.
   check(vm.mmio().add(kPlatformMmio + grant_bytes(cfg), platform_pci::PlatformMmioBar::kLength - grant_bytes(cfg),
                       bar1_.get(), "xen-platform BAR1"));
+  // Unpause: a domain created paused starts (wait_unpaused returns); one paused since (`xpv
+  // pause`) resumes. Pause, as `xl pause`: every vCPU stops outside the guest; the event
+  // channels, backends and timers go on, and what they signal waits in the vCPUs' LAPICs.
+  // Both on the io thread, one at a time.
   domain_->set_unpause_handler([this] {
     std::lock_guard lk(unpause_mu_);
-    if (unpaused_) return false;
-    unpaused_ = true;
-    unpause_cv_.notify_all();
+    if (!unpaused_) {
+      unpaused_ = true;
+      unpause_cv_.notify_all();
+    } else if (!vm_.paused() || !vm_.resume()) {
+      return false;
+    } else {
+      spdlog::info("dom{}: unpaused", cfg_.domid);
+    }
+    publish_state("running");
     return true;
   });
+  domain_->set_pause_handler([this]() -> Expected<void, int> {
+    std::lock_guard lk(unpause_mu_);
+    if (!unpaused_ || vm_.paused()) return fail(EALREADY);
+    if (auto r = vm_.pause(); !r) {
+      spdlog::error("dom{}: cannot pause: {}", cfg_.domid, r.error().message);
+      return fail(EBUSY);
+    }
+    spdlog::info("dom{}: paused", cfg_.domid);
+    publish_state("paused");
+    return {};
+  });
+  publish_state("paused");  // until unpaused: xpv-vmm --paused waits for it, else main does at once
   io_thread_ = std::thread([this] {
     set_thread_name("xen-events");  // dom0 kicks → upcalls; the control socket
     io_.run();
@@ -524,6 +545,27 @@ void XenDomain::reassert_loop() {
     for (unsigned v = 0; v < vm_.vcpus(); ++v) reassert(v);
   }
   if (lost > 0) spdlog::info("dom{}: {} event-channel ports signalled again (lost edges)", cfg_.domid, lost);
+}
+
+void XenDomain::publish_state(const char* state) noexcept {
+  if (cfg_.state_file.empty()) return;
+  int e = ENOMEM;
+  try {
+    e = replace_file(cfg_.state_file, std::string(state) + "\n");
+  } catch (...) {
+  }
+  if (e != 0) {
+    try {
+      spdlog::warn("dom{}: cannot write its state ({}) to {}: {}", cfg_.domid, state, cfg_.state_file, std::strerror(e));
+    } catch (...) {
+    }
+  }
+}
+
+void XenDomain::unpause_now() {
+  std::lock_guard lk(unpause_mu_);
+  unpaused_ = true;
+  publish_state("running");
 }
 
 void XenDomain::wait_unpaused() {

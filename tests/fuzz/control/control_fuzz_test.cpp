@@ -101,7 +101,7 @@ Bytes bytes(const T& v) {
 
 // A handler call as the handler saw it.
 struct Call {
-  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall)
+  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall) P(ause)
   std::uint32_t arg = 0;
   bool operator==(const Call&) const = default;
 };
@@ -112,7 +112,7 @@ std::string show(const std::vector<Call>& cs) {
 }
 
 // The domain: two memory regions with a known byte, two grant frames, guest ports 5..12 unbound
-// for dom0, two vCPUs with direct upcalls; xenstore and unpause answer as the test sets them.
+// for dom0, two vCPUs with direct upcalls; xenstore, unpause and pause answer as the test sets them.
 class FuzzDomain : public ControlHandler {
  public:
   FuzzDomain() : mem_(DomainMemory::create("control-fuzz", {{0, 0x10000}, {0x100000, 0x4000}})) {
@@ -158,6 +158,11 @@ class FuzzDomain : public ControlHandler {
     if (++unpauses % 2 == 0) return fail(EALREADY);
     return {};
   }
+  Expected<void, int> pause() override {
+    note({'P', 0});
+    if (++pauses % 2 == 0) return fail(EALREADY);
+    return {};
+  }
   Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) override {
     note({'d', vcpu});
     if (vcpu >= kVcpus) return fail(ENOENT);
@@ -170,6 +175,7 @@ class FuzzDomain : public ControlHandler {
   std::set<std::uint32_t> bound;  // dom0 ports handed out and not unbound
   bool xenstore_ok = true;
   unsigned unpauses = 0;
+  unsigned pauses = 0;
   std::thread::id io_thread;
 
  private:
@@ -279,6 +285,7 @@ class World {
     xenstore_ok_ = !one_in(4);
     server_.on_io([&] { return server_.domain().xenstore_ok = xenstore_ok_; });
     unpauses_ = server_.on_io([&] { return server_.domain().unpauses; });
+    pauses_ = server_.on_io([&] { return server_.domain().pauses; });
     if (one_in(40) && !kSanitized) {
       starve();
       if (::testing::Test::HasFailure()) return;
@@ -494,7 +501,7 @@ class World {
   std::pair<Bytes, std::size_t> message(const Conn& c) {
     // Binds and unbinds more often than the rest: they are where connections hold state.
     const auto type = one_in(3) ? (one_in(2) ? MsgType::bind_interdomain : MsgType::unbind)
-                                : static_cast<MsgType>(1 + below(8));
+                                : static_cast<MsgType>(1 + below(9));
     Bytes m = request(type, c);
     auto put16 = [&](std::size_t off, std::uint16_t v) { std::memcpy(m.data() + off, &v, 2); };
     auto put32 = [&](std::size_t off, std::uint32_t v) { std::memcpy(m.data() + off, &v, 4); };
@@ -502,7 +509,7 @@ class World {
     switch (below(32)) {  // 12 of 32: mutated
       case 0: put32(0, static_cast<std::uint32_t>(rng_()) | 1u); break;  // bad magic (kMagic is even)
       case 1: put16(4, std::vector<std::uint16_t>{0, 2, 0xffff, static_cast<std::uint16_t>(rng_())}[below(4)]); break;
-      case 2: put16(6, std::vector<std::uint16_t>{0, 9, 0x7fff, static_cast<std::uint16_t>(m[6] | 0x8000), kErrorType,
+      case 2: put16(6, std::vector<std::uint16_t>{0, 10, 0x7fff, static_cast<std::uint16_t>(m[6] | 0x8000), kErrorType,
                                                   static_cast<std::uint16_t>(rng_())}[below(6)]);
         break;
       case 3: put32(12, static_cast<std::uint32_t>(m.size() - sizeof(Header)) + (one_in(2) ? 1u : -1u)); break;
@@ -550,7 +557,7 @@ class World {
     std::memcpy(&h, msg.data(), sizeof h);
     const std::size_t len = msg.size() - sizeof h;
     if (h.magic != kMagic || h.version != kVersion || h.length != len) return o;
-    if ((h.type & kResponseBit) != 0 || h.type < 1 || h.type > 8) return o;
+    if ((h.type & kResponseBit) != 0 || h.type < 1 || h.type > 9) return o;
     const std::uint8_t* p = msg.data() + sizeof h;
     o.seq = h.seq;
     o.type = h.type | kResponseBit;
@@ -598,6 +605,7 @@ class World {
       case MsgType::get_grant_table:
       case MsgType::get_xenstore:
       case MsgType::unpause:
+      case MsgType::pause:
         if (len != 0) return o;
         break;
     }
@@ -643,6 +651,10 @@ class World {
       case MsgType::unpause:
         o.calls.push_back({'p', 0});
         if (++unpauses_ % 2 == 0) return err(EALREADY);
+        return answer({}, 0);
+      case MsgType::pause:
+        o.calls.push_back({'P', 0});
+        if (++pauses_ % 2 == 0) return err(EALREADY);
         return answer({}, 0);
       case MsgType::get_direct_upcall:
         o.calls.push_back({'d', upcall.vcpu});
@@ -741,6 +753,7 @@ class World {
   std::set<std::uint32_t> bound_;  // the model of the handler's
   bool xenstore_ok_ = true;
   unsigned unpauses_ = 0;
+  unsigned pauses_ = 0;
   std::uint32_t seq_ = 0;
 };
 

@@ -729,6 +729,37 @@ TEST_F(Toolstack, MemSetRefusesWhatNoBalloonCanDo) {
   EXPECT_EQ(c.read("/local/domain/1/memory/target").value_or("?"), "65536");
 }
 
+// `xpv pause` / `xpv unpause` / `xpv create -p`: a process domain has no vCPUs to stop, which each
+// says in one line, and nothing changes (it is still listed running); an unknown domain is one
+// line. (An HVM guest paused and unpaused under its pings: tests/testbed/hvm.)
+TEST_F(Toolstack, PauseRefusesWhatHasNoVcpus) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto cfg = h.write("a.cfg", "name = \"a\"\nmemory = 64\n");
+  const auto before = tree(h.xs_socket);
+  auto r = h.run({"create", "-p", cfg});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}: a process domain cannot be created paused (only an HVM guest has "
+                               "vCPUs to hold)\n",
+                               cfg));
+  EXPECT_EQ(tree(h.xs_socket), before);
+  ASSERT_EQ(h.run({"create", cfg}).rc, 0);
+  r = h.run({"pause", "a"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv pause: a (id 1) is a process domain: it has no vCPUs to pause\n");
+  r = h.run({"unpause", "1"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv unpause: a (id 1) is a process domain: it has no vCPUs to unpause\n");
+  r = h.run({"pause", "nosuch"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv pause: no domain named 'nosuch'\n");
+  r = h.run({"list", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto doms = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doms.size(), 2u) << r.out;
+  EXPECT_EQ(doms[1]["state"], "running") << r.out;
+}
+
 // `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite
 // runs for minutes (it used to fail only when the results were written); an unknown suite, or a
 // suite refusing its settings, leaves nothing made.

@@ -95,8 +95,18 @@ disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ 'mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24' ]
 CFG
   {
-    $B/xpv create $W/$N.cfg
-    echo "XPV-TEST: create rc=$?"
+    if [ "$M" = callback ]; then
+      # As xl create -p: made paused (its devices in xenstore, no guest instruction run yet),
+      # listed paused, started by `xpv unpause`.
+      $B/xpv create -p $W/$N.cfg
+      echo "XPV-TEST: create rc=$?"
+      echo "XPV-TEST: list-state-created $($B/xpv list | awk -v n=$N '$1 == n { print $6 }')"
+      OUT=$($B/xpv unpause $N 2>&1)
+      echo "XPV-TEST: unpause-created rc=$? $OUT"
+    else
+      $B/xpv create $W/$N.cfg
+      echo "XPV-TEST: create rc=$?"
+    fi
     PINGED=no
     ASKED=no
     REBOOT=no
@@ -165,6 +175,26 @@ CFG
           sleep 1
         done
         echo "XPV-TEST: ping-after-xenstored-crash $PINGED3"
+        # `xpv pause` as xl pause: the vCPUs stop (nothing answers a ping; `xpv list` says paused)
+        # until `xpv unpause`, after which the guest answers again without a reboot. Here, after
+        # the steps that must fall inside the guest's xpv.wait (its clock runs on while paused).
+        # Bounded: 2 pings while paused, 10 tries after.
+        OUT=$($B/xpv pause $N 2>&1)
+        echo "XPV-TEST: pause rc=$? $OUT"
+        echo "XPV-TEST: list-state $($B/xpv list | awk -v n=$N '$1 == n { print $6 }')"
+        PP=no
+        ping -c 2 -W 1 10.0.$i.2 >/dev/null 2>&1 && PP=yes
+        echo "XPV-TEST: ping-while-paused $PP"
+        OUT=$($B/xpv unpause $N 2>&1)
+        echo "XPV-TEST: unpause rc=$? $OUT"
+        OUT=$($B/xpv unpause $N 2>&1)
+        echo "XPV-TEST: unpause-again rc=$? $OUT"
+        echo "XPV-TEST: list-state-after $($B/xpv list | awk -v n=$N '$1 == n { print $6 }')"
+        PU=no
+        for k in 1 2 3 4 5 6 7 8 9 10; do
+          ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PU=yes; break; }
+        done
+        echo "XPV-TEST: ping-after-unpause $PU"
         # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
         # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl
         # list. Bounded: 180 s.

@@ -169,6 +169,21 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     EXPECT_NE(mounts.find("\n/dev/xvda / ext4 rw"), std::string::npos) << mounts;
     EXPECT_NE(s.find("XPV-DONE selftest rc=0"), std::string::npos) << s;
     EXPECT_NE(s.find("XPV-TEST: ping yes"), std::string::npos) << s;
+    // `xpv pause` / `xpv unpause`, as xl's: the vCPUs stopped (no answer to a ping, `xpv list`
+    // says paused), then ran on without a reboot; a second unpause finds it running.
+    const std::string label = "g" + std::string(mode);  // then the attempt's number, " (id N)"
+    EXPECT_NE(s.find("XPV-TEST: pause rc=0 Paused " + label), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: list-state paused\n"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: ping-while-paused no"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: unpause rc=0 Unpaused " + label), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: unpause-again rc=1 xpv unpause: " + label), std::string::npos) << s;
+    EXPECT_NE(s.find(") is running already\n"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: list-state-after running\n"), std::string::npos) << s;
+    EXPECT_NE(s.find("XPV-TEST: ping-after-unpause yes"), std::string::npos) << s;
+    if (m == "callback") {  // made with `xpv create -p`: listed paused until `xpv unpause` started it
+      EXPECT_NE(s.find("XPV-TEST: list-state-created paused\n"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: unpause-created rc=0 Unpaused " + label), std::string::npos) << s;
+    }
     EXPECT_NE(s.find("XPV-TEST: console-attach 1"), std::string::npos) << "xpv console shows the guest\n" << s;
     // `xpv top --json` while the guest waited: its xpv-vmm's CPU time, its root disk's requests
     // (it booted from it and wrote a file) and its vif's packets (the pings and their answers),

@@ -262,6 +262,32 @@ TEST_F(ForeignDomainTest, UnpauseStartsAPausedDomainOnce) {
   EXPECT_THROW(c.unpause(), ControlError) << "the second unpause finds it running";
 }
 
+TEST_F(ForeignDomainTest, PauseIsRefusedWithoutAHandlerAndCarriesItsAnswer) {
+  // A process domain has no vCPUs to stop: EOPNOTSUPP. With a pause handler (xpv-vmm's), its
+  // answer goes back as it is: done, then EALREADY; the connection stays usable throughout.
+  auto c = ControlClient::connect(control::socket_path(9, run_dir_), "xpv");
+  auto code = [&] {
+    try {
+      c.pause();
+      return 0;
+    } catch (const ControlError& e) {
+      return e.error();
+    }
+  };
+  EXPECT_EQ(code(), EOPNOTSUPP);
+  int pauses = 0;
+  on_io([&] {
+    domain_->set_pause_handler([&]() -> Expected<void, int> {
+      if (pauses++ > 0) return fail(EALREADY);
+      return {};
+    });
+  });
+  EXPECT_EQ(code(), 0);
+  EXPECT_EQ(code(), EALREADY);
+  EXPECT_EQ(pauses, 2);
+  EXPECT_EQ(c.xenstore().gfn, Domain::kXenstoreGfn);
+}
+
 TEST_F(ForeignDomainTest, DeathOfTheDomainIsVisible) {
   auto d = ForeignDomain::connect(9, "test", run_dir_);
   EXPECT_FALSE(readable(d.death_fd(), 0));

@@ -111,7 +111,8 @@ TEST(ControlProtocol, DecodeRequestChecksThePayloadOfEveryType) {
   EXPECT_EQ(request(MsgType::unbind, bytes_of(UnbindRequest{7, 1})).error(), ProtoError::bad_payload);
   EXPECT_EQ(request(MsgType::get_direct_upcall, bytes_of(BindRequest{0, 0}))->type, MsgType::get_direct_upcall);
   const std::uint8_t one[1] = {0};
-  for (MsgType t : {MsgType::get_memory, MsgType::get_grant_table, MsgType::get_xenstore, MsgType::unpause}) {
+  for (MsgType t : {MsgType::get_memory, MsgType::get_grant_table, MsgType::get_xenstore, MsgType::unpause,
+                    MsgType::pause}) {
     EXPECT_TRUE(request(t, {})) << static_cast<int>(t);
     EXPECT_EQ(request(t, one).error(), ProtoError::bad_payload) << static_cast<int>(t);
   }

@@ -165,6 +165,63 @@ TEST(VmSmoke, TripleFaultStopsCleanly) {
   EXPECT_NE(g.vm.stop_message().find(" cr0="), std::string::npos) << g.vm.stop_message();
 }
 
+TEST(VmSmoke, APausedVmRunsNoGuestCodeUntilResumedAndStillStops) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  Guest g(small(2));  // the AP, never started, waits inside KVM_RUN: it must stop too
+  // 1: inc dword [0x1800000]; jmp 1b — a guest that counts as long as it runs.
+  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
+  auto m = g.vm.memory().translate(0x100000, sizeof code);
+  ASSERT_TRUE(m);
+  std::memcpy(m->data(), code, sizeof code);
+  auto c = g.vm.memory().translate(0x1800000, 4);
+  ASSERT_TRUE(c);
+  auto* counter = reinterpret_cast<std::uint32_t*>(c->data());
+  const auto count = [&] { return __atomic_load_n(counter, __ATOMIC_RELAXED); };
+  // Waits (bounded: 30 s) until the count is past `than`.
+  const auto counts_past = [&](std::uint32_t than) {
+    for (int i = 0; i < 3000 && count() == than && g.vm.stop_reason() == StopReason::none; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return count() != than;
+  };
+  g.vm.boot_cpu_protected_mode(0x100000);
+  StopReason stopped = StopReason::none;
+  std::thread runner([&] { stopped = g.run(); });
+  EXPECT_TRUE(counts_past(0)) << "the guest never ran: " << g.vm.stop_message();
+
+  auto p = g.vm.pause();
+  EXPECT_TRUE(p) << (p ? "" : p.error().message);
+  EXPECT_TRUE(g.vm.paused());
+  // (EXPECTs only until the runner is joined: an ASSERT's return would destroy it joinable.)
+  auto again = g.vm.pause();
+  EXPECT_FALSE(again);
+  if (!again) {
+    EXPECT_EQ(again.error().message, "the VM is paused already");
+  }
+  const std::uint32_t at_pause = count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(count(), at_pause) << "no guest instruction runs while paused";
+
+  auto r = g.vm.resume();
+  EXPECT_TRUE(r) << (r ? "" : r.error().message);
+  EXPECT_FALSE(g.vm.paused());
+  auto r2 = g.vm.resume();
+  EXPECT_FALSE(r2);
+  if (!r2) {
+    EXPECT_EQ(r2.error().message, "the VM is not paused");
+  }
+  EXPECT_TRUE(counts_past(at_pause)) << "the guest runs on after resume";
+
+  // A stop while paused ends the run (the parked vCPUs leave), as `xl destroy` of a paused domain.
+  p = g.vm.pause();
+  EXPECT_TRUE(p) << (p ? "" : p.error().message);
+  g.vm.request_stop(StopReason::poweroff, "destroyed while paused");
+  runner.join();
+  EXPECT_EQ(stopped, StopReason::poweroff) << g.vm.stop_message();
+  EXPECT_EQ(g.vm.stop_message(), "destroyed while paused");
+}
+
 // Waits (bounded) until the guest's UART output is `want`; false after `limit`.
 bool wait_output(Guest& g, const std::string& want, std::chrono::seconds limit = std::chrono::seconds(30)) {
   const auto end = std::chrono::steady_clock::now() + limit;

@@ -132,6 +132,8 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   const Paths& p = ctx.paths;
   const std::string dir = p.domain_dir(d.domid);
   const bool alive = d.record && domain_process_runs(*d.record);
+  // A paused guest's frontends cannot answer a close: its devices go at once, as xl destroy's.
+  const bool frontends_answer = alive && !d.paused;
   // Its monitor first (unless we are it): the domain process about to be stopped is no reason
   // for on_poweroff / on_crash to act.
   if (d.record && d.record->monitor_pid != ::getpid() && monitor_runs(*d.record)) {
@@ -145,7 +147,7 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
     // side below — the process, its directory, sockets and namespace — goes regardless.
     try {
       const auto devices = devices_of(*xs, d.domid);
-      auto warnings = close_and_remove(*xs, d.domid, devices, alive,
+      auto warnings = close_and_remove(*xs, d.domid, devices, frontends_answer,
                                        [&](DeviceKind k) { return backend_running(p, k); }, ctx.close_timeout);
       for (const auto& w : warnings) ctx.err << "warning: " << w << "\n";
       try {
@@ -183,7 +185,7 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
   }
 }
 
-void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held) {
+void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held, bool paused) {
   const Paths& p = ctx.paths;
   InterruptGuard interrupts;  // Ctrl-C from here on: the undo below, not a half-made domain
   config::DomainConfig cfg;
@@ -196,6 +198,10 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
   const bool hvm = cfg.type == config::DomainType::hvm;
   const char* program = hvm ? kVmm : kFront;
   if (hvm && cfg.kernel.empty()) throw ToolstackError(fmt::format("{}: type \"hvm\" needs kernel = \"...\"", config_path));
+  if (paused && !hvm) {
+    throw ToolstackError(fmt::format("{}: a process domain cannot be created paused (only an HVM guest has vCPUs to hold)",
+                                     config_path));
+  }
   for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
     if (!cfg.vifs[i].vifname.empty()) {
       throw ToolstackError(fmt::format("{}: vif {}: vifname is not supported (the host side is always vif<domid>.<devid>)",
@@ -323,6 +329,8 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
                                           "--stats",
                                           // what the guest holds after ballooning (`xpv list`)
                                           "--memory-file", p.memory_file(n),
+                                          // paused or running (`xpv list`, `xpv pause`)
+                                          "--state-file", p.state_file(n),
                                           // the same counters every second while it runs (`xpv top`)
                                           "--stats-file", p.vmm_stats_file(n)};
       argv.insert(argv.end(), more.begin(), more.end());
@@ -376,7 +384,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
       devices.push_back(d);
     }
     throw_if_interrupted();
-    if (hvm) {
+    if (hvm && !paused) {
       try {
         domain::ControlClient::connect(p.control_socket(n), "xpv").unpause();
       } catch (const std::exception& e) {
@@ -397,6 +405,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
                            cfg.maxmem_mib != cfg.memory_mib ? fmt::format(" of maxmem {}", cfg.maxmem_mib) : "",
                            rec.pid);
     if (hvm) ctx.out << fmt::format("  console: xpv console {} (log: {})\n", cfg.name, log);
+    if (paused) ctx.out << fmt::format("  paused: its vCPUs start with `xpv unpause {}`\n", cfg.name);
     for (const auto& disk : cfg.disks) {
       ctx.out << fmt::format("  {}: {}\n", disk.vdev.name, p.vbd_disk(n, disk.vdev.devid));
     }

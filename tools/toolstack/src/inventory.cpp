@@ -51,6 +51,8 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
       }
       d.vcpus = d.record->vcpus;
       if (domain_process_runs(*d.record)) d.pid = d.record->pid;
+      // An HVM guest's vCPUs stopped (created paused, `xpv pause`): xpv-vmm keeps the file.
+      if (auto st = read_file(paths.state_file(*domid)); st && d.pid != 0 && d.type == "hvm") d.paused = *st == "paused\n";
     }
   }
   if (xs != nullptr) {
@@ -70,7 +72,7 @@ std::vector<DomainSummary> gather_domains(const Paths& paths, Xenstore* xs) {
   }
   std::vector<DomainSummary> out;
   for (auto& [id, d] : by_id) {
-    d.state = d.pid != 0 ? "running" : d.record ? "dead" : "unknown";
+    d.state = d.pid != 0 ? (d.paused ? "paused" : "running") : d.record ? "dead" : "unknown";
     out.push_back(std::move(d));
   }
   return out;

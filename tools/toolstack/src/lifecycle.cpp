@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <ostream>
@@ -34,6 +35,7 @@
 
 #include "domain_ops.h"
 #include "xpv/config/domain_config.h"
+#include "xpv/domain/control.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
 #include "xpv/toolstack/process.h"
@@ -197,6 +199,42 @@ void cmd_sysrq(Context& ctx, const std::string& which, const std::string& key) {
   xs.write(domain_path(d.domid) + "/control/sysrq", key);
   ctx.out << fmt::format("Sent sysrq '{}' to {}\n", key, domain_label(d));
 }
+
+namespace {
+
+// Pause or unpause through the domain's control socket (xpv-vmm stops or restarts its vCPUs and
+// keeps RUN/dom<N>/state, which `xpv list` reads).
+void pause_or_unpause(Context& ctx, const std::string& which, bool pause) {
+  Xenstore xs(ctx.paths.xenstore_socket);
+  RunLock lock(ctx.paths.lock_file());
+  const DomainSummary d = live_domain(ctx, xs, which);
+  const char* verb = pause ? "pause" : "unpause";
+  if (d.type != "hvm") {
+    throw ToolstackError(fmt::format("{} is a {} domain: it has no vCPUs to {}", domain_label(d), d.type, verb));
+  }
+  const std::string sock = ctx.paths.control_socket(d.domid);
+  try {
+    auto c = domain::ControlClient::connect(sock, "xpv");
+    pause ? c.pause() : c.unpause();
+  } catch (const domain::ControlError& e) {
+    if (e.error() == EALREADY) {
+      throw ToolstackError(fmt::format("{} is {} already", domain_label(d), pause ? "paused" : "running"));
+    }
+    if (e.error() == EBUSY) {
+      throw ToolstackError(fmt::format("cannot pause {}: a vCPU did not stop in time (it runs on; see {})",
+                                       domain_label(d), ctx.paths.log_file("xpv-vmm-" + d.name)));
+    }
+    throw ToolstackError(fmt::format("cannot {} {} ({}): {}", verb, domain_label(d), sock, e.what()));
+  } catch (const std::exception& e) {
+    throw ToolstackError(fmt::format("cannot {} {} ({}): {}", verb, domain_label(d), sock, e.what()));
+  }
+  ctx.out << fmt::format("{} {}\n", pause ? "Paused" : "Unpaused", domain_label(d));
+}
+
+}  // namespace
+
+void cmd_pause(Context& ctx, const std::string& which) { pause_or_unpause(ctx, which, true); }
+void cmd_unpause(Context& ctx, const std::string& which) { pause_or_unpause(ctx, which, false); }
 
 // Below this a guest cannot keep even its kernel: refused as a mistake, not passed on.
 constexpr std::uint64_t kMemSetFloorMib = 16;

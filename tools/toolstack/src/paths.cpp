@@ -36,6 +36,7 @@ std::string Paths::domain_dir(std::uint16_t domid) const { return fmt::format("{
 std::string Paths::console_socket(std::uint16_t domid) const { return domain_dir(domid) + "/console.sock"; }
 std::string Paths::pv_console_socket(std::uint16_t domid) const { return domain_dir(domid) + "/console-pv.sock"; }
 std::string Paths::memory_file(std::uint16_t domid) const { return domain_dir(domid) + "/memory"; }
+std::string Paths::state_file(std::uint16_t domid) const { return domain_dir(domid) + "/state"; }
 std::string Paths::vmm_stats_file(std::uint16_t domid) const { return stats::stats_dir(run_dir) + "/vmm" + std::to_string(domid); }
 std::string Paths::control_socket(std::uint16_t domid) const {
   return fmt::format("{}/dom{}.sock", run_dir, domid);

@@ -64,9 +64,13 @@ class ControlHandler {
   // maybe in the middle of a notification (EventChannels::dom0_close, owner_gone).
   virtual Expected<void, int> release(std::uint32_t port) { return unbind(port); }
   virtual Expected<XenstoreInfo, int> xenstore() = 0;
-  // Starts a domain that was created paused; EALREADY when it runs already (a process domain
-  // always runs).
+  // Starts a domain that was created paused, or one paused since (pause); EALREADY when it runs
+  // already (a process domain always runs).
   virtual Expected<void, int> unpause() { return fail(EALREADY); }
+  // Stops the domain's vCPUs until unpause (xl pause); its event channels, grants and xenstore
+  // ring stay as they are. EALREADY when paused already, EBUSY when its vCPUs did not stop,
+  // EOPNOTSUPP where the domain cannot be paused (a process domain).
+  virtual Expected<void, int> pause() { return fail(EOPNOTSUPP); }
   // Direct upcalls (direct_upcall.h): the table's memfd and vCPU `vcpu`'s upcall eventfd, both
   // borrowed (the server sends copies). EOPNOTSUPP where the domain has none; ENOENT bad vCPU.
   struct DirectFds {
@@ -133,6 +137,9 @@ class ControlClient {
   void unbind(std::uint32_t port);
   XenstoreInfo xenstore();
   void unpause();
+  // Stops the domain's vCPUs until unpause (xl pause). Throws ControlError: EALREADY paused
+  // already, EBUSY its vCPUs did not stop, EOPNOTSUPP a domain that cannot be paused.
+  void pause();
   // vCPU `vcpu`'s part of the domain's direct upcalls: {nr_vcpus, table memfd, upcall eventfd}.
   // Throws ControlError (EOPNOTSUPP: the domain has none).
   struct DirectFds {

@@ -17,6 +17,7 @@
 //   unbind(UnbindRequest)         (empty)                                  -
 //   get_xenstore()                XenstoreResponse                         -
 //   unpause()                     (empty)                                  -
+//   pause()                       (empty)                                  -
 //   get_direct_upcall(DirectUpcallRequest)
 //                                 DirectUpcallResponse                     table memfd, the
 //                                                                          vCPU's upcall eventfd
@@ -58,6 +59,7 @@ enum class MsgType : std::uint16_t {
   get_xenstore = 6,
   unpause = 7,  // no payload, empty answer: a domain created paused starts running (xl unpause)
   get_direct_upcall = 8,  // DirectUpcallRequest → DirectUpcallResponse + the table, the vCPU's eventfd
+  pause = 9,  // no payload, empty answer: the domain's vCPUs stop until unpause (xl pause)
 };
 
 enum class DomainKind : std::uint32_t { hvm = 0, process = 1 };

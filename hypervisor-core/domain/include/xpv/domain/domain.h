@@ -97,6 +97,10 @@ class Domain final : public ControlHandler {
   // A domain created paused (xpv-vmm --paused): fn starts it; it returns false when the domain
   // runs already. Control thread.
   void set_unpause_handler(std::function<bool()> fn) { unpause_ = std::move(fn); }
+  Expected<void, int> pause() override;
+  // xl pause: fn stops the vCPUs (an errno as Control::pause says). Unset: EOPNOTSUPP. Control
+  // thread.
+  void set_pause_handler(std::function<Expected<void, int>()> fn) { pause_ = std::move(fn); }
 
   // Direct upcalls (direct_upcall.h): one upcall eventfd per vCPU (xpv-vmm: KVM irqfds), and
   // `spans_from`, the GuestMemory the shared_info / vcpu_info spans given to evtchn() come from
@@ -126,6 +130,7 @@ class Domain final : public ControlHandler {
   std::mutex pages_lock_;
   std::vector<bool> page_used_;  // by gfn
   std::function<bool()> unpause_;
+  std::function<Expected<void, int>()> pause_;
   std::unique_ptr<ControlServer> server_;  // last: torn down first
 };
 

@@ -187,6 +187,17 @@ class Vm {
   StopReason stop_reason() const noexcept { return stop_reason_.load(); }
   std::string stop_message() const;
 
+  // Pause, as `xl pause`: every vCPU leaves the guest and waits outside KVM_RUN until resume().
+  // The rest of the VM goes on: devices, timers and interrupt lines still set what they set
+  // (KVM's LAPICs hold it), delivered once the vCPUs run again; the guest's clock runs on, as
+  // under Xen. Any thread but a vCPU's. Returns once every started vCPU has stopped; a vCPU
+  // that does not within `wait` (a hypercall that has not returned) makes it fail, naming it,
+  // with the VM running as before. Errors: already paused, a vCPU that did not stop.
+  Result<void> pause(std::chrono::milliseconds wait = std::chrono::seconds(2)) noexcept;
+  // Lets paused vCPUs enter the guest again. Error: not paused.
+  Result<void> resume() noexcept;
+  bool paused() const noexcept;
+
   ExitStats stats() const noexcept;
   // The guest's TSC frequency (KVM_GET_TSC_KHZ); 0 when KVM does not say.
   std::uint32_t tsc_khz() const noexcept;
@@ -205,6 +216,8 @@ class Vm {
   Result<void> setup_cpuid();
   void setup_lapic(Vcpu& v);
   Result<void> apply_auto_eoi(Vcpu& v) noexcept;
+  void apply_pending_auto_eoi(Vcpu& v) noexcept;
+  void park(Vcpu& v) noexcept;
 
   UniqueFd kvm_fd_;
   UniqueFd vm_fd_;
@@ -224,6 +237,9 @@ class Vm {
   std::string stop_message_;
   std::atomic<std::uint64_t> kick_gen_{0};
   std::mutex kick_mu_;  // guards each Vcpu's handle and alive (kick_all against threads ending)
+  mutable std::mutex pause_mu_;  // guards pause_wanted_ and each Vcpu's parked and ended
+  std::condition_variable pause_cv_;
+  std::atomic<bool> pause_wanted_{false};  // read lock-free at the top of each vCPU's loop
 
   struct PioTrap {
     std::uint16_t port = 0;

@@ -33,7 +33,8 @@ int cmd_supervise(Context& ctx);
 
 // Domains (domains.cpp).
 // `lock_held`: the caller holds the run lock already (a monitor restarting its domain).
-void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held = false);
+// `paused`: leave an HVM domain paused once it is made (xl create -p); `xpv unpause` starts it.
+void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lock_held = false, bool paused = false);
 void cmd_list(Context& ctx, bool json);
 void cmd_destroy(Context& ctx, const std::string& which);
 // `xpv console NAME` (console.cpp): the HVM domain's serial console, until Ctrl-] or its end.
@@ -53,6 +54,11 @@ int cmd_monitor(Context& ctx, std::uint16_t domid, const std::string& uuid);
 // again, up to its maxmem (memory/static-max). Not for process
 // domains (no balloon driver). Returns at once: the guest moves to the target in its own time.
 void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size);
+// `xpv pause NAME` / `xpv unpause NAME` (lifecycle.cpp), as xl pause / unpause: the HVM domain's
+// vCPUs stop (its backends, event channels and clock go on) until unpaused; `xpv list` says
+// paused. Unpause also starts a domain created paused. Not for process domains (no vCPUs).
+void cmd_pause(Context& ctx, const std::string& which);
+void cmd_unpause(Context& ctx, const std::string& which);
 
 // `xpv top` (top.cpp), as xentop: every `delay_s` a table of the domains (CPU, memory, their disks'
 // and network interfaces' counters) and dom0's services' CPU; the first after one delay (CPU(%)

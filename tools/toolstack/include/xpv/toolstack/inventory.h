@@ -24,8 +24,9 @@ struct DomainSummary {
   std::string type = "-";     // "process" | "hvm" | "-" (no record)
   std::uint64_t memory_mib = 0;
   unsigned vcpus = 0;
-  std::string state;          // "running" | "dead" (its process is gone) | "unknown" (no record)
+  std::string state;          // "running" | "paused" | "dead" (its process is gone) | "unknown" (no record)
   pid_t pid = 0;              // live domain process, 0 if none
+  bool paused = false;        // its vCPUs are stopped (HVM: xpv-vmm's state file)
   bool in_xenstore = false;
   std::optional<DomainRecord> record;
 };

@@ -34,6 +34,7 @@ struct Paths {
   std::string console_socket(std::uint16_t domid) const;  // RUN/dom<N>/console.sock (HVM: xpv-vmm's serial)
   std::string pv_console_socket(std::uint16_t domid) const;  // RUN/dom<N>/console-pv.sock (HVM: its hvc0)
   std::string memory_file(std::uint16_t domid) const;  // RUN/dom<N>/memory (HVM: KiB held after ballooning)
+  std::string state_file(std::uint16_t domid) const;   // RUN/dom<N>/state (HVM: paused or running)
   std::string vmm_stats_file(std::uint16_t domid) const;  // RUN/stats/vmm<N> (HVM: xpv-vmm's counters, `xpv top`)
   std::string pid_file(const std::string& program) const;  // RUN/<program>.pid
   std::string log_file(const std::string& program) const;  // LOG/<program>.log

@@ -57,6 +57,9 @@ struct XenDomainConfig {
   // Where the guest's current memory (KiB: RAM less what its balloon gave back) is kept, replaced
   // atomically whenever ballooning changes it; empty: nowhere.
   std::string memory_file;
+  // Where the domain's run state is kept, "paused" or "running" (replaced atomically when it
+  // changes: created paused, unpaused, `xpv pause`); what `xpv list` shows. Empty: nowhere.
+  std::string state_file;
   // The PV console (hvc0): offered (HVM_PARAM_CONSOLE_PFN/_EVTCHN) when set; its output goes here
   // (on the XenDomain's io thread). Unset: the guest finds no PV console, as before.
   std::function<void(std::span<const std::uint8_t>)> pv_console;
@@ -84,6 +87,8 @@ class XenDomain {
   // Blocks until a dom0 client sends unpause on the control socket (xpv-vmm --paused: the
   // toolstack writes the domain's devices first, as xl does). Main thread.
   void wait_unpaused();
+  // Unpauses a domain created paused, as a control-socket unpause does (xpv-vmm without --paused).
+  void unpause_now();
 
   xen::Platform& platform() noexcept { return *platform_; }
   domain::Domain& domain() noexcept { return *domain_; }
@@ -138,7 +143,8 @@ class XenDomain {
   // 10 a second (and a count of the rest), not one each.
   std::mutex msr_log_mu_;
   xpv::LogRateLimit msr_log_limit_;
-  std::mutex unpause_mu_;
+  void publish_state(const char* state) noexcept;
+  std::mutex unpause_mu_;  // the unpause and pause handlers, one at a time; guards unpaused_
   std::condition_variable unpause_cv_;
   bool unpaused_ = false;
   std::atomic<std::uint64_t> traced_{0};
