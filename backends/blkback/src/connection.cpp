@@ -156,14 +156,15 @@ void VbdConnection::teardown() noexcept {
       const auto end = q->queue->ring_end_state();
       auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
       spdlog::info("{}: requests {} (reads {}, writes {}, flushes {}, discards {}; errors {}, unsupported {}); "
-                   "sectors read {} written {}; batches {}, notifications {}, wakeups {}, held {}; "
+                   "sectors read {} written {}; batches {}, notifications {}, wakeups {} ({} by kicks with nothing new, "
+                   "the port muted {} times), held {}; "
                    "polling: {} waits ended spinning, {} slept; answered {} us after being taken on average; "
                    "{} taken with nothing outstanding, {} us after the push that answered the last on average "
                    "(and {} after {} ms or more); ring left: {} published and not taken, {} taken and not answered, "
                    "{} answered since the frontend last armed its event (req_prod {}, rsp_prod {}, rsp_event {}); {}",
                    q->queue->name(), n(c.requests), n(c.reads), n(c.writes), n(c.flushes), n(c.discards),
                    n(c.errors), n(c.unsupported), n(c.sectors_read), n(c.sectors_written), n(c.batches),
-                   n(c.notifications), n(c.wakeups), n(c.held), n(c.poll_hits), n(c.poll_misses),
+                   n(c.notifications), n(c.wakeups), n(c.spurious_kicks), n(c.kick_mutes), n(c.held), n(c.poll_hits), n(c.poll_misses),
                    n(c.answered) == 0 ? 0 : n(c.answered_us) / n(c.answered), n(c.idle_gaps),
                    n(c.idle_gaps) == 0 ? 0 : n(c.idle_gap_us) / n(c.idle_gaps), n(c.long_idle_gaps),
                    kLongIdleGapUs / 1000, end.untaken, q->queue->unanswered(), end.responses_since_armed, end.req_prod,

@@ -512,7 +512,9 @@ void BlkifQueue::run() noexcept {
     }
     // Going to sleep: ask for a kick (req_event) and look once more, so that no request that came
     // before it was armed is slept through; the same for completions (io_ring.h: the eventfd is
-    // consumed, then the CQ looked at).
+    // consumed, then the CQ looked at). The kicks so far go first: the look after them covers
+    // what they announced, so a kick that wakes the sleep below came after it (kick_throttle.h).
+    (void)evtchn_->consume();
     if (draining_) {
       auto more = ring_.final_check_for_requests();
       if (!more) {
@@ -523,13 +525,36 @@ void BlkifQueue::run() noexcept {
     }
     if (io_.ready_before_sleep()) continue;
     counters_.poll_misses.fetch_add(1, std::memory_order_relaxed);
-    if (::poll(fds, stopping ? 2 : 3, -1) < 0 && errno != EINTR) {
+    // A port muted for kicking with nothing new (kick_throttle.h) stays out of the poll set
+    // until its mute ends; what it sent meanwhile waits in its eventfd.
+    const int mute_ms = kicks_.mute_left_ms(now_us());
+    const int first = mute_ms >= 0 ? 1 : 0;
+    fds[0].revents = 0;
+    if (::poll(fds + first, (stopping ? 2 : 3) - first, mute_ms) < 0 && errno != EINTR) {
       disable("poll failed");
       break;
     }
     if (!io_busy) poll_.after_sleep();  // a wait for our own I/O says nothing about the ring
     counters_.wakeups.fetch_add(1, std::memory_order_relaxed);
-    if (fds[0].revents) (void)evtchn_->consume();
+    if (fds[0].revents) {
+      (void)evtchn_->consume();
+      // The ring was empty when the thread armed req_event, after the kicks before were
+      // consumed: a kick that finds it empty still brought nothing (while the queue takes
+      // requests; a broken index is news: step() disables the queue).
+      const auto n = ring_.unconsumed_requests();
+      const bool news = !draining_ || !n || *n != 0;
+      if (!news) counters_.spurious_kicks.fetch_add(1, std::memory_order_relaxed);
+      const std::uint64_t mutes = kicks_.mutes();
+      kicks_.kicked(news, now_us());
+      if (kicks_.mutes() != mutes) {
+        counters_.kick_mutes.fetch_add(1, std::memory_order_relaxed);
+        if (mutes == 0) {
+          spdlog::warn("{}: the frontend keeps kicking with an empty ring (over {} times in a row): its event channel "
+                       "is looked at less often for a while (each such kick doubles the pause, up to {} ms)",
+                       name_, KickThrottle::kStreak, KickThrottle::kMaxMuteUs / 1000);
+        }
+      }
+    }
     if (!stopping && fds[2].revents) {  // what the sleep had left, for the teardown line
       counters_.stop_in_flight.store(io_.in_flight(), std::memory_order_relaxed);
       counters_.stop_completed_unreaped.store(io_.completions_waiting(), std::memory_order_relaxed);

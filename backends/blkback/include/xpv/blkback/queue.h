@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "xpv/adaptive_poll.h"
+#include "xpv/kick_throttle.h"
 #include "xpv/blkback/disk.h"
 #include "xpv/blkback/io_ring.h"
 #include "xpv/blkback/shadow_ring.h"
@@ -70,6 +71,9 @@ struct QueueCounters {
   std::atomic<std::uint64_t> sectors_read{0}, sectors_written{0};
   std::atomic<std::uint64_t> errors{0}, unsupported{0};
   std::atomic<std::uint64_t> batches{0}, notifications{0}, wakeups{0};
+  // Kicks that found the ring as it was (after a sleep), and how often the port was muted for a
+  // streak of them (kick_throttle.h: a frontend kicking with nothing new).
+  std::atomic<std::uint64_t> spurious_kicks{0}, kick_mutes{0};
   // Completions that had to wait for an earlier request before their response could go out.
   std::atomic<std::uint64_t> held{0};
   // Requests taken from the shadow file rather than the ring (a restart's redo).
@@ -176,6 +180,7 @@ class BlkifQueue {
   std::atomic<bool> stop_requested_{false};
   QueueCounters counters_;
   AdaptivePoll poll_;
+  KickThrottle kicks_;
   std::uint64_t guest_errors_logged_ = 0, io_errors_logged_ = 0;
   std::uint64_t idle_since_us_ = 0;  // when a push left nothing outstanding; 0: something is
 };
