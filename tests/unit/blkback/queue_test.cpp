@@ -17,6 +17,7 @@
 #include "xpv/blkback/shadow_ring.h"
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
+#include "xpv/test/running.h"
 
 namespace xpv::blkback {
 namespace {
@@ -553,15 +554,7 @@ TEST_F(QueueTest, AFrontendKickingWithNothingNewIsMutedAndStillServed) {
   cfg.poll_max = std::chrono::nanoseconds{0};  // no spinning: each kick meets a sleeping queue
   cfg.flush = false;
   start(cfg);
-  std::thread t([this] { queue_->run(); });
-  struct Stop {  // also when an ASSERT returns early
-    BlkifQueue& q;
-    std::thread& t;
-    ~Stop() {
-      q.stop();
-      if (t.joinable()) t.join();
-    }
-  } stop{*queue_, t};
+  test::Running running(*queue_);
   const QueueCounters& c = queue_->counters();
   // Kicks one at a time, each once the queue has gone to sleep again (it counts a poll_miss
   // after it consumed the kicks before and looked at the ring; bounded: 500 kicks, 2 s each),
