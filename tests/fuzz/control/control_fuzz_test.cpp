@@ -85,6 +85,7 @@ constexpr std::uint32_t kFirstPort = 5, kLastPort = 12;  // guest ports unbound 
 constexpr std::uint32_t kDom0Offset = 100;             // dom0 port = guest port + 100
 constexpr std::uint16_t kDomid = 7;
 constexpr std::uint16_t kVcpus = 2;
+constexpr int kLastType = static_cast<int>(MsgType::pause);  // request types are 1..kLastType
 const char* const kName = "guest-fuzz";
 
 std::size_t open_fds() {
@@ -207,7 +208,8 @@ struct Conn {
 };
 
 struct Totals {
-  std::uint64_t answers[9] = {}, errors[9] = {}, closes = 0, fd_closes = 0, binds = 0, fds_received = 0,
+  std::uint64_t answers[kLastType + 1] = {}, errors[kLastType + 1] = {};  // by request type
+  std::uint64_t closes = 0, fd_closes = 0, binds = 0, fds_received = 0,
                 mid_message = 0, bursts = 0, well_behaved = 0, starved = 0,
                 starved_accepts = 0;
 };
@@ -501,7 +503,7 @@ class World {
   std::pair<Bytes, std::size_t> message(const Conn& c) {
     // Binds and unbinds more often than the rest: they are where connections hold state.
     const auto type = one_in(3) ? (one_in(2) ? MsgType::bind_interdomain : MsgType::unbind)
-                                : static_cast<MsgType>(1 + below(9));
+                                : static_cast<MsgType>(1 + below(kLastType));
     Bytes m = request(type, c);
     auto put16 = [&](std::size_t off, std::uint16_t v) { std::memcpy(m.data() + off, &v, 2); };
     auto put32 = [&](std::size_t off, std::uint32_t v) { std::memcpy(m.data() + off, &v, 4); };
@@ -557,7 +559,7 @@ class World {
     std::memcpy(&h, msg.data(), sizeof h);
     const std::size_t len = msg.size() - sizeof h;
     if (h.magic != kMagic || h.version != kVersion || h.length != len) return o;
-    if ((h.type & kResponseBit) != 0 || h.type < 1 || h.type > 9) return o;
+    if ((h.type & kResponseBit) != 0 || h.type < 1 || h.type > kLastType) return o;
     const std::uint8_t* p = msg.data() + sizeof h;
     o.seq = h.seq;
     o.type = h.type | kResponseBit;
@@ -827,13 +829,13 @@ TEST(ControlSocketFuzz, AHostileClientGetsExactAnswersOrACloseAndLeavesAWorkingS
               static_cast<unsigned long long>(totals.fds_received), static_cast<unsigned long long>(totals.mid_message),
               static_cast<unsigned long long>(totals.bursts), static_cast<unsigned long long>(totals.starved),
               static_cast<unsigned long long>(totals.starved_accepts));
-  for (int t = 1; t <= 8; ++t)
+  for (int t = 1; t <= kLastType; ++t)
     std::printf("  type %d: answers %llu errors %llu\n", t, static_cast<unsigned long long>(totals.answers[t]),
                 static_cast<unsigned long long>(totals.errors[t]));
   if (HasFailure() || n < 20) return;
   // Not a check of the server: that the fuzzer reached the answers as well as the refusals.
-  for (int t = 1; t <= 8; ++t) EXPECT_GT(totals.answers[t], n / 10) << "type " << t << " rarely answered";
-  for (const int t : {1, 2, 4, 5, 6, 7, 8}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
+  for (int t = 1; t <= kLastType; ++t) EXPECT_GT(totals.answers[t], n / 10) << "type " << t << " rarely answered";
+  for (const int t : {1, 2, 4, 5, 6, 7, 8, 9}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
   EXPECT_GT(totals.closes, 5 * n);
   EXPECT_GT(totals.fd_closes, n / 2);
   EXPECT_GT(totals.binds, n);
