@@ -98,6 +98,16 @@ class TrapMemory final : public xen::GuestVirt {
   const GuestMemory& mem_;
 };
 
+// replace_file (a reader sees the old content or the new) for the small files the toolstack
+// reads; 0 or the errno, never an exception: the guest is not held up for such a file.
+int replace_quietly(const std::string& path, std::string_view line) noexcept {
+  try {
+    return replace_file(path, std::string(line) + "\n");
+  } catch (...) {
+    return ENOMEM;
+  }
+}
+
 }  // namespace
 
 // The guest's sends on ports connected to backends, signalled by KVM itself: one ioeventfd per
@@ -306,11 +316,7 @@ class XenDomain::Host final : public xen::PlatformHost {
   void publish_memory() noexcept {
     if (memory_file_.empty()) return;
     const std::uint64_t kib = (vm_.ram().size() >> 10) - (ballooned_.load(std::memory_order_relaxed) << (kPageShift - 10));
-    int e = ENOMEM;
-    try {
-      e = replace_file(memory_file_, std::to_string(kib) + "\n");
-    } catch (...) {
-    }
+    const int e = replace_quietly(memory_file_, std::to_string(kib));
     if (e != 0 && !memory_file_failed_) {
       memory_file_failed_ = true;
       try {
@@ -549,12 +555,7 @@ void XenDomain::reassert_loop() {
 
 void XenDomain::publish_state(const char* state) noexcept {
   if (cfg_.state_file.empty()) return;
-  int e = ENOMEM;
-  try {
-    e = replace_file(cfg_.state_file, std::string(state) + "\n");
-  } catch (...) {
-  }
-  if (e != 0) {
+  if (const int e = replace_quietly(cfg_.state_file, state); e != 0) {
     try {
       spdlog::warn("dom{}: cannot write its state ({}) to {}: {}", cfg_.domid, state, cfg_.state_file, std::strerror(e));
     } catch (...) {
