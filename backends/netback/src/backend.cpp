@@ -355,9 +355,12 @@ void Backend::reconcile(const Key& key) {
 bool Backend::probe(Device& d, bool publish) {
   VifBackendNodes n;
   if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty()) {
-    fatal(d, XenbusState::closed, EOPNOTSUPP,
-          "bridge '" + *bridge + "': bridge mode is not implemented (the host side is a routed TAP with an address)");
-    return false;
+    // Bridge mode, as Xen's vif-bridge script: the bridge must exist here already.
+    if (const std::string why = bridge_problem(*bridge); !why.empty()) {
+      fatal(d, XenbusState::closed, ENODEV, why);
+      return false;
+    }
+    n.bridge = *bridge;
   }
   if (d.name.size() >= IFNAMSIZ) {
     fatal(d, XenbusState::closed, ENAMETOOLONG, "host interface name " + d.name + " is longer than 15 characters");
@@ -404,9 +407,11 @@ bool Backend::probe(Device& d, bool publish) {
   }
   d.nodes = n;
   spdlog::info("{}: mtu {}{}{}", d.name, n.mtu,
-               n.addresses ? fmt::format(", host {}/{}, domain {}", ipv4_string(n.addresses->host),
-                                         n.addresses->prefix, ipv4_string(n.addresses->domain))
-                           : std::string(", no address"),
+               !n.bridge.empty() ? fmt::format(", a port of bridge {}{}", n.bridge,
+                                               n.addresses ? ", domain " + ipv4_string(n.addresses->domain) : "")
+               : n.addresses ? fmt::format(", host {}/{}, domain {}", ipv4_string(n.addresses->host),
+                                           n.addresses->prefix, ipv4_string(n.addresses->domain))
+                             : std::string(", no address"),
                n.rate_bytes ? fmt::format(", rate {} bytes per {} us", n.rate_bytes, n.rate_usec) : std::string());
   return true;
 }
@@ -456,7 +461,8 @@ void Backend::connect(Device& d, bool resume) {
     const bool csum = !flag("feature-no-csum-offload") && flag("feature-ipv6-csum-offload");
     VifSettings s;
     s.tap_name = d.name;
-    s.mac = host_side_mac(d.key.first, d.key.second);
+    s.bridge = d.nodes->bridge;
+    s.mac = s.bridge.empty() ? host_side_mac(d.key.first, d.key.second) : kBridgePortMac;
     s.mtu = d.nodes->mtu;
     s.addresses = d.nodes->addresses;
     s.offload = {csum, csum && gso4, csum && gso6};

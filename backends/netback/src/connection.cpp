@@ -25,8 +25,11 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
       link.mtu = settings.mtu;
       link.mac = settings.mac;
       link.up = true;
-      if (settings.addresses) link.ipv4 = Ipv4Address{settings.addresses->host, settings.addresses->prefix};
+      if (settings.addresses && settings.bridge.empty()) {
+        link.ipv4 = Ipv4Address{settings.addresses->host, settings.addresses->prefix};
+      }
       tap_.set_link(link);
+      if (!settings.bridge.empty()) tap_.join_bridge(settings.bridge);
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("host interface {}: {}", settings.tap_name, e.what()));
     }

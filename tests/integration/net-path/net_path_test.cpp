@@ -418,6 +418,42 @@ TEST(Tap, MultiQueueInsideANamespace) {
   EXPECT_NE(sh(netns_cmd(ns) + "ip link show " + name), 0) << "gone with its fds";
 }
 
+// Bridge mode's two pieces (tap.h): bridge_problem says what cannot take a vif, join_bridge makes
+// a TAP a port of a bridge, in the TAP's namespace; the port goes with the TAP.
+TEST(Tap, JoinsABridgeAndSaysWhatIsNotOne) {
+  if (!can_make_taps()) {
+    GTEST_SKIP() << "needs root, /dev/net/tun, iproute2 and nsenter";
+  }
+  const ScratchNetns scratch("xpv-br-" + std::to_string(::getpid()));
+  ASSERT_TRUE(scratch.made);
+  const std::string& ns = scratch.name;
+  const std::string netns = "/run/netns/" + ns;
+  if (sh(netns_cmd(ns) + "ip link add xbr0 type bridge") != 0) GTEST_SKIP() << "no bridge support in this kernel";
+  ASSERT_EQ(sh(netns_cmd(ns) + "ip tuntap add dev xtun0 mode tap"), 0);
+  auto problem = [&](const std::string& name) {
+    std::string why;
+    netback::in_netns(netns, [&] { why = netback::bridge_problem(name); });
+    return why;
+  };
+  EXPECT_EQ(problem("xbr0"), "");
+  EXPECT_EQ(problem("xtun0"), "'xtun0' is not a bridge (its driver is tun)");
+  EXPECT_EQ(problem("xnone0"), "bridge 'xnone0' does not exist (make it first, e.g. ip link add xnone0 type bridge)");
+  EXPECT_EQ(problem("a/b"), "bridge 'a/b' is not an interface name (1..15 characters, no '/', ':' or white space)");
+  EXPECT_NE(problem("sixteen-chars-xx"), "");
+  EXPECT_NE(problem("lo").find("'lo' is not a bridge"), std::string::npos) << problem("lo");
+  const std::string name = "xpvb" + std::to_string(::getpid() % 100000);
+  {
+    auto tap = netback::Tap::create({name, netns, 2, {}});
+    tap.set_link({1500, std::nullopt, true});
+    EXPECT_THROW(tap.join_bridge("xtun0"), std::runtime_error);
+    EXPECT_NE(sh(netns_cmd(ns) + "ip -o link show " + name + " | grep -q ' master '"), 0) << "a refused join leaves no port";
+    tap.join_bridge("xbr0");
+    EXPECT_EQ(sh(netns_cmd(ns) + "ip -o link show " + name + " | grep -q ' master xbr0 '"), 0);
+  }
+  ASSERT_EQ(sh(netns_cmd(ns) + "ip link show xbr0"), 0) << "the bridge stays";
+  EXPECT_NE(sh(netns_cmd(ns) + "ip -o link show master xbr0 | grep -q ."), 0) << "the port went with the TAP";
+}
+
 // What netback's flow steering relies on (flow_steering.h): a multi-queue TAP sends a flow's
 // packets to the queue on which that flow's packets were last written. A "guest" behind a 2-queue
 // TAP in a namespace the test makes asks a UDP socket there through queue 0, 1, then 0 again;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "xpv/config/device_specs.h"
+#include "xpv/config/error.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/vif_checks.h"
 
@@ -17,8 +18,8 @@ std::string refusal(const config::VifSpec& v, const std::vector<ExistingVif>& vi
 }
 
 const std::vector<ExistingVif> kVifs = {
-    {"web1 (id 1) vif 0", "00:16:3e:00:00:01", netback::vif_addresses("10.0.1.2/24")},
-    {"web2 (id 2) vif 0", "00:16:3e:00:00:02", std::nullopt},
+    {"web1 (id 1) vif 0", "00:16:3e:00:00:01", netback::vif_addresses("10.0.1.2/24"), ""},
+    {"web2 (id 2) vif 0", "00:16:3e:00:00:02", std::nullopt, ""},
 };
 const std::vector<HostAddress> kHost = {{"lo", 0x7f000001, 8}, {"eth0", 0xc0a80105, 16}};  // 192.168.1.5/16
 
@@ -45,6 +46,40 @@ TEST(VifChecks, AnAddressOfTheHostsInterfacesIsRefused) {
   EXPECT_EQ(refusal(config::parse_vif_spec("ip=192.168.7.2/24"), kVifs, kHost),
             "vif: address 192.168.7.2/24 clashes with 192.168.1.5/16 on the host's interface eth0");
   EXPECT_NE(refusal(config::parse_vif_spec("ip=127.0.0.2/24"), kVifs, kHost), "");
+}
+
+// Bridge mode: a bridged vif shares its bridge's subnet with the host and other bridged vifs;
+// only its address itself must be nobody's, and no routed vif's subnet may hold it.
+TEST(VifChecks, ABridgedVifClashesOnlyByItsAddress) {
+  const std::vector<ExistingVif> vifs = {
+      {"web1 (id 1) vif 0", "00:16:3e:00:00:01", netback::vif_addresses("10.0.1.2/24"), ""},
+      {"lan1 (id 3) vif 0", "00:16:3e:00:00:03", netback::vif_addresses("192.168.1.20/16"), "xenbr0"},
+  };
+  // The host's own address on the bridge (192.168.1.5/16) and another bridged vif in the subnet.
+  EXPECT_EQ(refusal(config::parse_vif_spec("bridge=xenbr0, ip=192.168.1.21/16"), vifs, kHost), "");
+  EXPECT_EQ(refusal(config::parse_vif_spec("bridge=xenbr0, ip=192.168.1.20/16"), vifs, kHost),
+            "vif: address 192.168.1.20/16 is already lan1 (id 3) vif 0's (192.168.1.20/16)");
+  EXPECT_EQ(refusal(config::parse_vif_spec("bridge=xenbr0, ip=192.168.1.5/16"), vifs, kHost),
+            "vif: address 192.168.1.5/16 clashes with 192.168.1.5/16 on the host's interface eth0");
+  // Inside a routed vif's subnet: the host routes that address to the routed vif's TAP.
+  EXPECT_EQ(refusal(config::parse_vif_spec("bridge=xenbr0, ip=10.0.1.9/24"), vifs, kHost),
+            "vif: address 10.0.1.9/24 clashes with web1 (id 1) vif 0 (10.0.1.2/24): a routed vif's subnet must not "
+            "hold a bridged vif's address");
+  // And the other way: a routed vif whose subnet holds a bridged vif's address.
+  EXPECT_EQ(refusal(config::parse_vif_spec("ip=192.168.1.30/30"), {vifs[1]}, {}), "") << "192.168.1.28/30 misses .20";
+  EXPECT_EQ(refusal(config::parse_vif_spec("ip=192.168.1.18/29"), {vifs[1]}, {}),
+            "vif: address 192.168.1.18/29 clashes with lan1 (id 3) vif 0 (192.168.1.20/16): a routed vif's subnet must "
+            "not hold a bridged vif's address");
+  // Routed as before: the host's subnet on the bridge is taken.
+  EXPECT_NE(refusal(config::parse_vif_spec("ip=192.168.1.21/16"), vifs, kHost), "");
+}
+
+TEST(VifChecks, TheHostSideIsNamedByItsAddressOrItsBridge) {
+  EXPECT_EQ(vif_host_side(1, 0, config::parse_vif_spec("ip=10.0.1.7/24")), "host side vif1.0 10.0.1.1/24");
+  EXPECT_EQ(vif_host_side(2, 3, config::parse_vif_spec("bridge=xenbr0, ip=10.0.1.7/24")), "host side vif2.3 in bridge xenbr0");
+  EXPECT_EQ(vif_host_side(4, 1, config::parse_vif_spec("")), "host side vif4.1");
+  EXPECT_THROW(config::parse_vif_spec("bridge="), config::ConfigError);
+  EXPECT_NO_THROW(check_vif_bridge("vif", config::parse_vif_spec("ip=10.0.1.7/24"))) << "routed: no bridge to look for";
 }
 
 TEST(VifChecks, MtuIsParsedAndBounded) {

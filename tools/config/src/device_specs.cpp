@@ -246,6 +246,7 @@ VifSpec parse_vif_spec(std::string_view spec) {
       v.rate = parse_rate(value);
       if (!v.rate) throw bad(fmt::format("'{}' is not a rate like 10Mb/s or 100MB/s@20ms", value));
     } else if (key == "bridge") {
+      if (value.empty()) throw bad("bridge needs a name (bridge=xenbr0)");
       v.bridge = std::string(value);
     } else if (key == "mtu") {
       auto m = to_number<unsigned>(value);

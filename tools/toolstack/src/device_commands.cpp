@@ -159,9 +159,7 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
   if (!vif.vifname.empty()) {
     throw ToolstackError("vifname is not supported (the host side is always vif<domid>.<devid>)");
   }
-  if (!vif.bridge.empty()) {
-    throw ToolstackError("bridge is not supported (the host side is a routed TAP that takes an address of the vif's ip subnet)");
-  }
+  check_vif_bridge("vif", vif);
   Xenstore xs(ctx.paths.xenstore_socket);
   make_dirs(ctx.paths.run_dir, 0700);
   RunLock lock(ctx.paths.lock_file());
@@ -193,14 +191,9 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
   const std::uint32_t devid = pick_vif_devid(own_devids);
   const config::Mac mac = vif.mac ? *vif.mac : generate_mac(macs, system_random_byte);
   attach(ctx, xs, d, {DeviceKind::vif, devid}, vif_nodes(d.domid, devid, vif, mac), wait);
-  if (auto a = vif_addresses_of(vif)) {
-    ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{} {}/{}, domain eth{} {}/{} in {}\n", devid, mac.str(), d.domid,
-                           devid, netback::ipv4_string(a->host), a->prefix, devid, netback::ipv4_string(a->domain),
-                           a->prefix, ns);
-  } else {
-    ctx.out << fmt::format("vif {}: mac {}, host side vif{}.{}, domain eth{} in {}\n", devid, mac.str(), d.domid, devid,
-                           devid, ns);
-  }
+  const auto a = vif_addresses_of(vif);
+  ctx.out << fmt::format("vif {}: mac {}, {}, domain eth{}{} in {}\n", devid, mac.str(), vif_host_side(d.domid, devid, vif),
+                         devid, a ? fmt::format(" {}/{}", netback::ipv4_string(a->domain), a->prefix) : "", ns);
 }
 
 void cmd_network_detach(Context& ctx, const std::string& which, const std::string& devid) {

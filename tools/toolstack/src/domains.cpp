@@ -207,11 +207,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
       throw ToolstackError(fmt::format("{}: vif {}: vifname is not supported (the host side is always vif<domid>.<devid>)",
                                        config_path, i));
     }
-    if (!cfg.vifs[i].bridge.empty()) {
-      throw ToolstackError(fmt::format("{}: vif {}: bridge is not supported (the host side is a routed TAP that takes an "
-                                       "address of the vif's ip subnet)",
-                                       config_path, i));
-    }
+    check_vif_bridge(fmt::format("{}: vif {}", config_path, i), cfg.vifs[i]);
   }
   if (::access(p.binary(program).c_str(), X_OK) != 0) {
     throw ToolstackError(fmt::format("{} is not built (no {})", program, p.binary(program)));
@@ -256,7 +252,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
     for (std::size_t i = 0; i < cfg.vifs.size(); ++i) {
       check_new_vif(fmt::format("{}: vif {}", config_path, i), cfg.vifs[i], vifs, host);
       vifs.push_back({fmt::format("vif {} of this configuration", i), cfg.vifs[i].mac ? cfg.vifs[i].mac->str() : "",
-                      vif_addresses_of(cfg.vifs[i])});
+                      vif_addresses_of(cfg.vifs[i]), cfg.vifs[i].bridge});
     }
   }
   const auto domid = pick_domid(used_domids(p, doms));
@@ -410,14 +406,10 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
       ctx.out << fmt::format("  {}: {}\n", disk.vdev.name, p.vbd_disk(n, disk.vdev.devid));
     }
     for (std::uint32_t i = 0; i < cfg.vifs.size(); ++i) {
-      if (auto a = vif_addresses_of(cfg.vifs[i])) {
-        ctx.out << fmt::format("  vif {}: host side vif{}.{} {}/{}, domain {}/{} in network namespace {}\n", i, n, i,
-                               netback::ipv4_string(a->host), a->prefix, netback::ipv4_string(a->domain), a->prefix,
-                               rec.netns);
-      } else {
-        ctx.out << fmt::format("  vif {}: host side vif{}.{}, domain eth{} in network namespace {}\n", i, n, i, i,
-                               rec.netns);
-      }
+      const auto a = vif_addresses_of(cfg.vifs[i]);
+      ctx.out << fmt::format("  vif {}: {}, domain {} in network namespace {}\n", i, vif_host_side(n, i, cfg.vifs[i]),
+                             a ? fmt::format("{}/{}", netback::ipv4_string(a->domain), a->prefix) : fmt::format("eth{}", i),
+                             rec.netns);
     }
   } catch (...) {
     // Undo everything: the same path as destroy, on whatever exists of the domain.

@@ -7,6 +7,7 @@
 
 #include <regex>
 
+#include "xpv/netback/tap.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/nodes.h"
@@ -42,6 +43,7 @@ std::vector<ExistingVif> existing_vifs(Xenstore& xs, const std::vector<DomainSum
       v.owner = fmt::format("{} vif {}", domain_label(d), dev);
       v.mac = xs.read(dir + "/" + dev + "/mac").value_or("");
       if (auto ip = xs.read(dir + "/" + dev + "/ip")) v.addresses = netback::vif_addresses(*ip);
+      v.bridge = xs.read(dir + "/" + dev + "/bridge").value_or("");
       out.push_back(std::move(v));
     }
   }
@@ -81,19 +83,52 @@ void check_new_vif(const std::string& what, const config::VifSpec& vif, const st
   const auto a = vif_addresses_of(vif);
   if (!a) return;
   const std::string mine = cidr(a->domain, a->prefix);
+  const bool bridged = !vif.bridge.empty();
   for (const auto& v : vifs) {
     if (!v.addresses) continue;
-    if (overlap(a->network(), a->prefix, v.addresses->network(), v.addresses->prefix)) {
+    const std::string theirs = cidr(v.addresses->domain, v.addresses->prefix);
+    if (bridged && !v.bridge.empty()) {
+      // Two bridged vifs: on one LAN or two, only the same address clashes.
+      if (a->domain == v.addresses->domain) {
+        throw ToolstackError(fmt::format("{}: address {} is already {}'s ({})", what, mine, v.owner, theirs));
+      }
+    } else if (bridged || !v.bridge.empty()) {
+      // A routed vif's subnet goes to its TAP: no bridged vif's address may be in it.
+      const bool clash = bridged ? overlap(v.addresses->network(), v.addresses->prefix, a->domain, 32)
+                                 : overlap(a->network(), a->prefix, v.addresses->domain, 32);
+      if (clash) {
+        throw ToolstackError(fmt::format("{}: address {} clashes with {} ({}): a routed vif's subnet must not hold a "
+                                         "bridged vif's address",
+                                         what, mine, v.owner, theirs));
+      }
+    } else if (overlap(a->network(), a->prefix, v.addresses->network(), v.addresses->prefix)) {
       throw ToolstackError(fmt::format("{}: address {} clashes with {} ({}): each vif needs a subnet of its own", what,
-                                       mine, v.owner, cidr(v.addresses->domain, v.addresses->prefix)));
+                                       mine, v.owner, theirs));
     }
   }
   for (const auto& h : host) {
-    if (h.addr == a->domain || h.addr == a->host || overlap(a->network(), a->prefix, h.addr, h.prefix)) {
+    // A bridged vif shares its bridge's subnet with the host: only the address itself clashes.
+    const bool clash = bridged ? h.addr == a->domain
+                               : h.addr == a->domain || h.addr == a->host || overlap(a->network(), a->prefix, h.addr, h.prefix);
+    if (clash) {
       throw ToolstackError(fmt::format("{}: address {} clashes with {} on the host's interface {}", what, mine,
                                        cidr(h.addr, h.prefix), h.ifname));
     }
   }
+}
+
+void check_vif_bridge(const std::string& what, const config::VifSpec& vif) {
+  if (vif.bridge.empty()) return;
+  if (const std::string why = netback::bridge_problem(vif.bridge); !why.empty()) {
+    throw ToolstackError(fmt::format("{}: {}", what, why));
+  }
+}
+
+std::string vif_host_side(std::uint32_t domid, std::uint32_t devid, const config::VifSpec& vif) {
+  std::string out = fmt::format("host side vif{}.{}", domid, devid);
+  if (!vif.bridge.empty()) return out + " in bridge " + vif.bridge;
+  if (auto a = vif_addresses_of(vif)) out += " " + cidr(a->host, a->prefix);
+  return out;
 }
 
 }  // namespace xpv::toolstack

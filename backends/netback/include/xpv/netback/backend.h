@@ -4,7 +4,7 @@
 //
 //  toolstack writes backend + frontend dirs (state 1)
 //        │
-//        ▼  probe: check `bridge` (not built), `ip`, `mtu`, `rate`; publish the features
+//        ▼  probe: check `bridge` (exists and is one), `ip`, `mtu`, `rate`; publish the features
 //   ┌────────────┐  a bad node ─► error node, state 6 Closed (sticky until the frontend closes
 //   │ 1 Initial- │                or the device is removed)
 //   │   ising    │
@@ -76,6 +76,7 @@ struct BackendOptions {
 struct VifBackendNodes {
   unsigned mtu = 1500;
   std::optional<VifAddresses> addresses;
+  std::string bridge;  // non-empty: bridge mode (the TAP a port of it, no host address)
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // 0: unlimited
 };
 

@@ -49,6 +49,9 @@ struct VifSettings {
   std::optional<std::array<std::uint8_t, 6>> mac;
   unsigned mtu = 1500;
   std::optional<VifAddresses> addresses;  // none: the host TAP gets no address
+  // Non-empty: bridge mode (Xen's vif-bridge): the TAP becomes a port of this bridge, in
+  // xpv-netback's namespace, and gets no address (`addresses` is then ignored).
+  std::string bridge;
   TapOffload offload;            // what the frontend accepts on its rx ring
   NetbackConfig queue;           // sg, rx_gso, rate, resume
   // With more than one queue: netback chooses which queue each busy flow's host->guest packets
@@ -59,12 +62,18 @@ struct VifSettings {
 
 // The host TAP's MAC for vif <domid>.<devid>: fe:ff, then domid and the low 16 bits of devid,
 // each big-endian (locally administered, unicast; Linux netback gives every vif
-// fe:ff:ff:ff:ff:ff, which keeps a bridge from taking the vif's address — xpv routes, each TAP is
-// a link of its own, so two vifs of one domain 65536 devids apart sharing a MAC is harmless). A
+// fe:ff:ff:ff:ff:ff, which keeps a bridge from taking the vif's address — a routed TAP is a link
+// of its own, so two vifs of one domain 65536 devids apart sharing a MAC is harmless; a bridged
+// vif's TAP takes kBridgePortMac below instead). A
 // TAP otherwise gets a random MAC at each creation, and after a restart the domain's frames to
 // the host could go to the old one — its neighbour cache keeps it until the host's own traffic
 // (an ARP request) or the entry's timers refresh it — and be dropped.
 std::array<std::uint8_t, 6> host_side_mac(std::uint16_t domid, std::uint32_t devid) noexcept;
+
+// The MAC of every bridged vif's TAP, as Linux netback's: the highest locally administered
+// unicast address, so a bridge that picks its own address from its ports' lowest never takes a
+// vif's (it would change as vifs come and go). Frames are never addressed to it.
+inline constexpr std::array<std::uint8_t, 6> kBridgePortMac{0xfe, 0xff, 0xff, 0xff, 0xff, 0xff};
 
 class VifConnection {
  public:

@@ -8,8 +8,9 @@
 // given twice (also once positional, once as key=value) is an error, not last-one-wins.
 //   'format=raw, vdev=xvda, access=rw, target=/srv/a.img'     '/srv/a.img,raw,xvda,rw'
 // Vif (xl-network-configuration(5)): comma-separated key=value: mac, ip, bridge, vifname, rate,
-// model, type, backend, script, mtu. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate, mtu and
-// vifname; model/type/script are accepted only with the values that mean a PV NIC.
+// model, type, backend, script, mtu. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate, mtu,
+// bridge (the host side a port of that bridge instead of a routed TAP) and vifname; model/type
+// are accepted only with the values that mean a PV NIC, script is refused.
 #pragma once
 
 #include <array>
