@@ -1,4 +1,5 @@
 #include "xpv/netback/backend.h"
+#include "xpv/netback/bridge.h"
 #include "xpv/xenbus/daemon/run_every.h"
 #include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
@@ -354,8 +355,11 @@ void Backend::reconcile(const Key& key) {
 
 bool Backend::probe(Device& d, bool publish) {
   VifBackendNodes n;
-  if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty()) {
-    // Bridge mode, as Xen's vif-bridge script: the bridge must exist here already.
+  // Bridge mode, as Xen's vif-bridge script: the bridge must exist here already. libxl writes a
+  // `bridge` (xenbr0 by default) for every vif, also beside `script` = vif-route: that one routes.
+  const auto script = read(d.be_path + "/script");
+  const bool routed_by_script = script && std::string_view(*script).substr(script->rfind('/') + 1) == "vif-route";
+  if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty() && !routed_by_script) {
     if (const std::string why = bridge_problem(*bridge); !why.empty()) {
       fatal(d, XenbusState::closed, ENODEV, why);
       return false;

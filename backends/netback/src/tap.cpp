@@ -1,7 +1,6 @@
 #include "xpv/netback/tap.h"
 
 #include <fcntl.h>
-#include <linux/ethtool.h>
 #include <linux/if.h>
 #include <linux/sockios.h>
 #include <linux/if_tun.h>
@@ -21,6 +20,7 @@
 #include <system_error>
 #include <thread>
 
+#include "xpv/netback/bridge.h"
 #include "xpv/netback/offload.h"
 
 namespace xpv::netback {
@@ -161,32 +161,6 @@ void Tap::join_bridge(const std::string& bridge) const {
     ifr.ifr_ifindex = index;
     if (::ioctl(sock.get(), SIOCBRADDIF, &ifr) != 0) throw_errno("tap " + name_ + ": add to bridge " + bridge);
   });
-}
-
-std::string bridge_problem(const std::string& name) {
-  // Linux's rule for interface names (dev_valid_name).
-  if (name.empty() || name.size() >= IFNAMSIZ || name == "." || name == ".." ||
-      name.find_first_of("/: \t\n\r\v\f") != std::string::npos) {
-    return "bridge '" + name + "' is not an interface name (1..15 characters, no '/', ':' or white space)";
-  }
-  UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!sock) return std::string("bridge '") + name + "': socket: " + std::strerror(errno);
-  ifreq ifr = named(name);
-  if (::ioctl(sock.get(), SIOCGIFINDEX, &ifr) != 0) {
-    if (errno == ENODEV) return "bridge '" + name + "' does not exist (make it first, e.g. ip link add " + name + " type bridge)";
-    return "bridge '" + name + "': " + std::strerror(errno);
-  }
-  ethtool_drvinfo info{};
-  info.cmd = ETHTOOL_GDRVINFO;
-  ifr.ifr_data = reinterpret_cast<char*>(&info);
-  if (::ioctl(sock.get(), SIOCETHTOOL, &ifr) != 0) {
-    return "'" + name + "' is not a bridge (it does not say its driver: " + std::strerror(errno) + ")";
-  }
-  info.driver[sizeof info.driver - 1] = '\0';
-  if (std::strcmp(info.driver, "bridge") != 0) {
-    return "'" + name + "' is not a bridge (its driver is " + info.driver + ")";
-  }
-  return {};
 }
 
 std::optional<std::array<std::uint8_t, 6>> parse_mac(const std::string& s) noexcept {

@@ -591,9 +591,9 @@ TEST_F(Toolstack, CreateListAttachDetachDestroyWithStandIns) {
                                h.dir));
   r = h.run({"network-list", "1"});
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.out, "Idx  Mac               Frontend          Backend           Host side  IP\n"
-                   "0    00:16:3e:00:00:01 1 (Initialising)  1 (Initialising)  vif1.0     10.9.0.2/24\n"
-                   "1    00:16:3e:00:00:02 1 (Initialising)  1 (Initialising)  vif1.1     10.9.1.2/24\n");
+  EXPECT_EQ(r.out, "Idx  Mac               Frontend          Backend           Host side  Bridge          IP\n"
+                   "0    00:16:3e:00:00:01 1 (Initialising)  1 (Initialising)  vif1.0     -               10.9.0.2/24\n"
+                   "1    00:16:3e:00:00:02 1 (Initialising)  1 (Initialising)  vif1.1     -               10.9.1.2/24\n");
   r = h.run({"network-detach", "web1", "1"});
   EXPECT_EQ(r.out, "vif 1 detached from web1 (id 1)\n");
   r = h.run({"network-detach", "web1", "7"});

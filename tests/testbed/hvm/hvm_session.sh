@@ -10,7 +10,9 @@
 # In vector mode the host sets the guest's memory target to half (`xpv mem-set`): its balloon
 # driver gives the rest back to xpv-vmm, as the guest's XPV-MEM line and `xpv list` show; then
 # back to all of it, which the guest takes again. Callback guests boot with memory = 384 of
-# maxmem = 512 and balloon down by themselves.
+# maxmem = 512 and balloon down by themselves, and their vif is bridged (`bridge=xpvbr<i>`, as
+# Xen's vif-bridge): its host side is a port of a bridge this script makes with the host's address
+# 10.0.<i>.1/24, before and after the backends' restart.
 # Then the host shuts the guest down with `xpv shutdown` (the PV control protocol: control/shutdown
 # = poweroff, which the guest's kernel turns into an orderly poweroff) instead of letting it end.
 # In intx mode the guest is first sent a magic SysRq key (`xpv sysrq`: control/sysrq, which its
@@ -81,6 +83,14 @@ boot() {
   MEMCFG="memory = 512"
   [ "$M" = callback ] && MEMCFG="memory = 384
 maxmem = 512"
+  # Callback guests: a bridged vif; the host's address is the bridge's.
+  VIF="mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24"
+  if [ "$M" = callback ]; then
+    ip link del xpvbr$i 2>/dev/null
+    ip link add xpvbr$i type bridge && ip addr add 10.0.$i.1/24 dev xpvbr$i && ip link set xpvbr$i up ||
+      echo "XPV-TEST: bridge xpvbr$i could not be made"
+    VIF="mac=00:16:3e:00:00:0$i, bridge=xpvbr$i, ip=10.0.$i.2/24"
+  fi
   cp --sparse=always $IMG/root.ext4 $W/$M.ext4
   cat > $W/$N.cfg <<CFG
 name = "$N"
@@ -92,7 +102,7 @@ kernel = "$IMG/vmlinuz"
 ramdisk = "$IMG/initrd.cpio"
 extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30 xpv.shutdown_wait=90$MODOPT"
 disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
-vif = [ 'mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24' ]
+vif = [ '$VIF' ]
 CFG
   {
     if [ "$M" = callback ]; then
@@ -137,6 +147,7 @@ CFG
         fi
         ping -c 3 -W 2 10.0.$i.2 >/dev/null 2>&1 && PINGED=yes
         echo "XPV-TEST: ping $PINGED"
+        [ "$M" = callback ] && echo "XPV-TEST: bridge-ports $(ip -o link show master xpvbr$i 2>/dev/null | grep -c ' vif[0-9]*\.0[:@]')"
         # `xpv console` replays the console's backlog (stdin at EOF: it only shows output).
         timeout 5 $B/xpv console $N </dev/null 2>/dev/null | grep -c "^XPV-READY" | sed 's/^/XPV-TEST: console-attach /'
         # The same through the Xen PV console (hvc0), which the guest's init writes to as well.
@@ -146,6 +157,7 @@ CFG
         # the console attaches above took longer than that).
         echo "XPV-TEST: top $($B/xpv top --json -i 1 -d 1 2>&1 | head -c 20000 | tr -d '\n')"
         restart_backends
+        [ "$M" = callback ] && echo "XPV-TEST: bridge-ports-after-restart $(ip -o link show master xpvbr$i 2>/dev/null | grep -c ' vif[0-9]*\.0[:@]')"
         # xpv-xenstored replaced in place under the running guest (`xpv live-update`): what
         # follows — the balloon's memory/target, control/shutdown, the reboot — reaches the
         # guest's xenbus through the next binary, over watches it registered with the previous one.
@@ -245,6 +257,7 @@ CFG
     done
     echo "XPV-TEST: waited $(( $(date +%s) - START )) s"
     $B/xpv destroy $N >/dev/null
+    [ "$M" = callback ] && ip link del xpvbr$i 2>/dev/null
   } > $W/attempt.out 2>&1
 }
 

@@ -13,6 +13,8 @@
 //     host pings it again and a file the guest writes and syncs afterwards is in the image;
 //   - the guest's balloon starts at its target (memory/static-max), and in vector mode `xpv mem-set`
 //     makes it give half its memory back: MemTotal falls by exactly that, xpv-vmm counts the pages;
+//   - in callback mode the vif is bridged (`bridge=`, as Xen's vif-bridge): its host side is a port
+//     of the session's bridge, also after the backends' restart, and the pings go through it;
 //   - the guest powered off cleanly.
 #include <gtest/gtest.h>
 
@@ -183,6 +185,10 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
     if (m == "callback") {  // made with `xpv create -p`: listed paused until `xpv unpause` started it
       EXPECT_NE(s.find("XPV-TEST: list-state-created paused\n"), std::string::npos) << s;
       EXPECT_NE(s.find("XPV-TEST: unpause-created rc=0 Unpaused " + label), std::string::npos) << s;
+      // Its vif bridged: the host side a port of xpvbr2, before and after the backends' restart
+      // (the pings asserted above and below went through the bridge).
+      EXPECT_NE(s.find("XPV-TEST: bridge-ports 1\n"), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: bridge-ports-after-restart 1\n"), std::string::npos) << s;
     }
     EXPECT_NE(s.find("XPV-TEST: console-attach 1"), std::string::npos) << "xpv console shows the guest\n" << s;
     // `xpv top --json` while the guest waited: its xpv-vmm's CPU time, its root disk's requests

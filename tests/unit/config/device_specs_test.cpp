@@ -167,8 +167,22 @@ TEST(VifSpec, ErrorsNameTheItem) {
   EXPECT_EQ(error_of([] { parse_vif_spec("mac"); }), "vif spec 'mac': 'mac' is not key=value");
   EXPECT_EQ(error_of([] { parse_vif_spec("vifname=abcdefghijklmnop"); }),
             "vif spec 'vifname=abcdefghijklmnop': vifname must be 1..15 characters");
-  EXPECT_EQ(error_of([] { parse_vif_spec("script=vif-bridge"); }),
-            "vif spec 'script=vif-bridge': script is not supported: xpv-netback configures the host side itself");
+  EXPECT_EQ(error_of([] { parse_vif_spec("script=vif-nat"); }),
+            "vif spec 'script=vif-nat': script 'vif-nat' is not supported: xpv-netback configures the host side "
+            "itself (vif-bridge and vif-route are understood)");
+  EXPECT_EQ(error_of([] { parse_vif_spec("script=vif-route, bridge=br0"); }),
+            "vif spec 'script=vif-route, bridge=br0': script vif-route routes: it takes no bridge");
+  EXPECT_EQ(error_of([] { parse_vif_spec("bridge="); }), "vif spec 'bridge=': bridge needs a name (bridge=xenbr0)");
+}
+
+// Xen's two scripts, as xl configurations name them: vif-bridge is bridge mode (libxl's default
+// bridge xenbr0 when none is given), vif-route is the routed host side.
+TEST(VifSpec, XensVifBridgeAndVifRouteScriptsAreUnderstood) {
+  EXPECT_EQ(parse_vif_spec("script=vif-bridge").bridge, "xenbr0");
+  EXPECT_EQ(parse_vif_spec("script=/etc/xen/scripts/vif-bridge, bridge=br1").bridge, "br1");
+  EXPECT_EQ(parse_vif_spec("bridge=br2, script=vif-bridge").bridge, "br2");
+  EXPECT_EQ(parse_vif_spec("script=vif-route, ip=10.0.0.2").bridge, "");
+  EXPECT_EQ(parse_vif_spec("ip=10.0.0.2").bridge, "") << "no script: routed, xpv's default";
 }
 
 }  // namespace

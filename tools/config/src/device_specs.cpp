@@ -220,6 +220,7 @@ VifSpec parse_vif_spec(std::string_view spec) {
   };
   VifSpec v;
   std::set<std::string_view> seen;  // each key once: a second mac= is a mistake, not an override
+  std::string_view script;          // xl's hotplug script, by its name: what it means for the host side
   std::string_view rest = spec;
   while (!rest.empty()) {
     auto comma = rest.find(',');
@@ -262,11 +263,23 @@ VifSpec parse_vif_spec(std::string_view spec) {
     } else if (key == "backend") {
       if (value != "0" && value != "Domain-0") throw bad("backend must be dom0");
     } else if (key == "script") {
-      throw bad("script is not supported: xpv-netback configures the host side itself");
+      // xpv-netback does the host side itself; the two scripts of Xen's that it does as they do
+      // are taken by name (with or without their directory), as configurations copied from xl
+      // carry them.
+      const auto slash = value.rfind('/');
+      script = slash == std::string_view::npos ? value : value.substr(slash + 1);
+      if (script != "vif-bridge" && script != "vif-route") {
+        throw bad(fmt::format("script '{}' is not supported: xpv-netback configures the host side itself "
+                              "(vif-bridge and vif-route are understood)",
+                              value));
+      }
     } else {
       throw bad(fmt::format("unknown key '{}'", key));
     }
   }
+  // vif-bridge without a bridge: libxl's default bridge. vif-route: routed, which a bridge contradicts.
+  if (script == "vif-bridge" && v.bridge.empty()) v.bridge = "xenbr0";
+  if (script == "vif-route" && !v.bridge.empty()) throw bad("script vif-route routes: it takes no bridge");
   return v;
 }
 

@@ -23,12 +23,13 @@ namespace xpv::testbed {
 namespace {
 
 // The modules L1 needs (ENVIRONMENT.md): virtio transport + 9p for the shares, kvm + kvm-amd,
-// and tun/tap/vhost-net for TAP networks of L2 guests (QEMU `-netdev tap,vhost=on`). Their
-// dependencies are added from modules.dep.
+// tun/tap/vhost-net for TAP networks of L2 guests (QEMU `-netdev tap,vhost=on`), and bridge for
+// bridged vifs (the testbed HVM test's callback mode). Their dependencies are added from
+// modules.dep.
 const std::vector<std::string> kL1Modules = {
     "virtio", "virtio_ring", "virtio_pci", "virtio_pci_legacy_dev", "virtio_pci_modern_dev",
     "9pnet", "9pnet_virtio", "netfs", "fscache", "9p", "irqbypass", "ccp", "kvm", "kvm_amd",
-    "tun", "tap", "vhost", "vhost_iotlb", "vhost_net"};
+    "tun", "tap", "vhost", "vhost_iotlb", "vhost_net", "bridge"};
 
 constexpr const char* kLayout = "layout 2\n";
 

@@ -128,8 +128,8 @@ void list_devices(Context& ctx, const std::string& which, DeviceKind kind) {
   std::string out = kind == DeviceKind::vbd
                         ? fmt::format("{:<6} {:<6} {:<17} {:<17} {:<4} {}\n", "Vdev", "Devid", "Frontend", "Backend",
                                       "Mode", "Target")
-                        : fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {}\n", "Idx", "Mac", "Frontend", "Backend",
-                                      "Host side", "IP");
+                        : fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {:<15} {}\n", "Idx", "Mac", "Frontend",
+                                      "Backend", "Host side", "Bridge", "IP");
   for (const DeviceRef& dev : devices_of(xs, d.domid)) {
     if (dev.kind != kind) continue;
     const DeviceStates st = read_states(xs, d.domid, dev);
@@ -139,8 +139,9 @@ void list_devices(Context& ctx, const std::string& which, DeviceKind kind) {
       out += fmt::format("{:<6} {:<6} {:<17} {:<17} {:<4} {}\n", name ? *name : "-", dev.devid, state(st.frontend),
                          state(st.backend), node(be + "/mode"), node(be + "/params"));
     } else {
-      out += fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {}\n", dev.devid, node(be + "/mac"), state(st.frontend),
-                         state(st.backend), fmt::format("vif{}.{}", d.domid, dev.devid), node(be + "/ip"));
+      out += fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {:<15} {}\n", dev.devid, node(be + "/mac"),
+                         state(st.frontend), state(st.backend), fmt::format("vif{}.{}", d.domid, dev.devid),
+                         node(be + "/bridge"), node(be + "/ip"));
     }
   }
   ctx.out << out;
@@ -160,6 +161,7 @@ void cmd_network_attach(Context& ctx, const std::string& which, const std::strin
     throw ToolstackError("vifname is not supported (the host side is always vif<domid>.<devid>)");
   }
   check_vif_bridge("vif", vif);
+  adopt_bridge_mtu(vif);
   Xenstore xs(ctx.paths.xenstore_socket);
   make_dirs(ctx.paths.run_dir, 0700);
   RunLock lock(ctx.paths.lock_file());

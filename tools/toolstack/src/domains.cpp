@@ -208,6 +208,7 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
                                        config_path, i));
     }
     check_vif_bridge(fmt::format("{}: vif {}", config_path, i), cfg.vifs[i]);
+    adopt_bridge_mtu(cfg.vifs[i]);
   }
   if (::access(p.binary(program).c_str(), X_OK) != 0) {
     throw ToolstackError(fmt::format("{} is not built (no {})", program, p.binary(program)));

@@ -7,7 +7,7 @@
 
 #include <regex>
 
-#include "xpv/netback/tap.h"
+#include "xpv/netback/bridge.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/nodes.h"
@@ -122,6 +122,11 @@ void check_vif_bridge(const std::string& what, const config::VifSpec& vif) {
   if (const std::string why = netback::bridge_problem(vif.bridge); !why.empty()) {
     throw ToolstackError(fmt::format("{}: {}", what, why));
   }
+}
+
+void adopt_bridge_mtu(config::VifSpec& vif) {
+  if (vif.bridge.empty() || vif.mtu) return;
+  if (auto mtu = netback::interface_mtu(vif.bridge); mtu && *mtu >= 68 && *mtu <= 65535) vif.mtu = *mtu;
 }
 
 std::string vif_host_side(std::uint32_t domid, std::uint32_t devid, const config::VifSpec& vif) {

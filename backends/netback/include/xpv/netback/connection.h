@@ -71,8 +71,9 @@ struct VifSettings {
 std::array<std::uint8_t, 6> host_side_mac(std::uint16_t domid, std::uint32_t devid) noexcept;
 
 // The MAC of every bridged vif's TAP, as Linux netback's: the highest locally administered
-// unicast address, so a bridge that picks its own address from its ports' lowest never takes a
-// vif's (it would change as vifs come and go). Frames are never addressed to it.
+// unicast address, so a bridge that picks its own address from its ports' lowest takes a vif's
+// only when it has no other port and no address set by hand — then the host's frames carry
+// fe:ff:ff:ff:ff:ff and the bridge delivers frames to it locally, which works, as under Xen.
 inline constexpr std::array<std::uint8_t, 6> kBridgePortMac{0xfe, 0xff, 0xff, 0xff, 0xff, 0xff};
 
 class VifConnection {

@@ -72,8 +72,8 @@ class Tap {
   // The interface index in its namespace.
   int ifindex() const;
   // Makes the TAP a port of the bridge `bridge` (SIOCBRADDIF, in the TAP's namespace). The port
-  // goes with the TAP. Throws std::runtime_error with bridge_problem()'s words when `bridge` is
-  // not a bridge there.
+  // goes with the TAP. Throws std::runtime_error with bridge_problem()'s words (bridge.h) when
+  // `bridge` is not a bridge there.
   void join_bridge(const std::string& bridge) const;
 
  private:
@@ -84,11 +84,6 @@ class Tap {
 
 // Runs `fn` on a temporary thread inside the network namespace `netns` (empty: inline). Rethrows.
 void in_netns(const std::string& netns, const std::function<void()>& fn);
-
-// Why the interface `name`, in the caller's network namespace, cannot take a vif as a bridge
-// port: not an interface name, no such interface, or not a bridge (its ethtool driver name is
-// not "bridge"). Empty when it can.
-std::string bridge_problem(const std::string& name);
 
 // Parses "00:16:3e:01:02:03"; nullopt if malformed.
 std::optional<std::array<std::uint8_t, 6>> parse_mac(const std::string& s) noexcept;

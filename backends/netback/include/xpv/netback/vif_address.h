@@ -2,13 +2,14 @@
 //
 // The vif's `ip` node (backend directory, written by the toolstack from `vif = [ 'ip=…' ]`) is
 // the DOMAIN's address, as in xl: "a.b.c.d/prefix" (prefix 1..30; "a.b.c.d" alone means /24).
-// Both ends of the point-to-point link take their address from it:
+// A routed vif (no `bridge`): both ends of the point-to-point link take their address from it:
 //   domain side (xpv-front, the TAP in netns xpv-dom<N>)  a.b.c.d/prefix
 //   host side   (xpv-netback, the TAP vif<N>.<devid>)      the lowest host address of that
 //                                                          subnet that is not the domain's
 // e.g. ip = 10.1.2.7/24 → host 10.1.2.1/24; ip = 10.1.2.1/24 → host 10.1.2.2/24. The subnet is
 // the vif's alone: two vifs on the host must not share one (the toolstack refuses it), since the
-// host routes it to that vif's TAP.
+// host routes it to that vif's TAP. A bridged vif's host side has no address (the bridge has the
+// host's); `ip` is only the domain's, on the bridge's LAN.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,8 @@
 // Vif (xl-network-configuration(5)): comma-separated key=value: mac, ip, bridge, vifname, rate,
 // model, type, backend, script, mtu. xpv uses mac, ip (IPv4, optional /prefix, default /24), rate, mtu,
 // bridge (the host side a port of that bridge instead of a routed TAP) and vifname; model/type
-// are accepted only with the values that mean a PV NIC, script is refused.
+// are accepted only with the values that mean a PV NIC; script only as Xen's vif-bridge (bridge
+// mode, bridge xenbr0 unless given, as libxl) or vif-route (routed, xpv's default).
 #pragma once
 
 #include <array>

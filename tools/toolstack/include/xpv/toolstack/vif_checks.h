@@ -50,6 +50,9 @@ void check_new_vif(const std::string& what, const config::VifSpec& vif, const st
 // Throws ToolstackError ("`what`: bridge 'br0' does not exist …") unless the vif is routed or
 // its bridge is a bridge in the toolstack's network namespace (netback::bridge_problem).
 void check_vif_bridge(const std::string& what, const config::VifSpec& vif);
+// A bridged vif without an `mtu` takes its bridge's, as Xen's vif-bridge does: a port of a smaller
+// MTU would pull the bridge's own down (Linux bridges follow their smallest port).
+void adopt_bridge_mtu(config::VifSpec& vif);
 
 // The vif's addresses, from its spec (nullopt: no ip).
 std::optional<netback::VifAddresses> vif_addresses_of(const config::VifSpec& vif);
