@@ -260,7 +260,9 @@ void Backend::reconcile(const Key& key) {
   const bool online = read(be + "/online") == "1";
 
   // Held in error (ErrorHold, device_state.h): only a closing or closed frontend goes on.
+  const bool was_held = d->fatal.held();
   if (!d->fatal.lets_through(fe_state, online)) return;
+  if (was_held && !d->fatal.held()) spdlog::info("{}: the error is over (frontend {}); the disk may start over", d->name, xenbus::to_string(fe_state));
 
   // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the
   // published rings without touching `state`: the frontend sees nothing.

@@ -303,7 +303,9 @@ void Backend::reconcile(const Key& key) {
   if (d->conn && (*be_state == XenbusState::closing || *be_state == XenbusState::closed)) disconnect(*d);
 
   // Held in error (ErrorHold, device_state.h): only a closing or closed frontend goes on.
+  const bool was_held = d->fatal.held();
   if (!d->fatal.lets_through(fe_state, online)) return;
+  if (was_held && !d->fatal.held()) spdlog::info("{}: the error is over (frontend {}); the vif may start over", d->name, xenbus::to_string(fe_state));
 
   // Restart: the vif was Connected when a previous xpv-netback died. Reattach to the published
   // rings without touching `state`: the frontend sees nothing but a few lost packets.

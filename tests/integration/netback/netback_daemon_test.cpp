@@ -519,6 +519,80 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
   netback::remove_netns(badns);
 }
 
+// ---- a vif in error (ErrorHold, device_state.h) ------------------------------------------------------
+
+// A vif whose nodes are bad (here the toolstack's `mtu`) gets the error node and Closed, and is
+// held there — no new attempt while its frontend starts over without closing — until the
+// frontend has closed; then, with the node mended, it is offered again and served on the same
+// daemon.
+TEST_F(NetbackDaemon, AVifInErrorIsHeldUntilItsFrontendClosesThenServedAgain) {
+  ASSERT_NO_FATAL_FAILURE(up());
+  constexpr std::uint16_t kDom = 201;
+  make_guest(kDom, "mended");
+  const std::string gns = dir_ + "/mendedns";
+  netback::create_netns(gns);
+  guest_->tap = netback::Tap::create({"eth0", gns, 1, {true, true, true}});
+  guest_->front = std::make_unique<frontends::Netfront>(*guest_->dom, *guest_->events, guest_->tap.fd(),
+                                                        frontends::NetfrontConfig{});
+  const std::string be = "/local/domain/0/backend/vif/201/0", fe = "/local/domain/201/device/vif/0";
+  xenbus::client::SyncClient xs(dir_ + "/xs.sock");
+  auto& f = *guest_->front;
+  for (auto [p, v] : std::vector<std::pair<std::string, std::string>>{
+           {fe + "/backend", be}, {fe + "/backend-id", "0"}, {fe + "/handle", "0"}, {fe + "/mac", "00:16:3e:00:60:01"},
+           {fe + "/tx-ring-ref", std::to_string(f.tx_ring_ref())}, {fe + "/rx-ring-ref", std::to_string(f.rx_ring_ref())},
+           {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
+           {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
+           {be + "/frontend", fe}, {be + "/frontend-id", "201"}, {be + "/online", "1"}, {be + "/handle", "0"},
+           {be + "/mac", "00:16:3e:00:60:01"}, {be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"}, {be + "/state", "1"},
+           {fe + "/state", "1"}}) {
+    ASSERT_TRUE(xs.write(p, v)) << p;
+  }
+  // Refused, said so, Closed; nothing made on the host.
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "6"; })) << log("xpv-netback.log");
+  EXPECT_EQ(node(be + "/error"), "22 mtu '12': expected 68..65535");
+  EXPECT_NE(in(hostns_, "ip link show vif201.0"), 0);
+  const auto refusals = [&] {
+    const std::string l = log("xpv-netback.log");
+    std::size_t n = 0;
+    for (auto at = l.find("vif201.0: mtu '12'"); at != std::string::npos; at = l.find("vif201.0: mtu '12'", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(refusals(), 1u) << log("xpv-netback.log");
+
+  // The frontend starts over without closing (Initialising, Initialised): held, not probed again.
+  ASSERT_TRUE(xs.write(fe + "/state", "3"));
+  ASSERT_TRUE(xs.write(fe + "/state", "1"));
+  // (The watch events reach the daemon within milliseconds; a bounded look of 1 s for a change.)
+  EXPECT_FALSE(eventually([&] { return node(be + "/state") != "6" || refusals() != 1; }, 1s)) << log("xpv-netback.log");
+
+  // The toolstack mends the node; the frontend closes (acknowledging the error) and starts over:
+  // offered again without the old error, then connected.
+  ASSERT_TRUE(xs.write(be + "/mtu", "1500"));
+  ASSERT_TRUE(xs.write(fe + "/state", "5"));
+  ASSERT_TRUE(xs.write(fe + "/state", "6"));
+  // (Once the daemon has seen it: a close it never saw, between two of its reads, is no close.)
+  ASSERT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif201.0: the error is over") != std::string::npos; }))
+      << log("xpv-netback.log");
+  ASSERT_TRUE(xs.write(fe + "/state", "1"));
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "2"; })) << log("xpv-netback.log");
+  EXPECT_FALSE(node(be + "/error").has_value()) << "the old error goes when the vif is offered again";
+  ASSERT_TRUE(xs.write(fe + "/state", "3"));
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
+  ASSERT_TRUE(xs.write(fe + "/state", "4"));
+  guest_->front->start();
+  // The guest's NIC takes the vif's address; the host pings it through the vif.
+  ASSERT_EQ(in(gns, fmt::format("ip addr add {}.2/24 dev eth0", net_)), 0);
+  ASSERT_EQ(in(gns, "ip link set eth0 address 00:16:3e:00:60:01 up"), 0);
+  EXPECT_TRUE(ping(hostns_, net_ + ".2"));
+  EXPECT_EQ(refusals(), 1u);
+
+  ASSERT_TRUE(xs.rm(be));
+  ASSERT_TRUE(xs.rm(fe));
+  EXPECT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif201.0: backend directory removed") != std::string::npos; }));
+  guest_.reset();
+  netback::remove_netns(gns);
+}
+
 // ---- the toolstack's errors ---------------------------------------------------------------------
 
 TEST_F(NetbackDaemon, ToolstackRefusesBadMacsClashesAndAMissingNamespace) {
