@@ -359,14 +359,12 @@ bool Backend::probe(Device& d, bool publish) {
   VifBackendNodes n;
   // Bridge mode, as Xen's vif-bridge script: the bridge must exist here already. libxl writes a
   // `bridge` (xenbr0 by default) for every vif, also beside `script` = vif-route: that one routes.
-  const auto script = read(d.be_path + "/script");
-  const bool routed_by_script = script && std::string_view(*script).substr(script->rfind('/') + 1) == "vif-route";
-  if (auto bridge = read(d.be_path + "/bridge"); bridge && !bridge->empty() && !routed_by_script) {
-    if (const std::string why = bridge_problem(*bridge); !why.empty()) {
+  if (const std::string bridge = vif_bridge(read(d.be_path + "/bridge"), read(d.be_path + "/script")); !bridge.empty()) {
+    if (const std::string why = bridge_problem(bridge); !why.empty()) {
       fatal(d, XenbusState::closed, ENODEV, why);
       return false;
     }
-    n.bridge = *bridge;
+    n.bridge = bridge;
   }
   if (d.name.size() >= IFNAMSIZ) {
     fatal(d, XenbusState::closed, ENAMETOOLONG, "host interface name " + d.name + " is longer than 15 characters");

@@ -59,6 +59,12 @@ std::string bridge_problem(const std::string& name) {
   return {};
 }
 
+std::string vif_bridge(const std::optional<std::string>& bridge_node, const std::optional<std::string>& script_node) {
+  if (!bridge_node || bridge_node->empty()) return {};
+  if (script_node && script_node->substr(script_node->rfind('/') + 1) == "vif-route") return {};
+  return *bridge_node;
+}
+
 std::optional<unsigned> interface_mtu(const std::string& name) {
   if (!valid_name(name) || !exists(name)) return std::nullopt;
   UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));

@@ -457,6 +457,7 @@ TEST(Tap, JoinsABridgeAndSaysWhatIsNotOne) {
     tap.set_link({1500, std::nullopt, true});
     EXPECT_THROW(tap.join_bridge("xtun0"), std::runtime_error);
     EXPECT_THROW(tap.join_bridge("xnone0"), std::runtime_error);
+    EXPECT_NE(sh(netns_cmd(ns) + "ip -o link show " + name + " | grep -q ' master '"), 0) << "a refused join makes no port";
     tap.join_bridge("xbr0");
     EXPECT_EQ(sh(netns_cmd(ns) + "ip -o link show " + name + " | grep -q ' master xbr0 '"), 0);
   }

@@ -543,8 +543,9 @@ TEST_F(NetbackDaemon, AVifInErrorIsHeldUntilItsFrontendClosesThenServedAgain) {
            {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
            {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
            {be + "/frontend", fe}, {be + "/frontend-id", "201"}, {be + "/online", "1"}, {be + "/handle", "0"},
-           {be + "/mac", "00:16:3e:00:60:01"}, {be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"}, {be + "/state", "1"},
-           {fe + "/state", "1"}}) {
+           // The frontend's state before the backend's: the daemon adopts the vif at its `state`.
+           {fe + "/state", "1"}, {be + "/mac", "00:16:3e:00:60:01"}, {be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"},
+           {be + "/state", "1"}}) {
     ASSERT_TRUE(xs.write(p, v)) << p;
   }
   // Refused, said so, Closed; nothing made on the host.

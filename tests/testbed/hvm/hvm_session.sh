@@ -85,10 +85,11 @@ boot() {
 maxmem = 512"
   # Callback guests: a bridged vif; the host's address is the bridge's.
   VIF="mac=00:16:3e:00:00:0$i, ip=10.0.$i.2/24"
+  BRIDGE_ERR=
   if [ "$M" = callback ]; then
     ip link del xpvbr$i 2>/dev/null
-    ip link add xpvbr$i type bridge && ip addr add 10.0.$i.1/24 dev xpvbr$i && ip link set xpvbr$i up ||
-      echo "XPV-TEST: bridge xpvbr$i could not be made"
+    BRIDGE_ERR=$( { ip link add xpvbr$i type bridge && ip addr add 10.0.$i.1/24 dev xpvbr$i &&
+                    ip link set xpvbr$i up; } 2>&1 ) && BRIDGE_ERR= || BRIDGE_ERR="${BRIDGE_ERR:-ip failed}"
     VIF="mac=00:16:3e:00:00:0$i, bridge=xpvbr$i, ip=10.0.$i.2/24"
   fi
   cp --sparse=always $IMG/root.ext4 $W/$M.ext4
@@ -105,6 +106,8 @@ disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ '$VIF' ]
 CFG
   {
+    # (In the section, so that a failed attempt's dump shows it.)
+    [ -n "$BRIDGE_ERR" ] && echo "XPV-TEST: bridge xpvbr$i could not be made: $BRIDGE_ERR"
     if [ "$M" = callback ]; then
       # As xl create -p: made paused (its devices in xenstore, no guest instruction run yet),
       # listed paused, started by `xpv unpause`.

@@ -2,6 +2,7 @@
 
 #include "xpv/config/device_specs.h"
 #include "xpv/config/error.h"
+#include "xpv/netback/bridge.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/vif_checks.h"
 
@@ -80,6 +81,19 @@ TEST(VifChecks, TheHostSideIsNamedByItsAddressOrItsBridge) {
   EXPECT_EQ(vif_host_side(4, 1, config::parse_vif_spec("")), "host side vif4.1");
   EXPECT_THROW(config::parse_vif_spec("bridge="), config::ConfigError);
   EXPECT_NO_THROW(check_vif_bridge("vif", config::parse_vif_spec("ip=10.0.1.7/24"))) << "routed: no bridge to look for";
+}
+
+// What makes a vif bridged, for xpv-netback and the toolstack alike: a `bridge` node, unless its
+// `script` node is vif-route (libxl writes a bridge beside every script).
+TEST(VifChecks, AVifIsBridgedByItsBridgeNodeUnlessItsScriptRoutes) {
+  using netback::vif_bridge;
+  EXPECT_EQ(vif_bridge(std::string("br0"), std::nullopt), "br0");
+  EXPECT_EQ(vif_bridge(std::string("br0"), std::string("vif-bridge")), "br0");
+  EXPECT_EQ(vif_bridge(std::string("xenbr0"), std::string("/etc/xen/scripts/vif-route")), "");
+  EXPECT_EQ(vif_bridge(std::string("xenbr0"), std::string("vif-route")), "");
+  EXPECT_EQ(vif_bridge(std::string("br0"), std::string("my-vif-route")), "br0") << "by its whole name";
+  EXPECT_EQ(vif_bridge(std::string(""), std::nullopt), "");
+  EXPECT_EQ(vif_bridge(std::nullopt, std::string("vif-bridge")), "");
 }
 
 TEST(VifChecks, MtuIsParsedAndBounded) {

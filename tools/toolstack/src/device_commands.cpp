@@ -20,6 +20,7 @@
 #include "xpv/toolstack/run_lock.h"
 #include "xpv/toolstack/vif_checks.h"
 #include "xpv/toolstack/xenstore.h"
+#include "xpv/netback/bridge.h"
 #include "xpv/netback/netns.h"
 
 namespace xpv::toolstack {
@@ -139,9 +140,10 @@ void list_devices(Context& ctx, const std::string& which, DeviceKind kind) {
       out += fmt::format("{:<6} {:<6} {:<17} {:<17} {:<4} {}\n", name ? *name : "-", dev.devid, state(st.frontend),
                          state(st.backend), node(be + "/mode"), node(be + "/params"));
     } else {
+      const std::string bridge = netback::vif_bridge(xs.read(be + "/bridge"), xs.read(be + "/script"));
       out += fmt::format("{:<4} {:<17} {:<17} {:<17} {:<10} {:<15} {}\n", dev.devid, node(be + "/mac"),
                          state(st.frontend), state(st.backend), fmt::format("vif{}.{}", d.domid, dev.devid),
-                         node(be + "/bridge"), node(be + "/ip"));
+                         bridge.empty() ? "-" : bridge, node(be + "/ip"));
     }
   }
   ctx.out << out;

@@ -43,7 +43,7 @@ std::vector<ExistingVif> existing_vifs(Xenstore& xs, const std::vector<DomainSum
       v.owner = fmt::format("{} vif {}", domain_label(d), dev);
       v.mac = xs.read(dir + "/" + dev + "/mac").value_or("");
       if (auto ip = xs.read(dir + "/" + dev + "/ip")) v.addresses = netback::vif_addresses(*ip);
-      v.bridge = xs.read(dir + "/" + dev + "/bridge").value_or("");
+      v.bridge = netback::vif_bridge(xs.read(dir + "/" + dev + "/bridge"), xs.read(dir + "/" + dev + "/script"));
       out.push_back(std::move(v));
     }
   }

@@ -16,6 +16,11 @@ namespace xpv::netback {
 // interface, or not a bridge (its ethtool driver name is not "bridge"). Empty when it can.
 std::string bridge_problem(const std::string& name);
 
+// The bridge a vif's backend nodes put it on: its `bridge` node, unless its `script` node names
+// vif-route (with or without a directory: libxl writes a `bridge`, xenbr0 by default, beside
+// every script); empty for a routed vif. One rule for xpv-netback and the toolstack.
+std::string vif_bridge(const std::optional<std::string>& bridge_node, const std::optional<std::string>& script_node);
+
 // The MTU of the existing interface `name`; nullopt when there is none of that name.
 std::optional<unsigned> interface_mtu(const std::string& name);
 

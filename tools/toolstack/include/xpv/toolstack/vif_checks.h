@@ -51,7 +51,8 @@ void check_new_vif(const std::string& what, const config::VifSpec& vif, const st
 // its bridge is a bridge in the toolstack's network namespace (netback::bridge_problem).
 void check_vif_bridge(const std::string& what, const config::VifSpec& vif);
 // A bridged vif without an `mtu` takes its bridge's, as Xen's vif-bridge does: a port of a smaller
-// MTU would pull the bridge's own down (Linux bridges follow their smallest port).
+// MTU would pull the bridge's own down (a Linux bridge whose MTU was not set by hand follows its
+// smallest port).
 void adopt_bridge_mtu(config::VifSpec& vif);
 
 // The vif's addresses, from its spec (nullopt: no ip).
