@@ -158,6 +158,32 @@ class NetbackDaemon : public ::testing::Test, protected test::netrig::NetbackRig
     setup();
   }
   void TearDown() override { teardown(HasFailure()); }
+
+  using Nodes = std::vector<std::pair<std::string, std::string>>;
+  // guest_ becomes domain `domid` with one in-process netfront (split channels) whose NIC is eth0
+  // in the namespace file returned (dir_/<name>ns).
+  std::string make_netfront_guest(std::uint16_t domid, const std::string& name) {
+    make_guest(domid, name);
+    const std::string ns = dir_ + "/" + name + "ns";
+    netback::create_netns(ns);
+    guest_->tap = netback::Tap::create({"eth0", ns, 1, {true, true, true}});
+    guest_->front = std::make_unique<frontends::Netfront>(*guest_->dom, *guest_->events, guest_->tap.fd(),
+                                                          frontends::NetfrontConfig{});
+    return ns;
+  }
+  // The nodes of vif <domid>/0 for that netfront, both ends, without either `state`: what the
+  // test writes as its toolstack and as the guest's xenbus driver.
+  Nodes netfront_vif_nodes(std::uint16_t domid, const std::string& mac) const {
+    const std::string be = fmt::format("/local/domain/0/backend/vif/{}/0", domid);
+    const std::string fe = fmt::format("/local/domain/{}/device/vif/0", domid);
+    const auto& f = *guest_->front;
+    return {{fe + "/backend", be}, {fe + "/backend-id", "0"}, {fe + "/handle", "0"}, {fe + "/mac", mac},
+            {fe + "/tx-ring-ref", std::to_string(f.tx_ring_ref())}, {fe + "/rx-ring-ref", std::to_string(f.rx_ring_ref())},
+            {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
+            {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
+            {be + "/frontend", fe}, {be + "/frontend-id", std::to_string(domid)}, {be + "/online", "1"},
+            {be + "/handle", "0"}, {be + "/mac", mac}};
+  }
 };
 
 // ---- the data path through the daemon ---------------------------------------------------------
@@ -461,27 +487,14 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
 
   // Domain 200: a frontend in this process. The test is its toolstack and its xenbus driver.
   constexpr std::uint16_t kBad = 200;
-  make_guest(kBad, "hostile");
-  const std::string badns = dir_ + "/badns";
-  netback::create_netns(badns);
-  guest_->tap = netback::Tap::create({"eth0", badns, 1, {true, true, true}});
-  guest_->front = std::make_unique<frontends::Netfront>(*guest_->dom, *guest_->events, guest_->tap.fd(),
-                                                        frontends::NetfrontConfig{});
+  const std::string badns = make_netfront_guest(kBad, "hostile");
   const std::string be = "/local/domain/0/backend/vif/200/0", fe = "/local/domain/200/device/vif/0";
   {
     xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-    auto& f = *guest_->front;
-    for (auto [p, v] : std::vector<std::pair<std::string, std::string>>{
-             {fe + "/backend", be}, {fe + "/backend-id", "0"}, {fe + "/handle", "0"}, {fe + "/mac", "00:16:3e:00:40:02"},
-             {fe + "/tx-ring-ref", std::to_string(f.tx_ring_ref())}, {fe + "/rx-ring-ref", std::to_string(f.rx_ring_ref())},
-             {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
-             {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
-             // One queue announced as Linux's netfront does: the key = 1 and the flat layout.
-             {fe + "/multi-queue-num-queues", "1"},
-             {fe + "/state", "3"}, {be + "/frontend", fe}, {be + "/frontend-id", "200"}, {be + "/online", "1"},
-             {be + "/handle", "0"}, {be + "/mac", "00:16:3e:00:40:02"}, {be + "/state", "1"}}) {
-      ASSERT_TRUE(xs.write(p, v)) << p;
-    }
+    Nodes nodes = netfront_vif_nodes(kBad, "00:16:3e:00:40:02");
+    // One queue announced as Linux's netfront does: the key = 1 and the flat layout.
+    nodes.insert(nodes.end(), {{fe + "/multi-queue-num-queues", "1"}, {fe + "/state", "3"}, {be + "/state", "1"}});
+    for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
   }
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
   guest_->front->start();
@@ -528,26 +541,14 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
 TEST_F(NetbackDaemon, AVifInErrorIsHeldUntilItsFrontendClosesThenServedAgain) {
   ASSERT_NO_FATAL_FAILURE(up());
   constexpr std::uint16_t kDom = 201;
-  make_guest(kDom, "mended");
-  const std::string gns = dir_ + "/mendedns";
-  netback::create_netns(gns);
-  guest_->tap = netback::Tap::create({"eth0", gns, 1, {true, true, true}});
-  guest_->front = std::make_unique<frontends::Netfront>(*guest_->dom, *guest_->events, guest_->tap.fd(),
-                                                        frontends::NetfrontConfig{});
+  const std::string gns = make_netfront_guest(kDom, "mended");
   const std::string be = "/local/domain/0/backend/vif/201/0", fe = "/local/domain/201/device/vif/0";
   xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-  auto& f = *guest_->front;
-  for (auto [p, v] : std::vector<std::pair<std::string, std::string>>{
-           {fe + "/backend", be}, {fe + "/backend-id", "0"}, {fe + "/handle", "0"}, {fe + "/mac", "00:16:3e:00:60:01"},
-           {fe + "/tx-ring-ref", std::to_string(f.tx_ring_ref())}, {fe + "/rx-ring-ref", std::to_string(f.rx_ring_ref())},
-           {fe + "/event-channel-tx", std::to_string(f.tx_port())}, {fe + "/event-channel-rx", std::to_string(f.rx_port())},
-           {fe + "/request-rx-copy", "1"}, {fe + "/feature-rx-notify", "1"}, {fe + "/feature-sg", "1"},
-           {be + "/frontend", fe}, {be + "/frontend-id", "201"}, {be + "/online", "1"}, {be + "/handle", "0"},
-           // The frontend's state before the backend's: the daemon adopts the vif at its `state`.
-           {fe + "/state", "1"}, {be + "/mac", "00:16:3e:00:60:01"}, {be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"},
-           {be + "/state", "1"}}) {
-    ASSERT_TRUE(xs.write(p, v)) << p;
-  }
+  Nodes nodes = netfront_vif_nodes(kDom, "00:16:3e:00:60:01");
+  // The frontend's state before the backend's: the daemon adopts the vif at its `state`.
+  nodes.insert(nodes.end(),
+               {{be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"}, {fe + "/state", "1"}, {be + "/state", "1"}});
+  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
   // Refused, said so, Closed; nothing made on the host.
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "6"; })) << log("xpv-netback.log");
   EXPECT_EQ(node(be + "/error"), "22 mtu '12': expected 68..65535");
