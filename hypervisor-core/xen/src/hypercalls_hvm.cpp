@@ -49,6 +49,7 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
       if (type != abi::kCallbackTypeGsi && type != abi::kCallbackTypePciIntx &&
           type != abi::kCallbackTypeVector)
         return err(XenErrno::einval);
+      std::lock_guard lk(callback_mu_);
       // The global callback vector needs the host's help (no EOI): ask before anything changes.
       if (const std::uint8_t want = global_callback_vector(value);
           want != global_callback_vector(callback_irq_.load(std::memory_order_acquire)) &&

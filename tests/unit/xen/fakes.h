@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,9 +34,17 @@ class FakeHost final : public PlatformHost {
     injected_.emplace_back(vcpu, vector);
   }
   bool set_callback_vector(std::uint8_t vector) noexcept override {
-    std::lock_guard lk(mu_);
-    callback_vectors_.push_back(vector);
-    return accept_callback_vector_;
+    bool accept = false;
+    unsigned delay_us = 0;
+    {
+      std::lock_guard lk(mu_);
+      callback_vectors_.push_back(vector);
+      accept = accept_callback_vector_;
+      // A host that takes a varying while to answer (races: which caller's answer comes last).
+      if (callback_vector_delays_) delay_us = (static_cast<unsigned>(callback_vectors_.size()) * 37u) % 200u;
+    }
+    if (delay_us != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    return accept;
   }
   void set_intx(bool asserted) noexcept override {
     std::lock_guard lk(mu_);
@@ -95,6 +105,10 @@ class FakeHost final : public PlatformHost {
     std::lock_guard lk(mu_);
     return callback_vectors_;
   }
+  void delay_callback_vectors() {
+    std::lock_guard lk(mu_);
+    callback_vector_delays_ = true;
+  }
   void refuse_callback_vectors() {
     std::lock_guard lk(mu_);
     accept_callback_vector_ = false;
@@ -126,6 +140,7 @@ class FakeHost final : public PlatformHost {
   unsigned route_calls_ = 0;
   std::vector<std::uint8_t> callback_vectors_;
   bool accept_callback_vector_ = true;
+  bool callback_vector_delays_ = false;
   std::vector<ShutdownReason> shutdowns_;
   std::string console_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> released_, populated_;

@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -472,6 +474,37 @@ TEST_F(Hypercalls, CallbackIrqReadsBackAsSet) {
   mem_.put(kArg, HvmParam{kDomidSelf, 0, kParamCallbackIrq, 0});
   EXPECT_EQ(call(kHcHvmOp, kHvmopGetParam, kArg), 0);
   EXPECT_EQ(mem_.get<HvmParam>(kArg).value, v);
+}
+
+// Two vCPUs choosing different global callback vectors at the same moment: whichever comes
+// last, the host was told the vector the parameter holds.
+TEST_F(Hypercalls, TwoVcpusSettingCallbackVectorsAtOnceLeaveTheHostWithTheStoredOne) {
+  host_.delay_callback_vectors();
+  constexpr std::uint64_t kVectorType = std::uint64_t{2} << 56;
+  for (int round = 0; round < 100; ++round) {
+    const std::uint8_t a = round % 2 ? 0xf3 : 0xf5, b = round % 2 ? 0xf4 : 0xf6;
+    mem_.put(kArg, HvmParam{kDomidSelf, 0, kParamCallbackIrq, kVectorType | a});
+    mem_.put(kArg2, HvmParam{kDomidSelf, 0, kParamCallbackIrq, kVectorType | b});
+    std::atomic<int> ready{0};
+    std::int64_t rc0 = -1, rc1 = -1;
+    auto set = [&](unsigned vcpu, std::uint64_t arg, std::int64_t& rc) {
+      ready.fetch_add(1);
+      for (int spin = 0; ready.load() < 2 && spin < 1'000'000; ++spin) std::this_thread::yield();
+      rc = call_on(vcpu, kHcHvmOp, kHvmopSetParam, arg);
+    };
+    std::thread t0(set, 0u, kArg, std::ref(rc0)), t1(set, 1u, kArg2, std::ref(rc1));
+    t0.join();
+    t1.join();
+    ASSERT_EQ(rc0, 0);
+    ASSERT_EQ(rc1, 0);
+    mem_.put(kArg, HvmParam{kDomidSelf, 0, kParamCallbackIrq, 0});
+    ASSERT_EQ(call(kHcHvmOp, kHvmopGetParam, kArg), 0);
+    const std::uint64_t stored = mem_.get<HvmParam>(kArg).value;
+    ASSERT_TRUE(stored == (kVectorType | a) || stored == (kVectorType | b)) << std::hex << stored;
+    const auto told = host_.callback_vectors();
+    ASSERT_FALSE(told.empty());
+    ASSERT_EQ(told.back(), stored & 0xff) << "round " << round << ": the host was told another vector than the stored one";
+  }
 }
 
 TEST_F(Hypercalls, UpcallVectorAndOtherHvmOps) {
