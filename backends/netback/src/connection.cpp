@@ -142,7 +142,8 @@ void VifConnection::teardown() noexcept {
                    "(queued {}, dropped {}, overflow {}, errors {}); rx fill limit {} (held back {}, grew {}, shrank {}); "
                    "waited for rx buffers {} times ({} of them found the buffers only at the {} ms timeout); "
                    "turns tx {} rx {} ({} / {} ms); new tx requests found {} times, {} us after the last look on average "
-                   "({} times after 1 ms or more, at most {} us); notifications {}; wakeups {}; fair waits {}; rate-limited {}; "
+                   "({} times after 1 ms or more, at most {} us); notifications {}; wakeups {} ({} by kicks with nothing new, the "
+                   "port muted {} times); fair waits {}; rate-limited {}; "
                    "tx written on another queue's TAP queue {}; rings left: tx {} published and not taken, {} answered "
                    "since the frontend last armed its event; rx {} buffers posted and not taken, {} answered since the frontend last armed its event",
                    q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped),
@@ -151,7 +152,8 @@ void VifConnection::teardown() noexcept {
                    n(c.rx_waits_late), q->queue->rx_stall_ms(), n(c.tx_turns), n(c.rx_turns),
                    n(c.tx_turn_us) / 1000, n(c.rx_turn_us) / 1000, n(c.tx_found),
                    n(c.tx_found) ? n(c.tx_found_after_us) / n(c.tx_found) : 0, n(c.tx_found_after_1ms),
-                   n(c.tx_found_after_max_us), n(c.notifications), n(c.wakeups), n(c.fair_waits), n(c.rate_limited),
+                   n(c.tx_found_after_max_us), n(c.notifications), n(c.wakeups), n(c.spurious_kicks), n(c.kick_mutes), n(c.fair_waits),
+                   n(c.rate_limited),
                    n(c.tx_steered), tx_end.untaken, tx_end.responses_since_armed, rx_end.untaken, rx_end.responses_since_armed);
     }
     q->queue.reset();

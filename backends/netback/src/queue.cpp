@@ -797,8 +797,18 @@ bool NetbackQueue::serve() noexcept {
     if (t + 1 == kTurnsPerPoll) busy_ = true;
   }
   if (disabled()) return false;
-  // Before sleeping: re-arm the event indexes and look once more (no lost wake-up).
-  if (!tx_rate_blocked_ && !tx_held_) {
+  // Before sleeping: re-arm the event indexes and look once more (no lost wake-up). The kicks so
+  // far go first, on every channel, and the rings' counts are noted: the looks below cover what
+  // those kicks announced (a ring not looked at needs no kick: tx waiting for credit wakes by its
+  // timer, and without a stalled packet nothing waits for rx buffers), so a kick that wakes the
+  // sleep came after them, and one that finds the counts as noted brought nothing
+  // (kick_throttle.h). What is posted between the note and the looks, they find: no sleep then.
+  const bool tx_arm = !tx_rate_blocked_ && !tx_held_;
+  const bool rx_arm = rx_stalled_ && !rx_queue_.empty();
+  (void)tx_evtchn_->consume();
+  if (rx_evtchn_) (void)rx_evtchn_->consume();
+  asleep_counts_ = ring_counts();
+  if (tx_arm) {
     auto more = tx_.final_check_for_requests();
     if (!more) {
       disable(to_string(more.error()));
@@ -806,7 +816,7 @@ bool NetbackQueue::serve() noexcept {
     }
     if (*more) busy_ = true;
   }
-  if (rx_stalled_ && !rx_queue_.empty()) {
+  if (rx_arm) {
     // Waiting for rx buffers: the usual final check (req_event = req_cons + 1) would be already
     // passed while some buffers are posted but not enough, and we would spin. Ask instead to be
     // notified at the next buffer after those posted now (Linux netback does the same), and look
@@ -823,6 +833,27 @@ bool NetbackQueue::serve() noexcept {
   return true;
 }
 
+NetbackQueue::RingCounts NetbackQueue::ring_counts() noexcept {
+  RingCounts c;
+  if (auto n = tx_.unconsumed_requests()) c.tx = *n;
+  if (auto n = rx_.unconsumed_requests()) c.rx = *n;
+  return c;
+}
+
+void NetbackQueue::kicked(KickThrottle& throttle, bool news) noexcept {
+  if (!news) counters_.spurious_kicks.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t mutes = throttle.mutes();
+  throttle.kicked(news, now_us());
+  if (throttle.mutes() != mutes) {
+    counters_.kick_mutes.fetch_add(1, std::memory_order_relaxed);
+    if (throttle.mutes() == 1) {
+      spdlog::warn("{}: the frontend keeps kicking with nothing new in its rings (over {} times in a row): its event "
+                   "channel is looked at less often for a while (each such kick doubles the pause, up to {} ms)",
+                   name_, KickThrottle::kStreak, KickThrottle::kMaxMuteUs / 1000);
+    }
+  }
+}
+
 void NetbackQueue::run() noexcept {
   try {
     tx_looked_us_ = now_us();
@@ -830,9 +861,12 @@ void NetbackQueue::run() noexcept {
       pollfd fds[4];
       int n = 0;
       fds[n++] = {stop_.fd(), POLLIN, 0};
-      fds[n++] = {tx_evtchn_->wait_fd(), POLLIN, 0};
-      const int rx_at = rx_evtchn_ ? n : -1;
-      if (rx_evtchn_) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
+      // A muted port (kick_throttle.h) stays out until its mute ends; its kicks wait meanwhile.
+      const std::uint64_t before_poll = now_us();
+      const int tx_at = tx_kicks_.muted(before_poll) ? -1 : n;
+      if (tx_at >= 0) fds[n++] = {tx_evtchn_->wait_fd(), POLLIN, 0};
+      const int rx_at = rx_evtchn_ && !rx_kicks_.muted(before_poll) ? n : -1;
+      if (rx_at >= 0) fds[n++] = {rx_evtchn_->wait_fd(), POLLIN, 0};
       // The TAP wakes us whenever it has packets, except while a packet waits for buffers and
       // the backlog is left in the TAP (rx_drain off, the default): then only the frontend's
       // buffers (or the stall's timeout) wake us. With rx_drain the backlog goes into the
@@ -840,7 +874,7 @@ void NetbackQueue::run() noexcept {
       const int tap_at = cfg_.rx_drain || !rx_stalled_ || rx_queue_.empty() ? n : -1;
       if (tap_at >= 0) fds[n++] = {tap_, POLLIN, 0};
       int timeout = -1;
-      const std::uint64_t now = now_us();
+      const std::uint64_t now = before_poll;  // the mutes above and their timeouts below: one time
       if (!busy_) idle_in_share();  // going to sleep: no work to be waited for
       if (busy_) {
         timeout = 0;
@@ -854,6 +888,9 @@ void NetbackQueue::run() noexcept {
           const int t = static_cast<int>(std::min<std::uint64_t>(at > now ? (at - now + 999) / 1000 : 0, 1000));
           timeout = timeout < 0 ? t : std::min(timeout, t);
         }
+        for (const KickThrottle* k : {&tx_kicks_, &rx_kicks_}) {
+          if (const int t = k->mute_left_ms(now); t >= 0) timeout = timeout < 0 ? t : std::min(timeout, t);
+        }
       }
       if (::poll(fds, static_cast<nfds_t>(n), timeout) < 0 && errno != EINTR) {
         disable("poll failed");
@@ -864,8 +901,21 @@ void NetbackQueue::run() noexcept {
       // sleep, with work left, ends nothing).
       if (timeout != 0) tx_looked_us_ = now_us();
       if (fds[0].revents) break;
-      if (fds[1].revents) (void)tx_evtchn_->consume();
-      if (rx_at >= 0 && fds[rx_at].revents) (void)rx_evtchn_->consume();
+      // A kick that woke a real sleep (after serve() consumed that channel's earlier kicks and
+      // looked at its ring) and finds the rings unchanged brought nothing.
+      const bool slept = timeout != 0;
+      const RingCounts now_counts = slept ? ring_counts() : RingCounts{};
+      if (tx_at >= 0 && fds[tx_at].revents) {
+        (void)tx_evtchn_->consume();
+        if (slept) {
+          const bool news = rx_evtchn_ ? now_counts.tx != asleep_counts_.tx : !(now_counts == asleep_counts_);
+          kicked(tx_kicks_, news || now_counts.tx < 0 || now_counts.rx < 0);
+        }
+      }
+      if (rx_at >= 0 && fds[rx_at].revents) {
+        (void)rx_evtchn_->consume();
+        if (slept) kicked(rx_kicks_, now_counts.rx != asleep_counts_.rx || now_counts.rx < 0);
+      }
       // Not watched: maybe readable (one EAGAIN at worst, once the frontend's buffers came).
       if (tap_at < 0 || fds[tap_at].revents) tap_readable_ = true;
     }

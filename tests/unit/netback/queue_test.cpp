@@ -56,6 +56,7 @@ class FakeFrontend {
   void tx_push() {
     if (tx_->push_requests()) (void)to_dom0_.notify();
   }
+  bool kick() { return to_dom0_.notify().has_value(); }  // with nothing new
   void post_rx(std::uint16_t id, gnttab::GrantRef g) {
     NetifRxRequest r{};
     r.id = id;
@@ -1035,6 +1036,78 @@ TEST_F(NetbackQueueTest, NewTxRequestsAreCountedOnceEachTimeTheyAppear) {
   ASSERT_TRUE(queue_->poll_once());
   EXPECT_EQ(queue_->counters().tx_found.load(), 2u);
   EXPECT_EQ(queue_->counters().tx_packets.load(), 4u);
+}
+
+TEST_F(NetbackQueueTest, AFrontendKickingWithNothingNewIsMutedAndStillServed) {
+  // A guest sending on the port in a loop without posting anything (kick_throttle.h): after
+  // kStreak such kicks in a row the queue leaves the port out of its sleep for a while, instead of
+  // waking for each one for ever. A packet it sends meanwhile still goes out (at the latest when
+  // the mute ends).
+  start();
+  std::thread t([this] { queue_->run(); });
+  struct Stop {  // also when an ASSERT returns early
+    NetbackQueue& q;
+    std::thread& t;
+    ~Stop() {
+      q.stop();
+      if (t.joinable()) t.join();
+    }
+  } stop{*queue_, t};
+  const NetbackCounters& c = queue_->counters();
+  // One kick at a time, each looked at before the next (bounded: 300 kicks, 100 ms each; a kick
+  // that came before the queue went to sleep is consumed with the look before it, not counted).
+  for (int kicks = 0; kicks < 300 && c.kick_mutes.load() == 0; ++kicks) {
+    const std::uint64_t before = c.spurious_kicks.load();
+    ASSERT_TRUE(fe_.kick());
+    for (int j = 0; j < 2000 && c.spurious_kicks.load() == before; ++j) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  EXPECT_EQ(c.kick_mutes.load(), 1u);
+  EXPECT_EQ(c.spurious_kicks.load(), std::uint64_t{KickThrottle::kStreak} + 1);
+  // While muted: a tx packet, with its kick, still goes to the host (bounded: 2 s).
+  const auto frame = tcp_frame(1000);
+  auto s = slots_for(frame, 16, 0)[0];
+  fe_.tx(s);
+  fe_.tx_push();
+  std::vector<NetifTxResponse> r;
+  for (int i = 0; i < 200 && r.empty(); ++i) {
+    r = fe_.tx_responses();
+    if (r.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].status, kNetifRspOkay);
+  EXPECT_EQ(c.tx_packets.load(), 1u);
+}
+
+TEST_F(NetbackQueueTest, ATxStreamOneAtATimeNeverMutesACorrectFrontend) {
+  // A correct frontend kicks only for what it posted: over a running queue, 200 tx packets one
+  // at a time (each kicked when the ring asks) count no spurious streak, whatever the races.
+  start();
+  std::thread t([this] { queue_->run(); });
+  struct Stop {
+    NetbackQueue& q;
+    std::thread& t;
+    ~Stop() {
+      q.stop();
+      if (t.joinable()) t.join();
+    }
+  } stop{*queue_, t};
+  const auto frame = tcp_frame(200);
+  auto s = slots_for(frame, 16, 0)[0];
+  for (int i = 0; i < 200; ++i) {
+    fe_.tx(s);
+    ++s.id;
+    fe_.tx_push();
+    std::vector<NetifTxResponse> r;
+    for (int j = 0; j < 2000 && r.empty(); ++j) {  // ≤ 2 s
+      r = fe_.tx_responses();
+      if (r.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ASSERT_EQ(r.size(), 1u) << "packet " << i;
+  }
+  EXPECT_EQ(queue_->counters().kick_mutes.load(), 0u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 200u);
 }
 
 TEST_F(NetbackQueueTest, RateLimitHoldsPacketsOnTheRing) {

@@ -68,6 +68,7 @@
 #include <sys/uio.h>
 #include <vector>
 
+#include "xpv/kick_throttle.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/event_fd.h"
 #include "xpv/gnttab/mapper.h"
@@ -146,6 +147,9 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> rate_limited{0};              // TX turns stopped by the credit
   std::atomic<std::uint64_t> tx_turns{0}, rx_turns{0}, notifications{0}, wakeups{0};
   std::atomic<std::uint64_t> fair_waits{0};  // turns given up to a queue thread that was behind
+  // Kicks that woke a sleep and found the rings as they were, and how often a port was muted for
+  // a streak of them (kick_throttle.h: a frontend kicking with nothing new).
+  std::atomic<std::uint64_t> spurious_kicks{0}, kick_mutes{0};
   std::atomic<std::uint64_t> resume_tx_dropped{0};   // resume: tx packets answered, not sent
   std::atomic<std::uint64_t> resume_rx_returned{0};  // resume: rx buffers returned unused
   // Where the thread's time goes, and how long new guest-tx requests can have waited for it
@@ -284,6 +288,18 @@ class NetbackQueue {
   std::vector<RxHeld> rx_held_;
   std::vector<iovec> rx_iov_;
   bool busy_ = false;             // poll_once left work behind: do not sleep
+  // Spurious kicks (kick_throttle.h), per event channel (the tx one carries rx kicks too when
+  // there is no rx one). Before it arms and looks at the rings for the last time, serve()
+  // consumes the kicks so far and notes the rings' unconsumed requests: a kick that wakes the
+  // sleep then and finds them as noted brought nothing.
+  struct RingCounts {
+    std::int64_t tx = -1, rx = -1;  // -1: a broken index (news: pass() disables the queue)
+    bool operator==(const RingCounts&) const = default;
+  };
+  RingCounts ring_counts() noexcept;
+  void kicked(KickThrottle& throttle, bool news) noexcept;
+  KickThrottle tx_kicks_, rx_kicks_;
+  RingCounts asleep_counts_;
   bool tx_seen_ = false;          // the last look at the tx ring found requests
   std::uint64_t tx_looked_us_ = 0;  // when the tx ring was last looked at (or poll returned)
   ring::RingIdx tx_resume_ = 0, rx_resume_ = 0;  // slots left to answer unused (resume)
