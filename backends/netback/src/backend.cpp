@@ -5,6 +5,7 @@
 #include "xpv/xenbus/queue_layout.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <linux/if.h>
 #include <spdlog/spdlog.h>
 
@@ -81,10 +82,13 @@ Backend::Backend(asio::io_context& io, BackendOptions options)
     : io_(io),
       options_(std::move(options)),
       stats_(stats::stats_dir(options_.run_dir), "xpv-netback"),
+      shadow_dir_(options_.run_dir + "/netback"),
       stats_timer_(io),
       xs_probe_(io) {
   if (options_.max_queues == 0) options_.max_queues = 1;
   std::filesystem::create_directories(stats_.dir());
+  std::filesystem::create_directories(shadow_dir_);
+  ::chmod(shadow_dir_.c_str(), 0700);
   stats_.remove_leftovers("vif");
   try {
     xs_ = std::make_unique<xenbus::client::SyncClient>(options_.xenstore_path);
@@ -475,6 +479,7 @@ void Backend::connect(Device& d, bool resume) {
     s.queue.rate_bytes = d.nodes->rate_bytes;
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;
+    s.shadow_dir = shadow_dir_;
     s.queue.rx_fill_adaptive = rx_fill_adaptive();
     s.queue.rx_drain = rx_drain_all() || s.queue.rx_fill_adaptive;  // as NetbackQueue enforces
     s.queue.tx_respond_early = tx_respond_early();
@@ -511,6 +516,7 @@ void Backend::connect(Device& d, bool resume) {
 
 void Backend::disconnect(Device& d) {
   if (!d.conn) return;
+  d.conn->forget_shadows();  // every disconnect is for good (a SIGTERM resets the connections itself)
   d.conn.reset();  // stops the queues, unmaps, unbinds; the TAP goes
   spdlog::info("{}: disconnected", d.name);
 }

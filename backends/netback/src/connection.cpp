@@ -44,9 +44,10 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
     }
     for (unsigned i = 0; i < queues.size(); ++i) {
       cfg.queue_index = i;
-      add_queue(i, queues[i], cfg);
+      add_queue(i, queues[i], cfg, settings.shadow_dir);
     }
   } catch (...) {
+    if (!settings.queue.resume) forget_shadows_ = true;  // nothing made is left behind
     teardown();
     throw;
   }
@@ -83,7 +84,8 @@ bool VifConnection::disabled() const noexcept {
   return false;
 }
 
-void VifConnection::add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg) {
+void VifConnection::add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg,
+                              const std::string& shadow_dir) {
   auto q = std::make_unique<Queue>();
   Queue& r = *q;
   queues_.push_back(std::move(q));
@@ -116,14 +118,24 @@ void VifConnection::add_queue(unsigned index, const VifQueueRings& rings, Netbac
   std::unique_ptr<domain::EventChannel> tx_ch = bind(rings.tx_evtchn, rings.rx_evtchn ? "event-channel-tx" : "event-channel");
   std::unique_ptr<domain::EventChannel> rx_ch;
   if (rings.rx_evtchn) rx_ch = bind(*rings.rx_evtchn, "event-channel-rx");
+  if (!shadow_dir.empty()) {
+    const std::string path = fmt::format("{}/{}-q{}.rxids", shadow_dir, name_, index);
+    try {
+      r.rx_shadow = std::make_unique<RxShadow>(cfg.resume ? RxShadow::open(path, rx->size())
+                                                          : RxShadow::create(path, rx->size()));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("queue {}: {}", index, e.what()));
+    }
+  }
   if (cfg.resume) {
-    spdlog::info("{}: queue {}: resuming at tx rsp_prod {} ({} unanswered), rx rsp_prod {} ({} unanswered)", name_,
-                 index, tx->req_cons(), tx->unconsumed_requests().value_or(0), rx->req_cons(),
-                 rx->unconsumed_requests().value_or(0));
+    spdlog::info("{}: queue {}: resuming at tx rsp_prod {} ({} unanswered), rx rsp_prod {} ({} unanswered; their ids {})",
+                 name_, index, tx->req_cons(), tx->unconsumed_requests().value_or(0), rx->req_cons(),
+                 rx->unconsumed_requests().value_or(0),
+                 r.rx_shadow && r.rx_shadow->reused() ? "from the rx shadow" : "from the ring: no rx shadow");
   }
   r.queue = std::make_unique<NetbackQueue>(fmt::format("{}-q{}", name_, index), *r.mapper, std::move(*tx),
                                            std::move(*rx), std::move(tx_ch), std::move(rx_ch),
-                                           tap_.fd(index), cfg);
+                                           tap_.fd(index), cfg, r.rx_shadow.get());
 }
 
 void VifConnection::teardown() noexcept {
@@ -157,6 +169,8 @@ void VifConnection::teardown() noexcept {
                    n(c.tx_steered), tx_end.untaken, tx_end.responses_since_armed, rx_end.untaken, rx_end.responses_since_armed);
     }
     q->queue.reset();
+    if (q->rx_shadow && forget_shadows_) q->rx_shadow->remove();
+    q->rx_shadow.reset();
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
     q->ring_handles.clear();
     q->mapper.reset();

@@ -42,7 +42,7 @@ void NetbackQueue::guest_error(const char* format, Args&&... args) noexcept {
 NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifTxBackRing tx,
                            NetifRxBackRing rx, std::unique_ptr<domain::EventChannel> tx_evtchn,
                            std::unique_ptr<domain::EventChannel> rx_evtchn, int tap_fd,
-                           NetbackConfig cfg)
+                           NetbackConfig cfg, RxShadow* rx_shadow)
     : name_(std::move(name)),
       mapper_(mapper),
       tx_(std::move(tx)),
@@ -55,6 +55,7 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
       limiter_(cfg.rate_bytes, cfg.rate_usec),
       rx_queue_(cfg.rx_queue, kMaxRxBytes),
       rx_fill_(rx_.size(), kRxFillMinSlots, cfg.rx_fill_adaptive, cfg.rx_fill_period_us) {
+  rx_shadow_ = rx_shadow;
   counters_.rx_fill_limit.store(rx_fill_.limit(), std::memory_order_relaxed);
   // What the fill limit holds back is meant to wait in flow order (rx_fill_limit.h), not in the
   // TAP's arrival order: with it, the backlog is always drained into rx_queue_.
@@ -396,11 +397,13 @@ std::size_t NetbackQueue::rx_available() noexcept {
 
 bool NetbackQueue::rx_hold(std::size_t n) noexcept {
   while (rx_held_.size() < n) {
+    const RingIdx at = rx_.req_cons();
     auto r = rx_.pop_request();  // the caller saw enough requests (rx_available)
     if (!r) {
       disable(to_string(r.error()));
       return false;
     }
+    if (rx_shadow_ != nullptr) rx_shadow_->put(at, *r);  // before any response lands in the slot
     RxHeld h;
     h.req = *r;
     if (auto m = mapper_.map(r->gref, /*readonly=*/false)) {
@@ -662,6 +665,7 @@ bool NetbackQueue::poll_once() noexcept {
 void NetbackQueue::resume_drain() noexcept {
   // RX: every buffer goes back unused, with its own id (the one field a torn slot keeps).
   for (; rx_resume_ > 0 && !disabled(); --rx_resume_) {
+    const RingIdx at = rx_.req_cons();
     auto r = rx_.pop_request();
     if (!r) {
       if (r.error() != RingError::empty) disable(to_string(r.error()));
@@ -670,6 +674,9 @@ void NetbackQueue::resume_drain() noexcept {
     }
     NetifRxResponse rsp{};
     rsp.id = r->id;
+    if (rx_shadow_ != nullptr) {
+      if (auto taken = rx_shadow_->get(at)) rsp.id = taken->id;  // the slot may be torn
+    }
     rsp.status = kNetifRspError;
     if (auto p = rx_.produce_response(rsp); !p) {
       disable(to_string(p.error()));

@@ -218,10 +218,19 @@ bool Netfront::rx_responses() noexcept {
       }
       continue;
     }
+    // Buffers are found by ring position (as Linux's netfront does); the id is only checked on
+    // a response that carries data. An error response may name another id: a restarted
+    // backend without its predecessor's rx shadow gives back every buffer that one had taken
+    // with the id its slot holds, and the slot of a GSO extra-info response written but never
+    // published no longer holds ours (backends/netback/include/xpv/netback/queue.h, "Resume").
+    // Its buffer is posted again.
     const std::uint16_t id_expected = static_cast<std::uint16_t>(index & (rx_->size() - 1));
     if (r->id != id_expected) {
-      break_device("rx response id does not match its slot");
-      break;
+      if (r->status >= 0) {
+        break_device("rx response id does not match its slot");
+        break;
+      }
+      stats_.rx_foreign_ids.fetch_add(1, std::memory_order_relaxed);
     }
     RxSlot s{index, 0, 0};
     if (r->status < 0 || std::size_t{r->offset} + static_cast<std::uint16_t>(r->status) > kPage) {

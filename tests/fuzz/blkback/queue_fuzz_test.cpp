@@ -70,7 +70,7 @@
 #include <thread>
 #include <vector>
 
-#include "temp_dir.h"
+#include "xpv/test/temp_dir.h"
 #include "xpv/test/fuzz_seeds.h"
 #include "xpv/blkback/queue.h"
 #include "xpv/domain/memory.h"

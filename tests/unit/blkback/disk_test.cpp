@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "temp_dir.h"
+#include "xpv/test/temp_dir.h"
 #include "xpv/blkback/disk.h"
 
 namespace xpv::blkback {

@@ -10,7 +10,7 @@
 #include <map>
 #include <memory>
 
-#include "temp_dir.h"
+#include "xpv/test/temp_dir.h"
 #include "xpv/blkback/disk.h"
 #include "xpv/blkback/io_ring.h"
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <thread>
 
-#include "temp_dir.h"
+#include "xpv/test/temp_dir.h"
 #include "xpv/blkback/queue.h"
 #include "xpv/blkback/shadow_ring.h"
 #include "xpv/domain/memory.h"

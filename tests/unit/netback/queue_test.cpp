@@ -19,6 +19,7 @@
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
 #include "xpv/netback/queue.h"
+#include "xpv/test/temp_dir.h"
 
 namespace xpv::netback {
 namespace {
@@ -157,7 +158,7 @@ class NetbackQueueTest : public ::testing::Test {
     ::setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
   }
 
-  void start(NetbackConfig cfg = {}) {
+  void start(NetbackConfig cfg = {}, RxShadow* shadow = nullptr) {
     cfg.rx_gso = {true, true};
     mapper_ = fe_.make_mapper();
     auto txm = mapper_->map(fe_.tx_ref, false);
@@ -169,7 +170,7 @@ class NetbackQueueTest : public ::testing::Test {
     std::unique_ptr<domain::EventChannel> ch = fe_.make_channel();
     if (peek_at_notify_) ch = std::make_unique<PeekingChannel>(std::move(ch), host_.get(), frame_at_notify_);
     queue_ = std::make_unique<NetbackQueue>("vif7.0-q0", *mapper_, std::move(*tx), std::move(*rx), std::move(ch),
-                                            nullptr, tap_.get(), cfg);
+                                            nullptr, tap_.get(), cfg, shadow);
   }
 
   // A fairness ledger (64 KiB lead) with another vif's queue on it; start_beside_a_busy_vif
@@ -1325,6 +1326,60 @@ TEST_F(NetbackQueueTest, AResumedQueueAnswersWhatTheDeadOneLeftWithoutUsingIt) {
   EXPECT_EQ(rx2[0].id, 3);
   EXPECT_EQ(rx2[0].status, 200);
   EXPECT_FALSE(queue_->disabled());
+}
+
+// A dead queue took a GSO packet's buffers and wrote its first two responses into their slots —
+// the data response (it repeats the request's id), then the extra-info response (no id: its type
+// and flags are where the id was) — and died before rsp_prod. The resumed queue gives every
+// buffer back with the frontend's own id: from the rx shadow the dead queue kept where the slot no
+// longer has it. A queue with a shadow records each rx request it takes.
+TEST_F(NetbackQueueTest, AResumedQueueGivesTornBuffersBackWithTheIdsItsShadowKept) {
+  test::TempDir dir;
+  const std::string path = dir.file("vif7.0-q0.rxids");
+  const std::uint16_t ids[3] = {40, 41, 42};  // a frontend's ids, not the slots' indexes
+  for (std::uint16_t i = 0; i < 3; ++i) fe_.post_rx(ids[i], fe_.grant(30 + i, false));
+  fe_.rx_push();
+  {
+    auto dead = RxShadow::create(path, 256);  // what the dead queue kept as it took slots 0 and 1
+    for (std::uint16_t i = 0; i < 2; ++i) dead.put(i, NetifRxRequest{ids[i], 0, 0});
+  }
+  auto rx_page = fe_.page(2);
+  NetifRxResponse first{ids[0], 0, static_cast<std::uint16_t>(kNetrxfExtraInfo | kNetrxfMoreData), 4096};
+  std::memcpy(rx_page.data() + kRingEntriesOffset, &first, sizeof first);
+  NetifExtraInfo gso{};
+  gso.type = kXenNetifExtraTypeGso;
+  gso.u.gso.size = 1448;
+  gso.u.gso.type = kXenNetifGsoTypeTcpv4;
+  const NetifRxResponse extra = netif_extra_to_rx(gso);
+  std::memcpy(rx_page.data() + kRingEntriesOffset + sizeof(NetifRxResponse), &extra, sizeof extra);
+  ASSERT_NE(extra.id, ids[1]);
+
+  auto shadow = RxShadow::open(path, 256);
+  ASSERT_TRUE(shadow.reused());
+  NetbackConfig cfg;
+  cfg.resume = true;
+  ASSERT_NO_FATAL_FAILURE(start(cfg, &shadow));
+  ASSERT_TRUE(queue_->poll_once());
+  auto rx = fe_.rx_responses();
+  ASSERT_EQ(rx.size(), 3u);
+  for (std::uint16_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rx[i].id, ids[i]) << "slot " << i;
+    EXPECT_EQ(rx[i].status, kNetifRspError);
+  }
+  EXPECT_EQ(queue_->counters().resume_rx_returned.load(), 3u);
+
+  // Then an ordinary queue that keeps its shadow: the buffer it takes for a host frame is there.
+  fe_.post_rx(43, fe_.grant(50, false));
+  fe_.rx_push();
+  host_write({}, tcp_frame(200));
+  ASSERT_TRUE(queue_->poll_once());
+  auto rx2 = fe_.rx_responses();
+  ASSERT_EQ(rx2.size(), 1u);
+  EXPECT_EQ(rx2[0].id, 43);
+  EXPECT_EQ(rx2[0].status, 200);
+  ASSERT_TRUE(shadow.get(3).has_value());
+  EXPECT_EQ(shadow.get(3)->id, 43);
+  EXPECT_FALSE(shadow.get(4).has_value());
 }
 
 // A backend killed between publishing responses and notifying: the frontend, asleep with its

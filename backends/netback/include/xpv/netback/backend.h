@@ -144,6 +144,7 @@ class Backend {
   boost::asio::io_context& io_;
   BackendOptions options_;
   stats::Publisher stats_;
+  std::string shadow_dir_;  // <run_dir>/netback: the queues' rx shadows (connection.h)
   boost::asio::steady_timer stats_timer_;
   // Frontend state watches: claimed on xs_'s thread, so it outlives xs_ (declared before it).
   xenbus::EventCoalescer<Key> fe_events_;

@@ -58,6 +58,11 @@ struct VifSettings {
   // come back on (flow_steering.h; the daemon's default, XPV_NETBACK_STEER=spread); false (its
   // XPV_NETBACK_STEER=guest): where its guest-tx packets came from, as Linux netback.
   bool steer = false;
+  // Non-empty: each queue keeps the rx requests it takes in `<shadow_dir>/<tap_name>-q<k>.rxids`
+  // (xpv/shadow_ring.h), so that a restarted xpv-netback gives every buffer back with the
+  // frontend's own id; kept across a restart (opened again when `queue.resume`), removed when
+  // the vif closes for good (forget_shadows).
+  std::string shadow_dir;
 };
 
 // The host TAP's MAC for vif <domid>.<devid>: fe:ff, then domid and the low 16 bits of devid,
@@ -90,6 +95,9 @@ class VifConnection {
   VifConnection& operator=(const VifConnection&) = delete;
 
   void stop() noexcept;
+  // The vif closes for good: its rx shadows are deleted at teardown (not after a SIGTERM, whose
+  // successor resumes from them).
+  void forget_shadows() noexcept { forget_shadows_ = true; }
   bool disabled() const noexcept;  // a queue was disabled (protocol violation)
   std::size_t queues() const noexcept { return queues_.size(); }
   const NetbackQueue& queue(std::size_t i) const noexcept { return *queues_[i]->queue; }
@@ -100,10 +108,11 @@ class VifConnection {
     std::unique_ptr<gnttab::GrantMapper> mapper;
     std::vector<gnttab::GrantHandle> ring_handles;
     std::vector<std::uint32_t> dom0_ports;  // bound, to unbind
+    std::unique_ptr<RxShadow> rx_shadow;  // before `queue`, which uses it: destroyed after it
     std::unique_ptr<NetbackQueue> queue;
     std::thread thread;
   };
-  void add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg);
+  void add_queue(unsigned index, const VifQueueRings& rings, NetbackConfig cfg, const std::string& shadow_dir);
   void teardown() noexcept;
 
   std::string name_;
@@ -113,6 +122,7 @@ class VifConnection {
   std::vector<int> tap_fds_;              // tap_'s fd per queue (the queues' NetbackConfig::tap_fds)
   std::unique_ptr<FlowSteering> steer_;   // with VifSettings::steer and more than one queue
   std::vector<std::unique_ptr<Queue>> queues_;
+  bool forget_shadows_ = false;
 };
 
 }  // namespace xpv::netback

@@ -48,10 +48,15 @@
 // (a tx packet sent, an rx buffer filled), not answered. Worse, a response is copied into its
 // request's slot before rsp_prod is published, so a kill between the two leaves a torn slot: a tx
 // response (4 bytes) overwrote the request's gref (bytes 0..3; offset, flags, id, size intact), an
-// rx response (8 bytes) the whole rx request except the id, which it repeats. So no gref from that
-// range is ever used: each tx packet there is walked by its flags and answered OKAY without being
-// sent (a lost packet: the dead backend may have sent it already; TCP retransmits), each rx buffer
-// is given back with NETIF_RSP_ERROR (the frontend drops it and posts it again). Counted in
+// rx response (8 bytes) the whole rx request except the id, which it repeats — but a GSO packet's
+// extra-info response (8 bytes, no id) overwrote its slot's id too (with the extra's type and
+// flags). So no gref from that range is ever used: each tx packet there is walked by its flags and
+// answered OKAY without being sent (a lost packet: the dead backend may have sent it already; TCP
+// retransmits), each rx buffer is given back with NETIF_RSP_ERROR (the frontend drops it and posts
+// it again) and the frontend's id: the rx shadow's copy of the request taken at that index when it
+// has one, else the slot's (a slot the dead backend never took is intact). Without a shadow, a
+// torn extra-info slot's id is not the frontend's (Linux's netfront and xpv-front find an rx buffer
+// by ring position and do not mind). Counted in
 // resume_tx_dropped / resume_rx_returned. A grant flag the dead process left set on a tx buffer
 // is cleared by the next normal use of that grant (GrantMapper's pin protocol).
 //
@@ -69,6 +74,7 @@
 #include <vector>
 
 #include "xpv/kick_throttle.h"
+#include "xpv/shadow_ring.h"
 #include "xpv/domain/dom0_port.h"
 #include "xpv/domain/event_fd.h"
 #include "xpv/gnttab/mapper.h"
@@ -82,6 +88,9 @@
 #include "xpv/ring/netif.h"
 
 namespace xpv::netback {
+
+// The rx requests a queue took, kept in a file across a restart (xpv/shadow_ring.h).
+using RxShadow = xpv::ShadowRing<ring::NetifRxRequest>;
 
 struct NetbackConfig {
   bool sg = true;        // frontend's feature-sg: rx packets may span several slots
@@ -174,9 +183,12 @@ class NetbackQueue {
   // `mapper` belongs to this queue's thread from now on; the rings are attached to the mapped
   // ring pages; `rx_evtchn` null: one event channel for both rings. `tap_fd` (non-blocking, with
   // 10-byte vnet headers) is borrowed and must outlive the queue.
+  // `rx_shadow` (may be null; borrowed, must outlive the queue): every rx request taken is
+  // copied there first, and a resumed queue answers with the copy's id (see Resume).
   NetbackQueue(std::string name, gnttab::GrantMapper& mapper, ring::NetifTxBackRing tx,
                ring::NetifRxBackRing rx, std::unique_ptr<domain::EventChannel> tx_evtchn,
-               std::unique_ptr<domain::EventChannel> rx_evtchn, int tap_fd, NetbackConfig cfg);
+               std::unique_ptr<domain::EventChannel> rx_evtchn, int tap_fd, NetbackConfig cfg,
+               RxShadow* rx_shadow = nullptr);
   ~NetbackQueue();
   NetbackQueue(const NetbackQueue&) = delete;
   NetbackQueue& operator=(const NetbackQueue&) = delete;
@@ -288,6 +300,7 @@ class NetbackQueue {
   std::vector<RxHeld> rx_held_;
   std::vector<iovec> rx_iov_;
   bool busy_ = false;             // poll_once left work behind: do not sleep
+  RxShadow* rx_shadow_ = nullptr;  // borrowed; null: none
   // Spurious kicks (kick_throttle.h), per event channel (the tx one carries rx kicks too when
   // there is no rx one). Before it arms and looks at the rings for the last time, serve()
   // consumes the kicks so far and notes the rings' unconsumed requests: a kick that wakes the

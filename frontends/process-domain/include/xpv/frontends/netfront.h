@@ -45,6 +45,7 @@ struct NetfrontStats {
   std::atomic<std::uint64_t> tx_packets{0}, tx_bytes{0}, tx_errors{0}, tx_dropped{0};
   std::atomic<std::uint64_t> rx_packets{0}, rx_bytes{0}, rx_errors{0}, rx_dropped{0};
   std::atomic<std::uint64_t> notifications{0}, wakeups{0};
+  std::atomic<std::uint64_t> rx_foreign_ids{0};  // error responses naming another id than their slot's
 };
 
 class Netfront {
@@ -71,6 +72,7 @@ class Netfront {
 
   // Test seam: the shared tx ring page, so a test can play a misbehaving guest (after stop()).
   std::span<std::uint8_t> tx_ring_page_for_testing() const { return dom_.pages(tx_ring_gfn_, 1); }
+  std::span<std::uint8_t> rx_ring_page_for_testing() const { return dom_.pages(rx_ring_gfn_, 1); }
 
  private:
   void loop() noexcept;

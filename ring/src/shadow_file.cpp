@@ -1,5 +1,3 @@
-#include "xpv/blkback/shadow_ring.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,47 +6,37 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
-#include <cstring>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
 
+#include "xpv/shadow_ring.h"
 #include "xpv/unique_fd.h"
 
-namespace xpv::blkback {
+namespace xpv {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5844574f44414853ull;  // "SHADOWDX"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;                    // 2: the record size in the header
 
 struct Header {
-  std::uint64_t magic;     // 0x00
-  std::uint32_t version;   // 0x08
-  std::uint32_t entries;   // 0x0c
-  std::uint8_t pad[48];    // 0x10
+  std::uint64_t magic;         // 0x00
+  std::uint32_t version;       // 0x08
+  std::uint32_t entries;       // 0x0c
+  std::uint32_t record_bytes;  // 0x10: tag + payload, padded to 8
+  std::uint8_t pad[44];        // 0x14
 };
 static_assert(std::is_standard_layout_v<Header> && sizeof(Header) == 64);
 
-struct Record {
-  std::uint64_t tag;            // 0x00: (index << 1) | 1, 0 = empty
-  ring::BlkifRequest request;   // 0x08
-};
-static_assert(std::is_standard_layout_v<Record> && sizeof(Record) == 120);
-static_assert(offsetof(Record, request) == 8);
-
-std::size_t file_size(std::uint32_t entries) { return sizeof(Header) + std::size_t{entries} * sizeof(Record); }
-
-Record* record(std::uint8_t* base, std::uint32_t entries, ring::RingIdx idx) noexcept {
-  return reinterpret_cast<Record*>(base + sizeof(Header)) + (idx & (entries - 1));
-}
-
-std::uint64_t tag_of(ring::RingIdx idx) noexcept { return (std::uint64_t{idx} << 1) | 1; }
+std::uint64_t tag_of(std::uint32_t idx) noexcept { return (std::uint64_t{idx} << 1) | 1; }
 
 }  // namespace
 
-ShadowRing ShadowRing::map(const std::string& path, std::uint32_t entries, bool keep) {
+ShadowFile ShadowFile::map(const std::string& path, std::uint32_t entries, std::size_t payload, bool keep) {
   if (entries == 0 || !std::has_single_bit(entries)) throw std::invalid_argument("shadow ring: entries must be a power of two");
-  const std::size_t size = file_size(entries);
+  if (payload == 0 || payload > 4096) throw std::invalid_argument("shadow ring: a record of 1..4096 bytes");
+  const std::size_t record = sizeof(std::uint64_t) + (payload + 7) / 8 * 8;
+  const std::size_t size = sizeof(Header) + std::size_t{entries} * record;
   bool reused = false;
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) throw std::system_error(errno, std::generic_category(), "shadow ring " + path);
@@ -57,7 +45,7 @@ ShadowRing ShadowRing::map(const std::string& path, std::uint32_t entries, bool 
   if (keep && static_cast<std::size_t>(st.st_size) == size) {
     Header h{};
     if (::pread(fd.get(), &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == kMagic &&
-        h.version == kVersion && h.entries == entries) {
+        h.version == kVersion && h.entries == entries && h.record_bytes == record) {
       reused = true;
     }
   }
@@ -70,57 +58,62 @@ ShadowRing ShadowRing::map(const std::string& path, std::uint32_t entries, bool 
     h.magic = kMagic;
     h.version = kVersion;
     h.entries = entries;
+    h.record_bytes = static_cast<std::uint32_t>(record);
     if (::pwrite(fd.get(), &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) {
       throw std::system_error(errno, std::generic_category(), "shadow ring " + path);
     }
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "shadow ring " + path);
-  return ShadowRing(path, static_cast<std::uint8_t*>(p), size, entries, reused);
+  return ShadowFile(path, static_cast<std::uint8_t*>(p), size, entries, record, reused);
 }
 
-ShadowRing ShadowRing::create(const std::string& path, std::uint32_t entries) { return map(path, entries, false); }
-ShadowRing ShadowRing::open(const std::string& path, std::uint32_t entries) { return map(path, entries, true); }
-
-ShadowRing::ShadowRing(ShadowRing&& o) noexcept
+ShadowFile::ShadowFile(ShadowFile&& o) noexcept
     : path_(std::move(o.path_)),
       base_(std::exchange(o.base_, nullptr)),
       size_(std::exchange(o.size_, 0)),
       entries_(o.entries_),
+      record_(o.record_),
       reused_(o.reused_) {}
 
-ShadowRing& ShadowRing::operator=(ShadowRing&& o) noexcept {
+ShadowFile& ShadowFile::operator=(ShadowFile&& o) noexcept {
   if (this != &o) {
     if (base_) ::munmap(base_, size_);
     path_ = std::move(o.path_);
     base_ = std::exchange(o.base_, nullptr);
     size_ = std::exchange(o.size_, 0);
     entries_ = o.entries_;
+    record_ = o.record_;
     reused_ = o.reused_;
   }
   return *this;
 }
 
-ShadowRing::~ShadowRing() {
+ShadowFile::~ShadowFile() {
   if (base_) ::munmap(base_, size_);
 }
 
-void ShadowRing::put(ring::RingIdx idx, const ring::BlkifRequest& req) noexcept {
-  Record* r = record(base_, entries_, idx);
-  std::memcpy(&r->request, &req, sizeof req);
-  std::atomic_ref<std::uint64_t>(r->tag).store(tag_of(idx), std::memory_order_release);
+std::uint8_t* ShadowFile::record(std::uint32_t idx) const noexcept {
+  return base_ + sizeof(Header) + std::size_t{idx & (entries_ - 1)} * record_;
 }
 
-std::optional<ring::BlkifRequest> ShadowRing::get(ring::RingIdx idx) const noexcept {
-  Record* r = record(base_, entries_, idx);
-  if (std::atomic_ref<std::uint64_t>(r->tag).load(std::memory_order_acquire) != tag_of(idx)) return std::nullopt;
-  ring::BlkifRequest req;
-  std::memcpy(&req, &r->request, sizeof req);
-  return req;
+void ShadowFile::put(std::uint32_t idx, const void* data, std::size_t bytes) noexcept {
+  std::uint8_t* r = record(idx);
+  std::memcpy(r + sizeof(std::uint64_t), data, bytes);
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(r)).store(tag_of(idx), std::memory_order_release);
 }
 
-void ShadowRing::remove() noexcept {
+bool ShadowFile::get(std::uint32_t idx, void* out, std::size_t bytes) const noexcept {
+  std::uint8_t* r = record(idx);
+  if (std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(r)).load(std::memory_order_acquire) != tag_of(idx)) {
+    return false;
+  }
+  std::memcpy(out, r + sizeof(std::uint64_t), bytes);
+  return true;
+}
+
+void ShadowFile::remove() noexcept {
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
-}  // namespace xpv::blkback
+}  // namespace xpv
