@@ -17,7 +17,7 @@ namespace xpv {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5844574f44414853ull;  // "SHADOWDX"
-constexpr std::uint32_t kVersion = 2;                    // 2: the record size in the header
+constexpr std::uint32_t kVersion = 2;                    // 2: the record size in the header (1: blkback's 120 B)
 
 struct Header {
   std::uint64_t magic;         // 0x00
@@ -45,8 +45,10 @@ ShadowFile ShadowFile::map(const std::string& path, std::uint32_t entries, std::
   if (keep && static_cast<std::size_t>(st.st_size) == size) {
     Header h{};
     if (::pread(fd.get(), &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == kMagic &&
-        h.version == kVersion && h.entries == entries && h.record_bytes == record) {
-      reused = true;
+        h.entries == entries) {
+      // Version 1 (xpv-blkback before session 49) had no record size: 120-byte records only.
+      reused = (h.version == kVersion && h.record_bytes == record) ||
+               (h.version == 1 && h.record_bytes == 0 && record == 120);
     }
   }
   if (!reused) {
@@ -54,6 +56,12 @@ ShadowFile ShadowFile::map(const std::string& path, std::uint32_t entries, std::
     if (::ftruncate(fd.get(), 0) != 0 || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
       throw std::system_error(errno, std::generic_category(), "shadow ring " + path);
     }
+  }
+  // Every page backed now: a full file system is an error here, not a SIGBUS at a later put().
+  if (const int e = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); e != 0) {
+    throw std::system_error(e, std::generic_category(), "shadow ring " + path);
+  }
+  if (!reused) {
     Header h{};
     h.magic = kMagic;
     h.version = kVersion;

@@ -514,9 +514,20 @@ void Backend::connect(Device& d, bool resume) {
   spdlog::info("{}: connected; backend state Connected", d.name);
 }
 
+void Backend::remove_shadows(const std::string& name) noexcept {
+  // Also those of queues that never connected here (a failed resume, a vif closed or removed
+  // while no xpv-netback ran): every `<name>-q<k>.rxids`.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.starts_with(name + "-q") && f.ends_with(".rxids")) std::filesystem::remove(e.path(), ec);
+  }
+}
+
 void Backend::disconnect(Device& d) {
+  remove_shadows(d.name);  // every disconnect is for good (a SIGTERM resets the connections itself)
   if (!d.conn) return;
-  d.conn->forget_shadows();  // every disconnect is for good (a SIGTERM resets the connections itself)
+  d.conn->forget_shadows();
   d.conn.reset();  // stops the queues, unmaps, unbinds; the TAP goes
   spdlog::info("{}: disconnected", d.name);
 }

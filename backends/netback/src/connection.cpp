@@ -64,6 +64,7 @@ VifConnection::VifConnection(std::string name, std::shared_ptr<domain::ForeignDo
       });
     }
   } catch (...) {
+    if (!settings.queue.resume) forget_shadows_ = true;
     teardown();
     throw;
   }

@@ -663,7 +663,8 @@ bool NetbackQueue::poll_once() noexcept {
 }
 
 void NetbackQueue::resume_drain() noexcept {
-  // RX: every buffer goes back unused, with its own id (the one field a torn slot keeps).
+  // RX: every buffer goes back unused, with the frontend's id: the rx shadow's copy where it has one
+  // (a torn slot keeps the id, except an extra-info response's), else the slot's (see queue.h).
   for (; rx_resume_ > 0 && !disabled(); --rx_resume_) {
     const RingIdx at = rx_.req_cons();
     auto r = rx_.pop_request();

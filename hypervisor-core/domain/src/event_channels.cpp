@@ -48,6 +48,7 @@ const char* to_string(XenErrno e) noexcept {
     case XenErrno::eexist: return "EEXIST";
     case XenErrno::einval: return "EINVAL";
     case XenErrno::enospc: return "ENOSPC";
+    case XenErrno::eagain: return "EAGAIN";
     case XenErrno::enosys: return "ENOSYS";
   }
   return "E?";

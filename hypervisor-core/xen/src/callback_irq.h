@@ -9,6 +9,9 @@
 namespace xpv::xen::detail {
 
 inline constexpr std::uint8_t kMinVector = 0x10;  // vectors 0..15 are reserved on x86
+// How often a CALLBACK_IRQ write retries when other vCPUs keep writing between its ask and its
+// store (then -EAGAIN: only a guest racing itself on many vCPUs gets it).
+inline constexpr int kCallbackIrqAttempts = 16;
 
 enum class CallbackKind { none, vector, intx };
 

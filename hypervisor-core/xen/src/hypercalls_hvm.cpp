@@ -49,15 +49,22 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
       if (type != abi::kCallbackTypeGsi && type != abi::kCallbackTypePciIntx &&
           type != abi::kCallbackTypeVector)
         return err(XenErrno::einval);
-      std::lock_guard lk(callback_mu_);
       // The global callback vector needs the host's help (no EOI): ask before anything changes.
-      if (const std::uint8_t want = global_callback_vector(value);
-          want != global_callback_vector(callback_irq_.load(std::memory_order_acquire)) &&
-          !host_.set_callback_vector(want)) {
-        log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
-        return err(XenErrno::enosys);
+      // Two vCPUs writing at once: each stores its value only over the one it asked the host
+      // against (compare-exchange), and asks again when another came between, so the host ends
+      // told the vector the parameter holds. No lock: the host's change may wait for every vCPU
+      // to reach the top of its loop (xpv-vmm's auto-EOI vector), which a vCPU blocked here never
+      // would.
+      const std::uint8_t want = global_callback_vector(value);
+      std::uint64_t old = callback_irq_.load(std::memory_order_acquire);
+      for (int attempt = 0;; ++attempt) {
+        if (attempt == kCallbackIrqAttempts) return err(XenErrno::eagain);
+        if (want != global_callback_vector(old) && !host_.set_callback_vector(want)) {
+          log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
+          return err(XenErrno::enosys);
+        }
+        if (callback_irq_.compare_exchange_strong(old, value, std::memory_order_acq_rel)) break;
       }
-      const std::uint64_t old = callback_irq_.exchange(value, std::memory_order_acq_rel);
       if (old != value) {
         if (const std::uint8_t vec = global_callback_vector(value); vec != 0) {
           log_upcall_mode(fmt::format("callback vector {:#x} (global: every vCPU, no EOI)", vec));

@@ -13,7 +13,11 @@
 // entries, record bytes}, then `entries` records {tag (8), request (sizeof Req, padded to 8)};
 // record i holds the last request consumed at a ring index ≡ i (mod entries), tag = (index << 1)
 // | 1 (0 = never written). The request is stored before its tag (release), so a tag that names an
-// index vouches for a complete copy even if the writer died in the middle of the next record.
+// index vouches for a complete copy of that index's request. A writer that dies while it copies a
+// new request over a record leaves the record's old tag with a torn copy: harmless, as the old
+// tag names index - entries, whose response was published before the ring let the frontend
+// post the request at index (nobody asks for that index again). Version 1 files (blkback's,
+// 120-byte records, no record size in the header) are still read.
 //
 // Threading: one queue thread uses a ShadowRing; create/open/remove on a control thread.
 #pragma once

@@ -485,7 +485,8 @@ TEST_F(NetbackDaemon, KillNineDuringATransferThenTheVifReconnects) {
   EXPECT_EQ(back.received_hash, back.sent_hash);
 }
 
-// A kill -9 in the middle of an rx turn leaves the responses it wrote in their slots, unpublished:
+// A kill -9 in the middle of an rx turn leaves the responses it wrote in their slots, unpublished
+// (the test plays that part, with the daemon stopped, then kills it):
 // for a GSO packet, the data response at its first slot (it repeats the request's id) and the
 // extra-info response after it (it has no id: its type and flags are where the request's id was).
 // The restarted daemon gives every buffer back with an error and the frontend's id, taken from the
@@ -513,20 +514,25 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
   const std::string shadow_path = dir_ + "/run/netback/vif202.0-q0.rxids";
   ASSERT_TRUE(fs::exists(shadow_path));
 
-  // The daemon dies (the vif idle: every rx buffer posted, none taken)...
+  // The daemon is stopped (SIGSTOP: what it took stays as it is, and its supervisor waits)...
   const auto old = netback_pid();
   ASSERT_TRUE(old);
-  ASSERT_EQ(::kill(*old, SIGKILL), 0);
-  ASSERT_TRUE(eventually([&] { return ::kill(*old, 0) != 0; }, 5s)) << "xpv-netback " << *old << " did not die";
-  // ...having written two GSO packets' first two responses (the supervisor restarts it 200 ms
-  // after its death: these stores come first). The first packet's slots are among those it took
-  // (it holds buffers ahead of packets), so its shadow has their requests; the second packet's
-  // slots lie beyond what it took, with no copy in the shadow: as under a predecessor that kept
-  // none.
+  ASSERT_EQ(::kill(*old, SIGSTOP), 0);
+  const auto stopped = [&] {
+    const std::string stat = slurp(fmt::format("/proc/{}/stat", *old));
+    const auto paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+  };
+  ASSERT_TRUE(eventually(stopped, 5s)) << "xpv-netback " << *old << " did not stop";
+  // ...with the rx ring full of posted buffers (the frontend posts again what the last responses
+  // gave back), some of them taken: it holds buffers ahead of packets.
   auto page = guest_->front->rx_ring_page_for_testing();
-  const RingIdx rsp_prod = std::atomic_ref<RingIdx>(*reinterpret_cast<RingIdx*>(page.data() + 8)).load();
-  const RingIdx req_prod = std::atomic_ref<RingIdx>(*reinterpret_cast<RingIdx*>(page.data())).load();
-  ASSERT_EQ(req_prod - rsp_prod, 256u) << "the rx ring is not full of posted buffers";
+  const auto ring_index = [&](std::size_t at) {
+    return std::atomic_ref<RingIdx>(*reinterpret_cast<RingIdx*>(page.data() + at)).load();
+  };
+  ASSERT_TRUE(eventually([&] { return ring_index(0) - ring_index(8) == 256u; }, 5s))
+      << "the rx ring is not full of posted buffers: req_prod " << ring_index(0) << ", rsp_prod " << ring_index(8);
+  const RingIdx rsp_prod = ring_index(8);
   auto slot = [&](RingIdx i) { return page.data() + ring::kRingEntriesOffset + (i & 255) * sizeof(NetifRxResponse); };
   {
     auto shadow = RxShadowFile::open(shadow_path, 256);
@@ -535,7 +541,7 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
       ring::NetifRxRequest posted{};
       std::memcpy(&posted, slot(i), sizeof posted);
       const auto taken = shadow.get(i);
-      ASSERT_TRUE(taken.has_value()) << "the dead daemon did not keep the buffer it took at " << i;
+      ASSERT_TRUE(taken.has_value()) << "the stopped daemon kept no copy of the buffer it took at " << i;
       EXPECT_EQ(taken->id, posted.id);
       EXPECT_EQ(taken->gref, posted.gref);
     }
@@ -555,6 +561,8 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
     std::memcpy(slot(at + 1), &extra, sizeof extra);
     ASSERT_NE(extra.id, static_cast<std::uint16_t>((at + 1) & 255)) << "the torn slot would keep the id";
   }
+  // Then it dies, and its supervisor starts another.
+  ASSERT_EQ(::kill(*old, SIGKILL), 0);
 
   ASSERT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif202.0: reconnected") != std::string::npos; }, 15s))
       << log("xpv-netback.log");

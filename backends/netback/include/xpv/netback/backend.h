@@ -140,6 +140,8 @@ class Backend {
   bool write_state(Device& d, xenbus::XenbusState s);
   // Every second: each connected vif's counters, summed over its queues, into stats/<name>.
   void publish_stats();
+  // Deletes the rx shadow files of vif `name` (the vif closed for good).
+  void remove_shadows(const std::string& name) noexcept;
 
   boost::asio::io_context& io_;
   BackendOptions options_;

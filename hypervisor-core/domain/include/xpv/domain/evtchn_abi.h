@@ -73,6 +73,7 @@ enum class XenErrno : std::int32_t {
   enoent = 2,
   esrch = 3,
   enxio = 6,
+  eagain = 11,
   enomem = 12,
   efault = 14,
   eexist = 17,

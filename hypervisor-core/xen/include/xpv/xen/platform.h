@@ -208,10 +208,6 @@ class Platform final : public domain::UpcallSink {
   std::mutex console_mu_;  // the console_io rate limit:
   xpv::LogRateLimit console_limit_{kConsoleWritesPerSecond};
   std::mutex routes_mu_;  // one publish_upcall_routes at a time: the last one sees the last change
-  // One HVM_PARAM_CALLBACK_IRQ write at a time (vCPU threads): the host's callback vector, the
-  // stored value and the INTx line change together, so two vCPUs writing at once cannot leave
-  // the host told one vector and the parameter holding the other. Taken before routes_mu_.
-  std::mutex callback_mu_;
 };
 
 }  // namespace xpv::xen
