@@ -19,6 +19,7 @@
 #include "xpv/domain/memory.h"
 #include "xpv/gnttab/granter.h"
 #include "xpv/netback/queue.h"
+#include "xpv/test/running.h"
 #include "xpv/test/temp_dir.h"
 
 namespace xpv::netback {
@@ -1045,15 +1046,7 @@ TEST_F(NetbackQueueTest, AFrontendKickingWithNothingNewIsMutedAndStillServed) {
   // waking for each one for ever. A packet it sends meanwhile still goes out (at the latest when
   // the mute ends).
   start();
-  std::thread t([this] { queue_->run(); });
-  struct Stop {  // also when an ASSERT returns early
-    NetbackQueue& q;
-    std::thread& t;
-    ~Stop() {
-      q.stop();
-      if (t.joinable()) t.join();
-    }
-  } stop{*queue_, t};
+  test::Running running(*queue_);  // stopped and joined also when an ASSERT returns early
   const NetbackCounters& c = queue_->counters();
   // One kick at a time, each looked at before the next (bounded: 300 kicks, 100 ms each; a kick
   // that came before the queue went to sleep is consumed with the look before it, not counted).
@@ -1085,15 +1078,7 @@ TEST_F(NetbackQueueTest, ATxStreamOneAtATimeNeverMutesACorrectFrontend) {
   // A correct frontend kicks only for what it posted: over a running queue, 200 tx packets one
   // at a time (each kicked when the ring asks) count no spurious streak, whatever the races.
   start();
-  std::thread t([this] { queue_->run(); });
-  struct Stop {
-    NetbackQueue& q;
-    std::thread& t;
-    ~Stop() {
-      q.stop();
-      if (t.joinable()) t.join();
-    }
-  } stop{*queue_, t};
+  test::Running running(*queue_);
   const auto frame = tcp_frame(200);
   auto s = slots_for(frame, 16, 0)[0];
   for (int i = 0; i < 200; ++i) {
