@@ -361,6 +361,13 @@ int run(const Options& opts) {
         result = 124;
         break;
       }
+      // An L1 that never gets ready (seen: stuck after SeaBIOS's "Booting from ROM", no kernel
+      // line) ends here, long before the quiet limit; the callers run a lost session again.
+      if (!ready && opts.boot_s > 0 && elapsed() > opts.boot_s) {
+        failure = fmt::format("L1 not ready after {} s (--boot-limit); L1 killed", opts.boot_s);
+        result = 124;
+        break;
+      }
       // A session whose command has gone silent (L1 hung, or CMD stuck) ends here rather than at
       // the timeout; the callers run a lost session again.
       if (opts.quiet_s > 0 && elapsed() - last_output > opts.quiet_s) {
@@ -408,6 +415,9 @@ Command::Command(CLI::App& app) {
   sub_->add_option("--timeout", opts_.timeout_s, "seconds before L1 is killed")->capture_default_str();
   sub_->add_option("--quiet-limit", opts_.quiet_s,
                    "seconds CMD may print nothing before L1 is killed (exit 124); 0: no limit")
+      ->capture_default_str();
+  sub_->add_option("--boot-limit", opts_.boot_s,
+                   "seconds L1 may take to get ready before it is killed (exit 124); 0: no limit")
       ->capture_default_str();
   sub_->add_flag("--print-kernel", opts_.print_kernel,
                  "fetch and cache Debian's kernel, print its vmlinuz path, exit");

@@ -205,4 +205,19 @@ TEST(TestbedQuietLimit, ASilentCommandEndsTheSessionAndOutputKeepsItAlive) {
   EXPECT_EQ(o.find("timeout after"), std::string::npos) << o;
 }
 
+// `xpv testbed --boot-limit`: an L1 that is not ready in time is given up (exit 124, one line
+// saying why) and its command never runs. A 1 s limit, which no L1 boot meets (6-9 s here).
+TEST(TestbedQuietLimit, AnL1NotReadyInTimeIsGivenUp) {
+  xpv::test::TempDir dir("xpv-boot-limit-test");
+  ASSERT_TRUE(dir.ok());
+  const fs::path out = dir.path() / "out.log";
+  const int st = shell(std::string(XPV_BIN) + " testbed --timeout 600 --boot-limit 1 -- sh -c 'echo ran' > " +
+                       quote(out.string()) + " 2>&1");
+  const std::string o = slurp(out);
+  EXPECT_EQ(st, 124) << o;
+  EXPECT_NE(o.find("xpv testbed: L1 not ready after 1 s (--boot-limit); L1 killed"), std::string::npos) << o;
+  EXPECT_EQ(o.find("ran\n"), std::string::npos) << o;
+  EXPECT_EQ(o.find("L1 ready in"), std::string::npos) << o;
+}
+
 }  // namespace
