@@ -32,7 +32,7 @@ struct Options {
   unsigned timeout_s = 1800;      // whole run, L1 boot included; QEMU is killed after it
   unsigned quiet_s = 0;           // no output from CMD for this long: L1 is killed, exit 124 (0: never)
   unsigned boot_s = 120;          // L1 not ready (its init has not started CMD) after this long:
-                                  // killed, exit 124 (0: never). Ready takes 6-9 s here.
+                                  // killed, exit 124 (0: never). Ready takes 6-9 s here idle, 37 s beside a build.
   bool print_kernel = false;      // fetch/cache the kernel, print its vmlinuz path, exit
   std::vector<std::string> cmd;   // command to run inside L1 (after `--`)
 };
