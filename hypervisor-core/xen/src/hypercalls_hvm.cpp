@@ -57,11 +57,20 @@ std::int64_t Platform::set_param(std::uint32_t index, std::uint64_t value) {
       // would.
       const std::uint8_t want = global_callback_vector(value);
       std::uint64_t old = callback_irq_.load(std::memory_order_acquire);
+      bool asked = false;
+      // Giving up after an earlier ask: the host goes back to the vector the parameter holds.
+      const auto give_up = [&](XenErrno e) {
+        if (asked) (void)host_.set_callback_vector(global_callback_vector(callback_irq_.load(std::memory_order_acquire)));
+        return err(e);
+      };
       for (int attempt = 0;; ++attempt) {
-        if (attempt == kCallbackIrqAttempts) return err(XenErrno::eagain);
-        if (want != global_callback_vector(old) && !host_.set_callback_vector(want)) {
-          log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
-          return err(XenErrno::enosys);
+        if (attempt == kCallbackIrqAttempts) return give_up(XenErrno::eagain);
+        if (want != global_callback_vector(old)) {
+          if (!host_.set_callback_vector(want)) {
+            log_upcall_mode(fmt::format("callback vector {:#x} refused: the VMM cannot deliver it", want));
+            return give_up(XenErrno::enosys);
+          }
+          asked = true;
         }
         if (callback_irq_.compare_exchange_strong(old, value, std::memory_order_acq_rel)) break;
       }
