@@ -69,6 +69,34 @@ BothWays summarize_rounds(const std::vector<Iperf>& rounds) {
   return b;
 }
 
+OneWay summarize_one_way(const std::vector<double>& gbit) {
+  if (gbit.empty()) throw HvmOutputError("one way: no rounds to summarize");
+  OneWay o;
+  for (const double g : gbit) {
+    char one[32];
+    std::snprintf(one, sizeof one, "%s%.3f", o.rounds.empty() ? "" : ", ", g);
+    o.rounds += one;
+  }
+  o.median = median(gbit);
+  return o;
+}
+
+Ping merge_pings(const std::vector<Ping>& runs) {
+  if (runs.empty()) throw HvmOutputError("ping: no runs to merge");
+  Ping m = runs.front();
+  double weighted = runs.front().avg_ms * runs.front().received;
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    const Ping& p = runs[i];
+    m.sent += p.sent;
+    m.received += p.received;
+    m.min_ms = std::min(m.min_ms, p.min_ms);
+    m.max_ms = std::max(m.max_ms, p.max_ms);
+    weighted += p.avg_ms * p.received;
+  }
+  m.avg_ms = weighted / m.received;  // parse_ping gives no run without an answer
+  return m;
+}
+
 Ping parse_ping(const std::string& out) {
   Ping p;
   std::istringstream in(out);

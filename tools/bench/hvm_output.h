@@ -47,6 +47,20 @@ struct BothWays {
 };
 BothWays summarize_rounds(const std::vector<Iperf>& rounds);
 
+// One direction measured in several rounds (the single-stream host->guest and guest->host runs,
+// interleaved in one boot): one 10 s run moves by a third from run to run in the testbed, so the
+// figure is the median round. rounds: each round's Gbit/s, as the notes print them. Throws on no
+// rounds.
+struct OneWay {
+  double median = 0;
+  std::string rounds;
+};
+OneWay summarize_one_way(const std::vector<double>& gbit);
+
+// Several ping runs as one: counts summed, min of the mins, max of the maxes, and the mean round
+// trip of every answered request (each run's mean weighted by its answers). Throws on no runs.
+Ping merge_pings(const std::vector<Ping>& runs);
+
 // bonnie++ 1.98's CSV line (starts with "1.9", 20+ commas) in `text`; empty when there is none.
 std::vector<std::string> bonnie_csv_fields(const std::string& text);
 

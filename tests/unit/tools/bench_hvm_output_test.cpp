@@ -16,6 +16,9 @@ using xpv::bench::hvm::HvmOutputError;
 using xpv::bench::hvm::parse_iperf;
 using xpv::bench::hvm::parse_ping;
 using xpv::bench::hvm::summarize_rounds;
+using xpv::bench::hvm::summarize_one_way;
+using xpv::bench::hvm::merge_pings;
+using xpv::bench::hvm::Ping;
 
 // iputils-ping 20221126 (Debian 12), -q.
 constexpr const char* kPingOk =
@@ -110,6 +113,33 @@ TEST(BenchHvmOutput, BothWaysRoundsGiveTheMedianRoundNotTheMean) {
   EXPECT_FALSE(summarize_rounds({{0.0, 0.0}}).fairness.has_value());
   EXPECT_NEAR(*summarize_rounds({{0.0, 0.0}, {0.3, 0.1}}).fairness, 1.0 / 3, 1e-12);
   EXPECT_THROW(summarize_rounds({}), HvmOutputError);
+}
+
+TEST(BenchHvmOutput, OneWayRoundsGiveTheMedianRound) {
+  // Session 48's guest->host next to two runs of other sessions: the middle one is the figure.
+  const auto o = summarize_one_way({0.305, 0.514, 0.362});
+  EXPECT_NEAR(o.median, 0.362, 1e-12);
+  EXPECT_EQ(o.rounds, "0.305, 0.514, 0.362");
+  EXPECT_NEAR(summarize_one_way({0.2, 0.4}).median, 0.3, 1e-12);
+  EXPECT_NEAR(summarize_one_way({0.7}).median, 0.7, 1e-12);
+  EXPECT_THROW(summarize_one_way({}), HvmOutputError);
+}
+
+TEST(BenchHvmOutput, MergedPingsAreTheMeanOfEveryAnsweredRequest) {
+  Ping a;
+  a.sent = 10, a.received = 10, a.min_ms = 1.0, a.avg_ms = 2.0, a.max_ms = 5.0;
+  Ping b;
+  b.sent = 40, b.received = 30, b.min_ms = 0.5, b.avg_ms = 6.0, b.max_ms = 40.0;
+  const Ping m = merge_pings({a, b});
+  EXPECT_EQ(m.sent, 50);
+  EXPECT_EQ(m.received, 40);
+  EXPECT_EQ(m.min_ms, 0.5);
+  EXPECT_EQ(m.max_ms, 40.0);
+  EXPECT_NEAR(m.avg_ms, (10 * 2.0 + 30 * 6.0) / 40, 1e-12);  // 5.0: not the runs' plain mean, 4.0
+  const Ping one = merge_pings({a});
+  EXPECT_EQ(one.avg_ms, 2.0);
+  EXPECT_EQ(one.sent, 10);
+  EXPECT_THROW(merge_pings({}), HvmOutputError);
 }
 
 TEST(BenchHvmOutput, BonnieCsvFieldsAndWhatHasNoFigure) {
