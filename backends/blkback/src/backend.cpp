@@ -290,6 +290,10 @@ void Backend::reconcile(const Key& key) {
       if (!d->conn) connect(*d, /*resume=*/false);
       return;
     case xenbus::BackendAction::disconnect:
+      if (step.next == XenbusState::init_wait) {
+        spdlog::info("{}: the frontend started over (Initialising) while the disk was Connected; offering it again",
+                     d->name);
+      }
       disconnect(*d, /*for_good=*/true);
       write_state(*d, step.next);
       return;

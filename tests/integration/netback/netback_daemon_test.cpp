@@ -586,6 +586,70 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
   netback::remove_netns(gns);
 }
 
+// A guest whose netfront starts over while xpv-netback is down (a kdump or kexec kernel resets the
+// frontends it inherits: Closing, Closed, Initialising, each waited for 5 s at most, then new
+// rings) leaves the restarted daemon a backend still Connected, over rings that are gone. Linux's
+// netfront waits at Initialising for InitWait and would wait for ever; the daemon offers the vif
+// again and connects the new rings.
+TEST_F(NetbackDaemon, AFrontendThatStartedOverWhileTheDaemonWasDownIsOfferedTheVifAgain) {
+  ASSERT_NO_FATAL_FAILURE(up());
+  constexpr std::uint16_t kDom = 203;
+  const std::string mac = "00:16:3e:00:80:01";
+  const std::string gns = make_netfront_guest(kDom, "again");
+  const std::string be = "/local/domain/0/backend/vif/203/0", fe = "/local/domain/203/device/vif/0";
+  xenbus::client::SyncClient xs(dir_ + "/xs.sock");
+  Nodes nodes = netfront_vif_nodes(kDom, mac);
+  nodes.insert(nodes.end(), {{be + "/ip", net_ + ".2/24"}, {fe + "/state", "3"}, {be + "/state", "1"}});
+  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
+  ASSERT_TRUE(xs.write(fe + "/state", "4"));
+  guest_->front->start();
+  ASSERT_EQ(in(gns, fmt::format("ip addr add {}.2/24 dev eth0", net_)), 0);
+  ASSERT_EQ(in(gns, fmt::format("ip link set eth0 address {} up", mac)), 0);
+  ASSERT_TRUE(ping(hostns_, net_ + ".2"));
+
+  // xpv-netback stops (SIGSTOP: it sees none of what follows)...
+  const auto old = netback_pid();
+  ASSERT_TRUE(old);
+  ASSERT_EQ(::kill(*old, SIGSTOP), 0);
+  // ...and the guest's frontend is reset and probed again, with new rings.
+  ASSERT_TRUE(xs.write(fe + "/state", "5"));
+  ASSERT_TRUE(xs.write(fe + "/state", "6"));
+  guest_->front.reset();  // its grants end
+  guest_->front = std::make_unique<frontends::Netfront>(*guest_->dom, *guest_->events, guest_->tap.fd(),
+                                                        frontends::NetfrontConfig{});
+  for (const auto& [p, v] : netfront_vif_nodes(kDom, mac)) {
+    if (p.starts_with(fe + "/")) {
+      ASSERT_TRUE(xs.write(p, v)) << p;
+    }
+  }
+  ASSERT_TRUE(xs.write(fe + "/state", "1"));
+  // Then the daemon dies, and its supervisor starts another.
+  ASSERT_EQ(::kill(*old, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] {
+    auto p = netback_pid();
+    return p && *p != *old;
+  }, 15s)) << "the supervisor did not restart xpv-netback";
+
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "2"; }, 15s))
+      << "state " << node(be + "/state").value_or("(none)") << "\n" << log("xpv-netback.log");
+  EXPECT_NE(log("xpv-netback.log").find("vif203.0: the frontend started over (Initialising) while the vif was Connected"),
+            std::string::npos);
+  ASSERT_TRUE(xs.write(fe + "/state", "3"));
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
+  ASSERT_TRUE(xs.write(fe + "/state", "4"));
+  guest_->front->start();
+  EXPECT_TRUE(ping(hostns_, net_ + ".2"));
+  EXPECT_TRUE(ping(gns, net_ + ".1"));
+  EXPECT_FALSE(guest_->front->broken());
+
+  ASSERT_TRUE(xs.rm(be));
+  ASSERT_TRUE(xs.rm(fe));
+  EXPECT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif203.0: backend directory removed") != std::string::npos; }));
+  guest_.reset();
+  netback::remove_netns(gns);
+}
+
 // ---- a hostile frontend -------------------------------------------------------------------------
 
 TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {

@@ -104,6 +104,25 @@ TEST(XenbusState, AFrontendThatStartsOverWhileTheBackendIsClosingGetsTheDeviceAg
   EXPECT_EQ(backend_step(S::closing, S::initialising, false).next, S::closing);
 }
 
+// A frontend back at Initialising while the backend is Connected: it started over with new rings
+// and nobody saw it close (a backend daemon that was down meanwhile). The backend lets go of
+// whatever it holds and offers the device again straight away: a frontend at Initialising takes
+// Closing or Closed as the end (Linux's netfront and blkfront switch to Closed and stay there).
+TEST(XenbusState, AFrontendThatStartedOverUnseenIsOfferedTheDeviceAgainFromConnected) {
+  auto b = backend_step(S::connected, S::initialising, true);
+  EXPECT_EQ(b.action, BackendAction::disconnect);
+  EXPECT_EQ(b.next, S::init_wait);
+  auto f = frontend_step(S::initialising, b.next);
+  EXPECT_EQ(f.action, FrontendAction::setup);
+  b = backend_step(b.next, f.next, true);
+  EXPECT_EQ(b.action, BackendAction::connect);
+  EXPECT_EQ(b.next, S::connected);
+  // A device the toolstack is taking away closes instead.
+  b = backend_step(S::connected, S::initialising, false);
+  EXPECT_EQ(b.action, BackendAction::disconnect);
+  EXPECT_EQ(b.next, S::closed);
+}
+
 TEST(XenbusState, VanishedFrontendRemovesTheDevice) {
   auto b = backend_step(S::connected, S::unknown, true);
   EXPECT_EQ(b.action, BackendAction::disconnect_remove);

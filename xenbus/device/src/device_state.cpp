@@ -32,6 +32,12 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
       // One that started over without our seeing it Closed (its Closed came and went between
       // two reads, or a reset that skipped it): finish closing, and the step above follows.
       if (backend == S::closing && online) return {A::disconnect, S::closed};
+      // One that started over while we were Connected: its old rings are gone (a kdump or kexec
+      // kernel resets its frontends, waiting 5 s at most for the backend at each step, while no
+      // backend daemon ran to follow). It waits at Initialising for InitWait, and Closing or
+      // Closed would close it for good (Linux's netfront and blkfront take either as the end),
+      // so let go of the old rings and offer the device again at once.
+      if (backend == S::connected) return {A::disconnect, online ? S::init_wait : S::closed};
       return {A::none, backend};
     case S::initialised:
     case S::connected:

@@ -18,6 +18,8 @@
 //                                                              and goes to Closed directly)
 //   2 InitWait  ◄── (frontend reconnects:    ◄─ 1 Initialising
 //                    module reload, kexec)
+//   4 Connected → 2 InitWait                   ◄─ 1 Initialising (it started over and nobody saw
+//                    (old rings let go)             it close: a backend restarted meanwhile)
 //
 // A frontend that skips a state (two watch events coalesce; Initialised → Connected before the
 // backend looked) is handled by acting on the state it is in now, never on the path it took.
