@@ -45,6 +45,16 @@ std::uint64_t now_us() noexcept {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
+// A response overwrites only the first sizeof(BlkifResponse) bytes of its request's slot: beyond
+// them a torn slot still holds the request that the shadow copied when it was consumed.
+bool same_beyond_response(const BlkifRequest& a, const BlkifRequest& b) noexcept {
+  static_assert(sizeof(BlkifRequest) > sizeof(BlkifResponse));
+  const auto* pa = reinterpret_cast<const std::uint8_t*>(&a);
+  const auto* pb = reinterpret_cast<const std::uint8_t*>(&b);
+  return std::memcmp(pa + sizeof(BlkifResponse), pb + sizeof(BlkifResponse),
+                     sizeof(BlkifRequest) - sizeof(BlkifResponse)) == 0;
+}
+
 // A guest can make a queue complain at line rate: log the first few, then one in a thousand.
 template <class... Args>
 void log_limited(std::uint64_t& logged, spdlog::level::level_enum level, const std::string& name,
@@ -424,11 +434,19 @@ void BlkifQueue::drain_ring(bool arm) noexcept {
       const RingIdx idx = ring_.req_cons() - 1;
       if (shadow_ != nullptr) {
         // A restarted backend: an index the dead one had consumed is taken from its copy (the
-        // ring slot may already hold that request's unpublished response).
-        if (auto old = shadow_->get(idx)) {
+        // ring slot may already hold that request's unpublished response). A response covers
+        // only the slot's first bytes; a copy that differs from the slot beyond them is some
+        // other ring's request at this index (a shadow kept over rings that are gone, resumed
+        // from xenstore that still said Connected): the slot's own request is done instead.
+        auto old = shadow_->get(idx);
+        if (old && same_beyond_response(*old, *req)) {
           *req = *old;
           counters_.redone_from_shadow.fetch_add(1, std::memory_order_relaxed);
         } else {
+          if (old && counters_.shadow_mismatches.fetch_add(1, std::memory_order_relaxed) == 0) {
+            guest_error("the restart shadow's request at index {} is not the ring's; doing the ring's (the shadow "
+                        "is of an earlier ring)", idx);
+          }
           shadow_->put(idx, *req);
         }
       }

@@ -735,6 +735,38 @@ TEST_F(QueueTest, ARestartedQueueRedoesWhatTheDeadOneLeftUnanswered) {
   queue_.reset();
 }
 
+// A shadow kept over rings that are gone (a frontend that started over while no backend ran, and
+// a restart that trusted xenstore's Connected) can hold a record for an index the new ring
+// reaches. A response covers only a slot's first 16 bytes, so beyond them a torn slot still
+// equals its shadow copy; one that differs there is another ring's request, and the ring's own
+// is done.
+TEST_F(QueueTest, AShadowRecordOfAnotherRingIsNotRedone) {
+  auto shadow = std::make_unique<ShadowRing>(ShadowRing::create(dir_.file("q0.shadow"), 32));
+  std::memset(fe_.page(17).data(), 's', kPageSize);
+  BlkifRequest stale = rw(kBlkifOpWrite, 900, 64);
+  add_seg(stale, fe_.grant(17, true));
+  shadow->put(0, stale);
+  start({}, shadow.get());
+  std::memset(fe_.page(16).data(), 'q', kPageSize);
+  BlkifRequest w = rw(kBlkifOpWrite, 200, 0);
+  add_seg(w, fe_.grant(16, true));
+  ASSERT_TRUE(fe_.ring().produce_request(w));
+  fe_.ring().push_requests();
+  auto rs = serve(1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].id, 200u);
+  EXPECT_EQ(rs[0].status, kBlkifRspOkay);
+  EXPECT_EQ(file_bytes(0, 1), "q");
+  EXPECT_EQ(file_bytes(64 * 512, 1), std::string(1, '\0')) << "the other ring's write was done";
+  EXPECT_EQ(queue_->counters().redone_from_shadow.load(), 0u);
+  EXPECT_EQ(queue_->counters().shadow_mismatches.load(), 1u);
+  // The record is the ring's now: a restart at this index would redo the ring's request.
+  const auto kept = shadow->get(0);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->id, 200u);
+  queue_.reset();
+}
+
 // A backend killed between publishing a response and notifying: the frontend sleeps with its
 // rsp_event already passed, and the answer to the request the dead one left would not notify
 // either. The restarted queue notifies once.

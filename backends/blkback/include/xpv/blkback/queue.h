@@ -78,6 +78,9 @@ struct QueueCounters {
   std::atomic<std::uint64_t> held{0};
   // Requests taken from the shadow file rather than the ring (a restart's redo).
   std::atomic<std::uint64_t> redone_from_shadow{0};
+  // Shadow copies not used because the slot beyond its response's bytes held another request:
+  // the shadow was of a ring that is gone.
+  std::atomic<std::uint64_t> shadow_mismatches{0};
   // Waits that ended while spinning (no notification, no sleep) / that had to sleep after all.
   std::atomic<std::uint64_t> poll_hits{0}, poll_misses{0};
   // Where a request's time goes, as this thread sees it (steady clock, microseconds):
