@@ -589,7 +589,7 @@ Iperf iperf_pair(int seconds, const fs::path& dir, const fs::path& keep_prefix) 
 
 NetFigures run_iperf(Vm& vm, const Inner& in, const std::string& who) {
   NetFigures f;
-  const fs::path kept = in.logs / (who + "-iperf3");  // + "-up.json" etc.: the last boot's
+  const fs::path kept = in.logs / (who + "-iperf3");  // + "-up-1.json" etc.: the last boot's
   try {
     auto& c = vm.console();
     const auto alive = [&] { return vm.alive(); };
@@ -897,27 +897,24 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                                   "cache=writeback; both disks are copies of root.ext4 on L1's tmpfs" +
                                   retried("xpv", x.disk.retried) + retried("QEMU", r.disk.retried);
   std::vector<Result> out;
-  const auto single = [&](std::string NetFigures::*which) {
-    std::string s = "; the median of " + std::to_string(kSingleRounds) + " runs in one boot (host->guest and " +
-                    "guest->host in turn), each run's Gbit/s";
+  // Every run of a median figure, each side's, so that the median can be read against its spread.
+  const auto each = [&](const std::string& what, std::string NetFigures::*which) {
+    std::string s = what;
     for (const auto& [side, n] : {std::pair<const char*, const NetFigures*>{"xpv", &x.net}, {"QEMU", &r.net}}) {
       if (!(n->*which).empty()) s += std::string("; ") + side + ": " + n->*which;
     }
     return s;
   };
+  const std::string single_runs = "; the median of " + std::to_string(kSingleRounds) +
+                                  " runs in one boot (host->guest and guest->host in turn), each run's Gbit/s";
+  const auto single = [&](std::string NetFigures::*which) { return each(single_runs, which); };
+  const std::string both_runs = "; the median of " + std::to_string(kBothWaysRounds) +
+                                " rounds in one boot, each round host->guest+guest->host Gbit/s";
+  const auto rounds = [&](std::string NetFigures::*which) { return each(both_runs, which); };
   out.push_back(metric("iperf3 host->guest", "Gbit/s", x.net.up, r.net.up, x.net.error, r.net.error,
                        net + single(&NetFigures::up_rounds)));
   out.push_back(metric("iperf3 guest->host", "Gbit/s", x.net.down, r.net.down, x.net.error, r.net.error,
                        net + single(&NetFigures::down_rounds)));
-  // Every round of the both-ways tests, so that the median can be read against its spread.
-  const auto rounds = [&](std::string NetFigures::*which) {
-    std::string s = "; the median of " + std::to_string(kBothWaysRounds) + " rounds in one boot, each round " +
-                    "host->guest+guest->host Gbit/s";
-    for (const auto& [side, n] : {std::pair<const char*, const NetFigures*>{"xpv", &x.net}, {"QEMU", &r.net}}) {
-      if (!(n->*which).empty()) s += std::string("; ") + side + ": " + n->*which;
-    }
-    return s;
-  };
   out.push_back(metric("iperf3 bidir total", "Gbit/s", x.net.bidir_total, r.net.bidir_total, x.net.error,
                        r.net.error, net + "; both directions of --bidir summed" + rounds(&NetFigures::bidir_rounds)));
   out.push_back(metric("iperf3 bidir min/max", "ratio", x.net.bidir_fairness, r.net.bidir_fairness, x.net.error,
@@ -941,6 +938,9 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
       if (const auto& p = n->*which) {
         s += std::string("; ") + side + ": " + std::to_string(p->received) + " of " + std::to_string(p->sent) +
              " answered, min " + fmt_ms(p->min_ms) + " max " + fmt_ms(p->max_ms) + " ms";
+        // A run with no answer at all is not in those counts (a row with a figure says so here,
+        // one without says it as its error).
+        if (!n->ping_error.empty()) s += std::string(" (") + side + "'s ping runs that gave nothing: " + n->ping_error + ")";
       }
     }
     return what + s;

@@ -45,13 +45,20 @@ std::uint64_t now_us() noexcept {
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
-// A response overwrites only the first sizeof(BlkifResponse) bytes of its request's slot: beyond
-// them a torn slot still holds the request that the shadow copied when it was consumed.
-bool same_beyond_response(const BlkifRequest& a, const BlkifRequest& b) noexcept {
+// Whether `slot`, as the ring holds it now, is the request `copy` was taken from: either intact
+// (equal in full), or torn by that request's own response, which overwrites only the first
+// sizeof(BlkifResponse) bytes — starting with the request's id — and leaves the rest as the
+// request had it. (Not its operation: an indirect request is answered with the operation it
+// carries inside, as Linux's blkback does.)
+bool slot_holds(const BlkifRequest& slot, const BlkifRequest& copy) noexcept {
   static_assert(sizeof(BlkifRequest) > sizeof(BlkifResponse));
-  const auto* pa = reinterpret_cast<const std::uint8_t*>(&a);
-  const auto* pb = reinterpret_cast<const std::uint8_t*>(&b);
-  return std::memcmp(pa + sizeof(BlkifResponse), pb + sizeof(BlkifResponse),
+  if (std::memcmp(&slot, &copy, sizeof slot) == 0) return true;
+  BlkifResponse torn;
+  std::memcpy(&torn, &slot, sizeof torn);
+  const auto* ps = reinterpret_cast<const std::uint8_t*>(&slot);
+  const auto* pc = reinterpret_cast<const std::uint8_t*>(&copy);
+  return torn.id == copy.id &&
+         std::memcmp(ps + sizeof(BlkifResponse), pc + sizeof(BlkifResponse),
                      sizeof(BlkifRequest) - sizeof(BlkifResponse)) == 0;
 }
 
@@ -434,12 +441,12 @@ void BlkifQueue::drain_ring(bool arm) noexcept {
       const RingIdx idx = ring_.req_cons() - 1;
       if (shadow_ != nullptr) {
         // A restarted backend: an index the dead one had consumed is taken from its copy (the
-        // ring slot may already hold that request's unpublished response). A response covers
-        // only the slot's first bytes; a copy that differs from the slot beyond them is some
-        // other ring's request at this index (a shadow kept over rings that are gone, resumed
-        // from xenstore that still said Connected): the slot's own request is done instead.
+        // ring slot may already hold that request's unpublished response). A copy the slot does
+        // not match, intact or torn (slot_holds), is some other ring's request at this index (a
+        // shadow kept over rings that are gone, resumed from xenstore that still said
+        // Connected): the slot's own request is done instead.
         auto old = shadow_->get(idx);
-        if (old && same_beyond_response(*old, *req)) {
+        if (old && slot_holds(*req, *old)) {
           *req = *old;
           counters_.redone_from_shadow.fetch_add(1, std::memory_order_relaxed);
         } else {

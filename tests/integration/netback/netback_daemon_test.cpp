@@ -166,6 +166,17 @@ class NetbackDaemon : public ::testing::Test, protected test::netrig::NetbackRig
   }
   void TearDown() override { teardown(HasFailure()); }
 
+  // SIGSTOP, and wait until the process is stopped (state T): it then sees nothing that follows.
+  void stop_process(pid_t pid) {
+    ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+    const auto stopped = [&] {
+      const std::string stat = slurp(fmt::format("/proc/{}/stat", pid));
+      const auto paren = stat.rfind(')');
+      return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+    };
+    ASSERT_TRUE(eventually(stopped, 5s)) << "process " << pid << " did not stop";
+  }
+
   using Nodes = std::vector<std::pair<std::string, std::string>>;
   // guest_ becomes domain `domid` with one in-process netfront (split channels) whose NIC is eth0
   // in the namespace file returned (dir_/<name>ns).
@@ -517,13 +528,7 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
   // The daemon is stopped (SIGSTOP: what it took stays as it is, and its supervisor waits)...
   const auto old = netback_pid();
   ASSERT_TRUE(old);
-  ASSERT_EQ(::kill(*old, SIGSTOP), 0);
-  const auto stopped = [&] {
-    const std::string stat = slurp(fmt::format("/proc/{}/stat", *old));
-    const auto paren = stat.rfind(')');
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-  };
-  ASSERT_TRUE(eventually(stopped, 5s)) << "xpv-netback " << *old << " did not stop";
+  ASSERT_NO_FATAL_FAILURE(stop_process(*old));
   // ...with the rx ring full of posted buffers (the frontend posts again what the last responses
   // gave back), some of them taken: it holds buffers ahead of packets.
   auto page = guest_->front->rx_ring_page_for_testing();
@@ -611,7 +616,7 @@ TEST_F(NetbackDaemon, AFrontendThatStartedOverWhileTheDaemonWasDownIsOfferedTheV
   // xpv-netback stops (SIGSTOP: it sees none of what follows)...
   const auto old = netback_pid();
   ASSERT_TRUE(old);
-  ASSERT_EQ(::kill(*old, SIGSTOP), 0);
+  ASSERT_NO_FATAL_FAILURE(stop_process(*old));
   // ...and the guest's frontend is reset and probed again, with new rings.
   ASSERT_TRUE(xs.write(fe + "/state", "5"));
   ASSERT_TRUE(xs.write(fe + "/state", "6"));

@@ -767,6 +767,32 @@ TEST_F(QueueTest, AShadowRecordOfAnotherRingIsNotRedone) {
   queue_.reset();
 }
 
+// The same with a record that differs only where a response would land: another ring's write of
+// the same sector from the same grant, under another id, at the index where this ring reads. Its
+// slot is intact (no response in it), so the copy is not this request's.
+TEST_F(QueueTest, AShadowRecordThatDiffersOnlyInIdAndOperationIsNotRedone) {
+  auto shadow = std::make_unique<ShadowRing>(ShadowRing::create(dir_.file("q0.shadow"), 32));
+  std::memset(fe_.page(16).data(), 'w', kPageSize);
+  const gnttab::GrantRef g = fe_.grant(16, false);
+  BlkifRequest stale = rw(kBlkifOpWrite, 900, 0);
+  add_seg(stale, g);
+  shadow->put(0, stale);
+  start({}, shadow.get());
+  BlkifRequest r = rw(kBlkifOpRead, 200, 0);
+  add_seg(r, g);
+  ASSERT_TRUE(fe_.ring().produce_request(r));
+  fe_.ring().push_requests();
+  auto rs = serve(1);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].id, 200u);
+  EXPECT_EQ(rs[0].operation, kBlkifOpRead);
+  EXPECT_EQ(rs[0].status, kBlkifRspOkay);
+  EXPECT_EQ(file_bytes(0, 1), std::string(1, '\0')) << "the other ring's write was done";
+  EXPECT_EQ(queue_->counters().redone_from_shadow.load(), 0u);
+  EXPECT_EQ(queue_->counters().shadow_mismatches.load(), 1u);
+  queue_.reset();
+}
+
 // A backend killed between publishing a response and notifying: the frontend sleeps with its
 // rsp_event already passed, and the answer to the request the dead one left would not notify
 // either. The restarted queue notifies once.
