@@ -34,9 +34,9 @@ BackendStep backend_step(XenbusState backend, XenbusState frontend, bool online)
       if (backend == S::closing && online) return {A::disconnect, S::closed};
       // One that started over while we were Connected: its old rings are gone (a kdump or kexec
       // kernel resets its frontends, waiting 5 s at most for the backend at each step, while no
-      // backend daemon ran to follow). It waits at Initialising for InitWait, and Closing or
-      // Closed would close it for good (Linux's netfront and blkfront take either as the end),
-      // so let go of the old rings and offer the device again at once.
+      // backend daemon ran to follow). Linux's netfront waits at Initialising for InitWait (its
+      // blkfront sets up on seeing Connected instead), and Closing or Closed would close either
+      // for good, so let go of the old rings and offer the device again at once.
       if (backend == S::connected) return {A::disconnect, online ? S::init_wait : S::closed};
       return {A::none, backend};
     case S::initialised:
