@@ -750,8 +750,7 @@ TEST_F(QueueTest, AShadowRecordOfAnotherRingIsNotRedone) {
   std::memset(fe_.page(16).data(), 'q', kPageSize);
   BlkifRequest w = rw(kBlkifOpWrite, 200, 0);
   add_seg(w, fe_.grant(16, true));
-  ASSERT_TRUE(fe_.ring().produce_request(w));
-  fe_.ring().push_requests();
+  fe_.push(w);
   auto rs = serve(1);
   ASSERT_EQ(rs.size(), 1u);
   EXPECT_EQ(rs[0].id, 200u);
@@ -780,8 +779,7 @@ TEST_F(QueueTest, AShadowRecordThatDiffersOnlyInIdAndOperationIsNotRedone) {
   start({}, shadow.get());
   BlkifRequest r = rw(kBlkifOpRead, 200, 0);
   add_seg(r, g);
-  ASSERT_TRUE(fe_.ring().produce_request(r));
-  fe_.ring().push_requests();
+  fe_.push(r);
   auto rs = serve(1);
   ASSERT_EQ(rs.size(), 1u);
   EXPECT_EQ(rs[0].id, 200u);
