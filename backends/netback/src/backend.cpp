@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 #include <string_view>
 
@@ -221,12 +222,19 @@ void Backend::on_event(const std::string& path) {
 
 void Backend::scan() {
   std::vector<Key> seen;
-  if (auto doms = xs_->directory(kBase)) {
+  // Whether `seen` holds every vif xenstore has (no listing failed but for a directory that is
+  // not there at all).
+  bool complete = true;
+  const auto listed = [&](const auto& r) {
+    if (!r && r.error() != xenbus::wire::Error::enoent) complete = false;
+    return r.has_value();
+  };
+  if (auto doms = xs_->directory(kBase); listed(doms)) {
     for (const auto& dom : *doms) {
       auto domid = parse_uint(dom, 32751);
       if (!domid || *domid == 0) continue;
       auto devs = xs_->directory(fmt::format("{}/{}", kBase, dom));
-      if (!devs) continue;
+      if (!listed(devs)) continue;
       for (const auto& dev : *devs) {
         if (auto devid = parse_uint(dev, UINT32_MAX)) {
           seen.emplace_back(static_cast<std::uint16_t>(*domid), static_cast<std::uint32_t>(*devid));
@@ -236,6 +244,26 @@ void Backend::scan() {
   }
   for (const auto& [key, d] : devices_) seen.push_back(key);
   for (const Key& k : seen) reconcile(k);
+  if (complete && !swept_ && !shut_down_) sweep_orphan_shadows(seen);
+}
+
+void Backend::sweep_orphan_shadows(const std::vector<Key>& listed) noexcept {
+  swept_ = true;
+  std::set<std::string> names;
+  try {
+    for (const Key& k : listed) names.insert(fmt::format("vif{}.{}-q", k.first, k.second));
+  } catch (...) {
+    return;
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
+    const std::string f = e.path().filename().string();
+    const auto q = f.find("-q");
+    if (!f.starts_with("vif") || !f.ends_with(".rxids") || q == std::string::npos) continue;
+    if (names.count(f.substr(0, q + 2)) != 0) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(e.path(), rm)) spdlog::info("netback: removed {}: its vif is not in xenstore", f);
+  }
 }
 
 Backend::Device* Backend::adopt(const Key& key) {

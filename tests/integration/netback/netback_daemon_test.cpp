@@ -591,6 +591,32 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
   netback::remove_netns(gns);
 }
 
+// Rx shadow files of vifs that went while no xpv-netback ran (their domain destroyed meanwhile)
+// are removed by the next daemon once it has listed the vifs xenstore has; a vif that is there
+// keeps its shadow over a restart, and files that are no rx shadow stay.
+TEST_F(NetbackDaemon, AStartingDaemonRemovesTheRxShadowsOfVifsNoLongerInXenstore) {
+  const std::string shadows = dir_ + "/run/netback";
+  fs::create_directories(shadows);
+  for (const char* f : {"/vif77.0-q0.rxids", "/vif77.0-q1.rxids", "/notes"}) std::ofstream(shadows + f) << "x";
+  ASSERT_NO_FATAL_FAILURE(up());
+  EXPECT_TRUE(eventually([&] { return !fs::exists(shadows + "/vif77.0-q0.rxids") && !fs::exists(shadows + "/vif77.0-q1.rxids"); }))
+      << log("xpv-netback.log");
+  EXPECT_NE(log("xpv-netback.log").find("removed vif77.0-q0.rxids: its vif is not in xenstore"), std::string::npos)
+      << log("xpv-netback.log");
+  EXPECT_TRUE(fs::exists(shadows + "/notes"));
+
+  create(fmt::format("mac=00:16:3e:00:90:01, ip={}.2/24", net_));
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(fs::exists(shadows + "/vif1.0-q0.rxids"));
+  const auto old = netback_pid();
+  ASSERT_TRUE(old);
+  ASSERT_EQ(::kill(*old, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif1.0: reconnected") != std::string::npos; }, 15s))
+      << log("xpv-netback.log");
+  EXPECT_TRUE(fs::exists(shadows + "/vif1.0-q0.rxids")) << log("xpv-netback.log");
+  EXPECT_TRUE(ping(hostns_, net_ + ".2"));
+}
+
 // A guest whose netfront starts over while xpv-netback is down (a kdump or kexec kernel resets the
 // frontends it inherits: Closing, Closed, Initialising, each waited for 5 s at most, then new
 // rings) leaves the restarted daemon a backend still Connected, over rings that are gone. Linux's
