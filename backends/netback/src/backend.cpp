@@ -249,20 +249,20 @@ void Backend::scan() {
 
 void Backend::sweep_orphan_shadows(const std::vector<Key>& listed) noexcept {
   swept_ = true;
-  std::set<std::string> names;
-  try {
+  try {  // a directory that cannot be read on (the iterator's step throws) is left as it is
+    std::set<std::string> names;
     for (const Key& k : listed) names.insert(fmt::format("vif{}.{}-q", k.first, k.second));
-  } catch (...) {
-    return;
-  }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
-    const std::string f = e.path().filename().string();
-    const auto q = f.find("-q");
-    if (!f.starts_with("vif") || !f.ends_with(".rxids") || q == std::string::npos) continue;
-    if (names.count(f.substr(0, q + 2)) != 0) continue;
-    std::error_code rm;
-    if (std::filesystem::remove(e.path(), rm)) spdlog::info("netback: removed {}: its vif is not in xenstore", f);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
+      const std::string f = e.path().filename().string();
+      const auto q = f.find("-q");
+      if (!f.starts_with("vif") || !f.ends_with(".rxids") || q == std::string::npos) continue;
+      if (names.count(f.substr(0, q + 2)) != 0) continue;
+      std::error_code rm;
+      if (std::filesystem::remove(e.path(), rm)) spdlog::info("netback: removed {}: its vif is not in xenstore", f);
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("netback: sweeping {}: {}", shadow_dir_, e.what());
   }
 }
 
