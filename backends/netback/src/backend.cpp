@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string_view>
@@ -66,6 +67,13 @@ bool tx_respond_early() { return env_switch("XPV_NETBACK_TX_RESPOND", "after", "
 // default since session 39; XPV_NETBACK_STEER=guest leaves each flow on the queue the guest sends
 // it on, as Linux netback does.
 bool steer_spread() { return !env_switch("XPV_NETBACK_STEER", "spread", "guest"); }
+
+// The vif an rx shadow file belongs to: "vif1.0" for "vif1.0-q3.rxids"; empty for other files.
+std::string_view shadow_vif(std::string_view file) noexcept {
+  const auto q = file.rfind("-q");
+  if (!file.starts_with("vif") || !file.ends_with(".rxids") || q == std::string_view::npos) return {};
+  return file.substr(0, q);
+}
 
 }  // namespace
 
@@ -250,14 +258,13 @@ void Backend::scan() {
 void Backend::sweep_orphan_shadows(const std::vector<Key>& listed) noexcept {
   swept_ = true;
   try {  // a directory that cannot be read on (the iterator's step throws) is left as it is
-    std::set<std::string> names;
-    for (const Key& k : listed) names.insert(fmt::format("vif{}.{}-q", k.first, k.second));
+    std::set<std::string, std::less<>> names;
+    for (const Key& k : listed) names.insert(fmt::format("vif{}.{}", k.first, k.second));
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
       const std::string f = e.path().filename().string();
-      const auto q = f.find("-q");
-      if (!f.starts_with("vif") || !f.ends_with(".rxids") || q == std::string::npos) continue;
-      if (names.count(f.substr(0, q + 2)) != 0) continue;
+      const std::string_view vif = shadow_vif(f);
+      if (vif.empty() || names.contains(vif)) continue;
       std::error_code rm;
       if (std::filesystem::remove(e.path(), rm)) spdlog::info("netback: removed {}: its vif is not in xenstore", f);
     }
@@ -551,8 +558,7 @@ void Backend::remove_shadows(const std::string& name) noexcept {
   // while no xpv-netback ran): every `<name>-q<k>.rxids`.
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
-    const std::string f = e.path().filename().string();
-    if (f.starts_with(name + "-q") && f.ends_with(".rxids")) std::filesystem::remove(e.path(), ec);
+    if (shadow_vif(e.path().filename().string()) == name) std::filesystem::remove(e.path(), ec);
   }
 }
 
