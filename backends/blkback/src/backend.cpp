@@ -1,4 +1,6 @@
 #include "xpv/blkback/backend.h"
+#include "xpv/xenbus/client/backend_devices.h"
+#include "xpv/xenbus/daemon/backend_main.h"
 #include "xpv/xenbus/daemon/run_every.h"
 #include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 
 namespace xpv::blkback {
@@ -179,20 +182,19 @@ void Backend::on_event(const std::string& path) {
 }
 
 void Backend::scan() {
-  std::vector<Key> seen;
-  if (auto doms = xs_->directory(kBase)) {
-    for (const auto& dom : *doms) {
-      auto domid = parse_uint(dom, 32751);
-      if (!domid || *domid == 0) continue;
-      auto devs = xs_->directory(fmt::format("{}/{}", kBase, dom));
-      if (!devs) continue;
-      for (const auto& dev : *devs) {
-        if (auto devid = parse_uint(dev, UINT32_MAX)) seen.emplace_back(static_cast<std::uint16_t>(*domid), *devid);
-      }
-    }
-  }
+  const auto listed = xenbus::client::list_backend_devices(*xs_, kBase);
+  std::vector<Key> seen = listed.keys;
   for (const auto& [key, d] : devices_) seen.push_back(key);  // gone ones are noticed and forgotten
   for (const Key& k : seen) reconcile(k);
+  // Once, on the first listing that is the whole truth: the shadows of disks not in xenstore (a
+  // domain destroyed while no daemon ran) are removed, after the disks found were resumed. (A
+  // stale one would not be redone — the slot check in queue.cpp — but nothing else removes it.)
+  if (listed.complete && !swept_ && !shut_down_) {
+    swept_ = true;
+    std::set<std::string, std::less<>> live;
+    for (const Key& k : seen) live.insert(fmt::format("vbd{}.{}", k.first, k.second));
+    daemon::sweep_orphan_files(shadow_dir_, VbdConnection::shadow_owner, live, "blkback");
+  }
 }
 
 Backend::Device* Backend::adopt(const Key& key) {

@@ -1,5 +1,7 @@
 #include "xpv/netback/backend.h"
 #include "xpv/netback/bridge.h"
+#include "xpv/xenbus/client/backend_devices.h"
+#include "xpv/xenbus/daemon/backend_main.h"
 #include "xpv/xenbus/daemon/run_every.h"
 #include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
@@ -229,47 +231,17 @@ void Backend::on_event(const std::string& path) {
 }
 
 void Backend::scan() {
-  std::vector<Key> seen;
-  // Whether `seen` holds every vif xenstore has (no listing failed but for a directory that is
-  // not there at all).
-  bool complete = true;
-  const auto listed = [&](const auto& r) {
-    if (!r && r.error() != xenbus::wire::Error::enoent) complete = false;
-    return r.has_value();
-  };
-  if (auto doms = xs_->directory(kBase); listed(doms)) {
-    for (const auto& dom : *doms) {
-      auto domid = parse_uint(dom, 32751);
-      if (!domid || *domid == 0) continue;
-      auto devs = xs_->directory(fmt::format("{}/{}", kBase, dom));
-      if (!listed(devs)) continue;
-      for (const auto& dev : *devs) {
-        if (auto devid = parse_uint(dev, UINT32_MAX)) {
-          seen.emplace_back(static_cast<std::uint16_t>(*domid), static_cast<std::uint32_t>(*devid));
-        }
-      }
-    }
-  }
+  const auto listed = xenbus::client::list_backend_devices(*xs_, kBase);
+  std::vector<Key> seen = listed.keys;
   for (const auto& [key, d] : devices_) seen.push_back(key);
   for (const Key& k : seen) reconcile(k);
-  if (complete && !swept_ && !shut_down_) sweep_orphan_shadows(seen);
-}
-
-void Backend::sweep_orphan_shadows(const std::vector<Key>& listed) noexcept {
-  swept_ = true;
-  try {  // a directory that cannot be read on (the iterator's step throws) is left as it is
-    std::set<std::string, std::less<>> names;
-    for (const Key& k : listed) names.insert(fmt::format("vif{}.{}", k.first, k.second));
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
-      const std::string f = e.path().filename().string();
-      const std::string_view vif = shadow_vif(f);
-      if (vif.empty() || names.contains(vif)) continue;
-      std::error_code rm;
-      if (std::filesystem::remove(e.path(), rm)) spdlog::info("netback: removed {}: its vif is not in xenstore", f);
-    }
-  } catch (const std::exception& e) {
-    spdlog::warn("netback: sweeping {}: {}", shadow_dir_, e.what());
+  // Once, on the first listing that is the whole truth: rx shadows of vifs not in xenstore (a
+  // domain destroyed while no daemon ran) are removed, after the vifs found were resumed.
+  if (listed.complete && !swept_ && !shut_down_) {
+    swept_ = true;
+    std::set<std::string, std::less<>> live;
+    for (const Key& k : seen) live.insert(fmt::format("vif{}.{}", k.first, k.second));
+    daemon::sweep_orphan_files(shadow_dir_, shadow_vif, live, "netback");
   }
 }
 

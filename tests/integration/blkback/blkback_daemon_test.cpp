@@ -304,6 +304,44 @@ TEST_F(BlkbackDaemon, SigtermLeavesDevicesConnectedAndARestartReconnects) {
   EXPECT_NE(log().find("vbd3.51712: reconnected"), std::string::npos);
 }
 
+// The shadows of disks that went while no xpv-blkback ran (their domain destroyed meanwhile) are
+// removed by the next daemon once it has listed the disks xenstore has; a disk that is there
+// keeps its shadow over the restart, and files that are no shadow stay.
+TEST_F(BlkbackDaemon, AStartingDaemonRemovesTheShadowsOfDisksNoLongerInXenstore) {
+  const std::string shadows = run_ + "/blkback";
+  const auto img_a = image("a.img"), img_b = image("b.img");
+  Guest& a = guest(3);
+  Guest& b = guest(4);
+  add_vbd(3, kXvda, img_a, "w");
+  add_vbd(4, kXvda, img_b, "w");
+  connect_blkfront(a, kXvda);
+  connect_blkfront(b, kXvda);
+  std::vector<std::uint8_t> d(8192, 0x5a);
+  ASSERT_EQ(a.front->write(0, d), 8192);
+  ASSERT_TRUE(std::filesystem::exists(shadows + "/vbd3.51712-q0.shadow"));
+  ASSERT_TRUE(std::filesystem::exists(shadows + "/vbd4.51712-q0.shadow"));
+  blkback_->kill(SIGTERM);
+  ASSERT_EQ(blkback_->wait(10s), 0);
+  // While no daemon runs: domain 4 is destroyed, and a shadow of an older run is lying there.
+  ASSERT_TRUE(xs_->rm(be(4, kXvda)));
+  ASSERT_TRUE(xs_->rm("/local/domain/4"));
+  for (const char* f : {"/vbd77.51728-q1.shadow", "/notes"}) std::ofstream(shadows + f) << "x";
+
+  start_blkback();
+  std::vector<std::uint8_t> back(8192);
+  ASSERT_EQ(a.front->read(0, back), 8192);  // the live disk resumed
+  EXPECT_EQ(back, d);
+  for (int i = 0; i < 500 && log().find("removed vbd77.51728-q1.shadow") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(log().find("blkback: removed vbd77.51728-q1.shadow: its device is not in xenstore"), std::string::npos)
+      << log();
+  EXPECT_FALSE(std::filesystem::exists(shadows + "/vbd77.51728-q1.shadow"));
+  EXPECT_FALSE(std::filesystem::exists(shadows + "/vbd4.51712-q0.shadow")) << log();
+  EXPECT_TRUE(std::filesystem::exists(shadows + "/vbd3.51712-q0.shadow")) << "the live disk's shadow stays";
+  EXPECT_TRUE(std::filesystem::exists(shadows + "/notes"));
+}
+
 // The headline: kill -9 in the middle of a loop of fsync'd writes, a new xpv-blkback, the loop
 // goes on without an error the guest could see, and every acknowledged write is in the image.
 TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {

@@ -601,7 +601,7 @@ TEST_F(NetbackDaemon, AStartingDaemonRemovesTheRxShadowsOfVifsNoLongerInXenstore
   ASSERT_NO_FATAL_FAILURE(up());
   EXPECT_TRUE(eventually([&] { return !fs::exists(shadows + "/vif77.0-q0.rxids") && !fs::exists(shadows + "/vif77.0-q1.rxids"); }))
       << log("xpv-netback.log");
-  EXPECT_NE(log("xpv-netback.log").find("removed vif77.0-q0.rxids: its vif is not in xenstore"), std::string::npos)
+  EXPECT_NE(log("xpv-netback.log").find("netback: removed vif77.0-q0.rxids: its device is not in xenstore"), std::string::npos)
       << log("xpv-netback.log");
   EXPECT_TRUE(fs::exists(shadows + "/notes"));
 

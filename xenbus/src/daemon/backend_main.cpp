@@ -124,4 +124,21 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
   return status;
 }
 
+void sweep_orphan_files(const std::string& dir, const std::function<std::string_view(std::string_view)>& owner_of,
+                        const std::set<std::string, std::less<>>& live, std::string_view who) noexcept {
+  try {  // a directory whose reading fails on the way (the iterator's step throws) is left as it is
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      const std::string_view owner = owner_of(f);
+      if (owner.empty() || live.contains(owner)) continue;
+      std::error_code rm;
+      if (std::filesystem::remove(e.path(), rm)) spdlog::info("{}: removed {}: its device is not in xenstore", who, f);
+    }
+    if (ec && ec != std::errc::no_such_file_or_directory) spdlog::warn("{}: cannot read {}: {}", who, dir, ec.message());
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: sweeping {}: {}", who, dir, e.what());
+  }
+}
+
 }  // namespace xpv::daemon

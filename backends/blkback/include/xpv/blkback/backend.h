@@ -146,6 +146,7 @@ class Backend {
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
+  bool swept_ = false;  // the shadows of disks not in xenstore were removed (scan)
   bool xs_lost_ = false;
   // While xs_lost_: whether xpv-xenstored answers again (options_.xenstore_back).
   xenbus::client::XenstoredProbe xs_probe_;

@@ -142,9 +142,6 @@ class Backend {
   void publish_stats();
   // Deletes the rx shadow files of vif `name` (the vif closed for good).
   void remove_shadows(const std::string& name) noexcept;
-  // Once, after the first scan that listed every vif in xenstore: removes the rx shadow files of
-  // vifs that are not there (removed while no xpv-netback ran; nothing can resume them).
-  void sweep_orphan_shadows(const std::vector<Key>& listed) noexcept;
 
   boost::asio::io_context& io_;
   BackendOptions options_;
@@ -161,7 +158,7 @@ class Backend {
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
-  bool swept_ = false;  // sweep_orphan_shadows has run
+  bool swept_ = false;  // the rx shadows of vifs not in xenstore were removed (scan)
   bool xs_lost_ = false;
   // While xs_lost_: whether xpv-xenstored answers again (options_.xenstore_back).
   xenbus::client::XenstoredProbe xs_probe_;

@@ -12,7 +12,9 @@
 #include <boost/asio/io_context.hpp>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -42,6 +44,16 @@ inline constexpr int kExitXenstoreBack = 3;
 // Exit status: 0 after a signal, 1 when setup failed (the reason on stderr or in the log, and to
 // the launching process), 2 for a bad command line, kExitXenstoreBack (3).
 int run_backend_daemon(int argc, char** argv, const BackendDaemon& d);
+
+// Removes the files in `dir` that belong to a device not in `live`: `owner_of(file name)` names
+// the device a file belongs to, or is empty for a file that is none of the daemon's. For the
+// restart records a backend keeps per device in its run dir (blkback's request shadows,
+// netback's rx shadows): a device destroyed while no daemon ran leaves them behind, and only the
+// next daemon, seeing the device gone from a complete listing (backend_devices.h), can tell.
+// Each removal is logged under `who`; a directory that cannot be read is left as it is, with a
+// warning.
+void sweep_orphan_files(const std::string& dir, const std::function<std::string_view(std::string_view)>& owner_of,
+                        const std::set<std::string, std::less<>>& live, std::string_view who) noexcept;
 
 // run_backend_daemon for a Backend constructed as Backend(io, opts) with a shutdown(), whose
 // Options have xenstore_path, run_dir, max_queues (offered as --max-queues, default: the host's
