@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <poll.h>
 #include <sys/stat.h>
 
 #include <boost/asio/post.hpp>
@@ -17,6 +18,8 @@
 #include <filesystem>
 #include <set>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 
 namespace xpv::blkback {
 
@@ -102,6 +105,11 @@ void Backend::shutdown() {
     if (d.conn) d.conn->stop();
   }
   for (auto& [key, d] : devices_) d.conn.reset();
+  for (auto& [key, r] : reapers_) {  // their posts are not run: the loop is ending
+    if (r.thread.joinable()) r.thread.join();
+    r.conn.reset();
+  }
+  reapers_.clear();
   stats_.clear();
   devices_.clear();
   xs_.reset();  // joins the client's thread: no more watch events
@@ -232,7 +240,7 @@ void Backend::forget(const Key& key, bool removed) {
   auto it = devices_.find(key);
   if (it == devices_.end()) return;
   Device& d = it->second;
-  disconnect(d, /*for_good=*/true);
+  (void)disconnect(d, /*for_good=*/true);  // a teardown going on keeps what it needs (disk, domain)
   (void)xs_->unwatch(d.fe_path + "/state", d.fe_token);
   spdlog::info("{}: {}", d.name, removed ? "backend directory removed; device forgotten" : "forgotten");
   devices_.erase(it);
@@ -266,9 +274,25 @@ void Backend::reconcile(const Key& key) {
   if (!d->fatal.lets_through(fe_state, online)) return;
   if (was_held && !d->fatal.held()) spdlog::info("{}: the error is over (frontend {}); the disk may start over", d->name, xenbus::to_string(fe_state));
 
+  // The last connection is still being torn down (reaped() reconciles again when it is).
+  const bool reaping = reapers_.contains(key);
+  if (!reaping && d->reaped) {
+    d->reaped = false;
+    // While the old rings were being let go, the frontend went on without us: Linux's blkfront
+    // reset by a kexec kernel (Closing, Closed, Initialising, each waited for 5 s at most) takes
+    // our Connected for an offer and connects new rings. Connect those; the step below would
+    // wait for a close that is not coming.
+    if (!d->conn && online && *be_state == XenbusState::connected &&
+        (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
+      spdlog::info("{}: the frontend connected new rings while the old ones were let go; connecting them", d->name);
+      if (d->disk || probe(*d)) connect(*d, /*resume=*/false);
+      return;
+    }
+  }
+
   // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the
   // published rings without touching `state`: the frontend sees nothing.
-  if (!d->resume_checked) {
+  if (!d->resume_checked && !reaping) {
     d->resume_checked = true;
     if (!d->conn && *be_state == XenbusState::connected &&
         (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
@@ -286,6 +310,12 @@ void Backend::reconcile(const Key& key) {
   }
 
   const xenbus::BackendStep step = xenbus::backend_step(*be_state, fe_state, online);
+  // While the old connection is being torn down, Closing is the only step that may be taken: it
+  // says nothing of the rings yet (Linux's blkback answers a closing frontend with it at once).
+  // Closed and InitWait say they are let go — a frontend then takes back its pages, and xpv's
+  // grant table refuses to end a grant still mapped — and a new connection would meet the old
+  // one's disk I/O and shadow files.
+  if (reaping && step.next != XenbusState::closing) return;
   switch (step.action) {
     case xenbus::BackendAction::connect:
       if (!d->disk && !probe(*d)) return;
@@ -296,11 +326,11 @@ void Backend::reconcile(const Key& key) {
         spdlog::info("{}: the frontend started over (Initialising) while the disk was Connected; offering it again",
                      d->name);
       }
-      disconnect(*d, /*for_good=*/true);
+      if (!disconnect(*d, /*for_good=*/true) && step.next != XenbusState::closing) return;
       write_state(*d, step.next);
       return;
     case xenbus::BackendAction::disconnect_remove:
-      disconnect(*d, /*for_good=*/true);
+      if (!disconnect(*d, /*for_good=*/true)) return;
       d->disk.reset();
       write_state(*d, step.next);
       return;
@@ -329,7 +359,7 @@ bool Backend::probe(Device& d) {
     return false;
   }
   try {
-    d.disk = std::make_unique<Disk>(Disk::open(*params, mode == "r"));
+    d.disk = std::make_shared<Disk>(Disk::open(*params, mode == "r"));
   } catch (const std::exception& e) {
     fatal(d, XenbusState::closed, ENOENT, e.what());
     return false;
@@ -438,11 +468,41 @@ void Backend::connect(Device& d, bool resume) {
                rings.front().page_order);
 }
 
-void Backend::disconnect(Device& d, bool for_good) {
-  if (!d.conn) return;
+bool Backend::disconnect(Device& d, bool for_good) {
+  if (reapers_.contains(d.key)) return false;
+  if (!d.conn) return true;
   if (for_good) d.conn->forget_shadows();
-  d.conn.reset();  // stops the queues; in-flight I/O completes and is answered first
-  spdlog::info("{}: disconnected", d.name);
+  d.conn->stop();  // the queues stop taking requests now
+  // The queues' end waits for the I/O in flight: on a thread of its own, so that a disk whose
+  // storage hangs holds up nothing but itself (the header).
+  const Key key = d.key;
+  Reaper& r = reapers_[key];
+  r.conn = std::move(d.conn);
+  r.disk = d.disk;
+  try {
+    r.thread = std::thread([this, key, conn = r.conn.get()] {
+      conn->join();
+      asio::post(io_, [this, key] { reaped(key); });
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: no thread for the teardown ({}); waiting for its queues here", d.name, e.what());
+    reapers_.erase(key);  // joins and tears down the connection, on this thread
+    spdlog::info("{}: disconnected", d.name);
+    return true;
+  }
+  return false;
+}
+
+void Backend::reaped(const Key& key) {
+  auto it = reapers_.find(key);
+  if (it == reapers_.end()) return;
+  it->second.thread.join();  // it posted this as its last act
+  const std::string name = it->second.conn->name();
+  reapers_.erase(it);  // unmap, unbind, the shadows (VbdConnection's destructor)
+  spdlog::info("{}: disconnected", name);
+  if (auto d = devices_.find(key); d != devices_.end()) d->second.reaped = true;
+  // The step that waited for it (Closed, InitWait, a new connection): taken now.
+  guarded([&] { reconcile(key); });
 }
 
 void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {
@@ -453,7 +513,8 @@ void Backend::fatal(Device& d, XenbusState state, int err, const std::string& wh
     if (auto cur = xs_->read(d.be_path + "/state", tx); !cur) return fail(cur.error());
     return xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what), tx);
   });
-  disconnect(d, /*for_good=*/true);
+  // Its state is Closing, or Closed for a disk that never connected: written at once either way.
+  (void)disconnect(d, /*for_good=*/true);
   write_state(d, state);
   d.fatal.hold();
 }
@@ -469,7 +530,12 @@ void Backend::on_queue_exit(const Key& key, std::uint64_t generation, unsigned q
 
 std::shared_ptr<domain::ForeignDomain> Backend::domain(std::uint16_t domid) {
   if (auto it = domains_.find(domid); it != domains_.end()) {
-    if (auto d = it->second.lock()) return d;
+    // Alive, unless its control connection has ended: a connection still being torn down keeps
+    // a destroyed domain's object, and a new domain may have been given its id since.
+    if (auto d = it->second.lock()) {
+      pollfd p{d->death_fd(), POLLIN, 0};
+      if (::poll(&p, 1, 0) == 0) return d;
+    }
   }
   auto d = std::make_shared<domain::ForeignDomain>(domain::ForeignDomain::connect(domid, "xpv-blkback", options_.run_dir));
   domains_[domid] = d;

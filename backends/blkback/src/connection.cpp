@@ -150,11 +150,15 @@ void VbdConnection::add_queue(unsigned index, const QueueRings& rings, const Dis
                                          r.shadow.get());
 }
 
-void VbdConnection::teardown() noexcept {
+void VbdConnection::join() noexcept {
   stop();
   for (auto& q : queues_) {
     if (q->thread.joinable()) q->thread.join();
   }
+}
+
+void VbdConnection::teardown() noexcept {
+  join();
   for (auto& q : queues_) {
     if (q->queue) {
       // What this queue did in its life: the log line an operator reads after a run.

@@ -342,6 +342,162 @@ TEST_F(BlkbackDaemon, AStartingDaemonRemovesTheShadowsOfDisksNoLongerInXenstore)
   EXPECT_TRUE(std::filesystem::exists(shadows + "/notes"));
 }
 
+// Storage that stops answering: a disk in memory, served through FUSE, whose writes can be held
+// (what a hung NFS server or a stopped FUSE daemon looks like to xpv-blkback).
+class HeldStorage : public frontends::BlockTarget {
+ public:
+  explicit HeldStorage(std::size_t size) : data_(size) {}
+  std::uint64_t size_bytes() const override { return data_.size(); }
+  bool readonly() const override { return false; }
+  long read(std::uint64_t off, std::span<std::uint8_t> out) override {
+    std::lock_guard l(m_);
+    if (off > data_.size() || out.size() > data_.size() - off) return -EINVAL;
+    std::memcpy(out.data(), data_.data() + off, out.size());
+    return static_cast<long>(out.size());
+  }
+  long write(std::uint64_t off, std::span<const std::uint8_t> in) override {
+    std::unique_lock l(m_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return !held_; });
+    --waiting_;
+    if (off > data_.size() || in.size() > data_.size() - off) return -EINVAL;
+    std::memcpy(data_.data() + off, in.data(), in.size());
+    return static_cast<long>(in.size());
+  }
+  int flush() override { return 0; }
+  int discard(std::uint64_t, std::uint64_t) override { return 0; }
+
+  void hold(bool on) {
+    std::lock_guard l(m_);
+    held_ = on;
+    cv_.notify_all();
+  }
+  // A write has arrived and is being held.
+  bool a_write_is_held(std::chrono::seconds limit) {
+    std::unique_lock l(m_);
+    return cv_.wait_for(l, limit, [&] { return held_ && waiting_ > 0; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::uint8_t> data_;
+  bool held_ = false;
+  int waiting_ = 0;
+};
+
+// Guest 3's disk on HeldStorage through FUSE, connected with raw rings, with one write of 0x5c
+// bytes to sector 8 held in the storage.
+class BlkbackHungDisk : public BlkbackDaemon {
+ protected:
+  void SetUp() override {
+    BlkbackDaemon::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "needs /dev/fuse";
+    const std::string mnt = dir_ + "/hung";
+    std::filesystem::create_directories(mnt);
+    fuse_ = std::make_unique<frontends::FuseDisk>(mnt, "disk", storage_);
+    Guest& a = guest(3);
+    add_vbd(3, kXvda, fuse_->file_path(), "w");
+    old_rings_ = std::make_unique<RawFront>(*a.dom, 1, 0);
+    connect_raw(a, kXvda, *old_rings_, 0);
+    ASSERT_EQ(old_rings_->io(0, /*write=*/true, 0), std::optional<std::int16_t>(0)) << "the disk works";
+    storage_.hold(true);
+    std::memset(old_rings_->data(0).data(), 0x5c, 4096);
+    held_ = old_rings_->submit(0, /*write=*/true, 8);
+    ASSERT_TRUE(held_);
+    ASSERT_TRUE(storage_.a_write_is_held(10s)) << log();
+  }
+  void TearDown() override {
+    storage_.hold(false);  // before the daemon stops: it waits for its I/O
+    if (blkback_ && HasFailure()) std::cerr << "---- xpv-blkback log ----\n" << log() << "----\n";
+    if (blkback_) {  // it lets go of the file before FUSE goes, and FUSE before the temp dir
+      blkback_->kill(SIGTERM);
+      blkback_->wait(10s);
+      blkback_.reset();
+    }
+    fuse_.reset();
+    BlkbackDaemon::TearDown();
+  }
+  // Guest 4's disk connects and serves: the control thread is not held.
+  void another_disk_serves() {
+    Guest& b = guest(4);
+    add_vbd(4, kXvda, image("b.img"), "w");
+    ASSERT_NO_FATAL_FAILURE(connect_blkfront(b, kXvda)) << log();
+    const std::vector<std::uint8_t> d(8192, 0x33);
+    std::vector<std::uint8_t> back(d.size());
+    ASSERT_EQ(b.front->write(0, d), 8192);
+    ASSERT_EQ(b.front->read(0, back), 8192);
+    EXPECT_EQ(back, d);
+  }
+  // The storage answers: the held write is done and answered on the old ring.
+  void release() {
+    storage_.hold(false);
+    EXPECT_EQ(old_rings_->collect(0, *held_, 10s), std::optional<std::int16_t>(0)) << log();
+  }
+  // New rings of guest 3's disk, published with state 3.
+  std::unique_ptr<RawFront> publish_new_rings() {
+    auto rings = std::make_unique<RawFront>(*guests_.front()->dom, 1, 0);
+    NodeList nodes = raw_nodes(fe(3, kXvda), *rings, 0);
+    nodes.emplace_back(fe(3, kXvda) + "/state", "3");
+    publish(nodes);
+    return rings;
+  }
+  // Connected over `rings`, which read back what the held write put on the disk.
+  void serves_the_held_write(RawFront& rings) {
+    ASSERT_EQ(wait_value(be(3, kXvda) + "/state", "4"), "4") << log();
+    ASSERT_TRUE(xs_->write(fe(3, kXvda) + "/state", "4"));
+    ASSERT_EQ(rings.io(0, /*write=*/false, 8), std::optional<std::int16_t>(0)) << log();
+    const auto got = rings.data(0);
+    EXPECT_EQ(std::vector<std::uint8_t>(got.begin(), got.end()), std::vector<std::uint8_t>(4096, 0x5c));
+  }
+
+  HeldStorage storage_{16 << 20};
+  std::unique_ptr<frontends::FuseDisk> fuse_;
+  std::unique_ptr<RawFront> old_rings_;
+  std::optional<std::uint64_t> held_;
+};
+
+// The guest closes the disk while that write hangs. xpv-blkback answers Closing at once, as
+// Linux's blkback does, but its queue must answer the write before it lets go of the ring, so
+// Closed waits; the wait holds up that disk only: another guest's disk connects and serves
+// meanwhile. Once the write is answered the disk closes, and starts over with new rings.
+TEST_F(BlkbackHungDisk, AClosingDiskWaitsForItsStorageAndHoldsUpNoOtherDisk) {
+  const std::string b3 = be(3, kXvda), f3 = fe(3, kXvda);
+  ASSERT_TRUE(xs_->write(f3 + "/state", "5"));
+  ASSERT_EQ(wait_value(b3 + "/state", "5"), "5") << log();
+  ASSERT_TRUE(xs_->write(f3 + "/state", "6"));
+  ASSERT_NO_FATAL_FAILURE(another_disk_serves());
+  // The frontend's Closed came before disk 4 was added (watch events keep their order).
+  EXPECT_EQ(xs_->read(b3 + "/state").value_or(""), "5") << "no Closed with a write in flight";
+  EXPECT_TRUE(guests_.front()->dom->grants().is_mapped(old_rings_->refs(0)[0])) << "the old ring is still in use";
+
+  release();
+  ASSERT_EQ(wait_value(b3 + "/state", "6"), "6") << log();
+  EXPECT_FALSE(guests_.front()->dom->grants().is_mapped(old_rings_->refs(0)[0])) << "Closed: the ring let go";
+  ASSERT_TRUE(xs_->write(f3 + "/state", "1"));
+  ASSERT_EQ(wait_value(b3 + "/state", "2"), "2") << log();
+  auto new_rings = publish_new_rings();
+  serves_the_held_write(*new_rings);
+}
+
+// A Linux blkfront reset by a kexec kernel (Initialising while we are Connected) that takes our
+// Connected for an offer and connects new rings while the old ones still wait for the storage:
+// once the write is answered, the new rings are connected.
+TEST_F(BlkbackHungDisk, AFrontendThatStartedOverMeanwhileGetsItsNewRingsConnected) {
+  const std::string b3 = be(3, kXvda), f3 = fe(3, kXvda);
+  ASSERT_TRUE(xs_->write(f3 + "/state", "1"));
+  auto new_rings = publish_new_rings();
+  ASSERT_NO_FATAL_FAILURE(another_disk_serves());
+  EXPECT_EQ(xs_->read(b3 + "/state").value_or(""), "4") << "no InitWait with a write in flight";
+
+  release();
+  serves_the_held_write(*new_rings);
+  EXPECT_NE(log().find("vbd3.51712: the frontend connected new rings while the old ones were let go"), std::string::npos)
+      << log();
+}
+
 // The headline: kill -9 in the middle of a loop of fsync'd writes, a new xpv-blkback, the loop
 // goes on without an error the guest could see, and every acknowledged write is in the image.
 TEST_F(BlkbackDaemon, KillDashNineMidWriteLoopLosesNothingAcknowledged) {

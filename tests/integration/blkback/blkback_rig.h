@@ -172,6 +172,13 @@ class RawFront {
   // One 4 KiB read or write through queue q; returns the response status (or nullopt when no
   // response came within 5 s).
   std::optional<std::int16_t> io(unsigned q, bool write, std::uint64_t sector) {
+    const auto id = submit(q, write, sector);
+    if (!id) return std::nullopt;
+    return collect(q, *id, 5s);
+  }
+  // The two halves of io(): a request published and notified (its id, nullopt with the ring
+  // full), and its response awaited — the next one on the ring must be it — for at most `limit`.
+  std::optional<std::uint64_t> submit(unsigned q, bool write, std::uint64_t sector) {
     Queue& r = queues_[q];
     ring::BlkifRequest req{};
     req.operation = write ? ring::kBlkifOpWrite : ring::kBlkifOpRead;
@@ -181,10 +188,13 @@ class RawFront {
     req.seg[0] = {r.data_ref, 0, 7, {0, 0}};
     if (!r.ring->produce_request(req)) return std::nullopt;
     if (r.ring->push_requests()) (void)dom_.evtchn().send(r.port);
-    for (int i = 0; i < 5000; ++i) {
-      auto rsp = r.ring->pop_response();
-      if (rsp) {
-        if (rsp->id != req.id) return std::nullopt;
+    return req.id;
+  }
+  std::optional<std::int16_t> collect(unsigned q, std::uint64_t id, std::chrono::milliseconds limit) {
+    Queue& r = queues_[q];
+    for (auto waited = 0ms; waited < limit; waited += 1ms) {
+      if (auto rsp = r.ring->pop_response()) {
+        if (rsp->id != id) return std::nullopt;
         return rsp->status;
       }
       std::this_thread::sleep_for(1ms);

@@ -17,8 +17,8 @@
 //   ┌────────────┐  a queue disabled (ring protocol violation) ─► error node, 5 Closing
 //   │ 4 Connected│  (that device only: every other device and domain keeps running)
 //   └─────┬──────┘
-//         ▼  frontend 5 Closing: stop the queues (in-flight I/O finishes and is answered),
-//   ┌────────────┐  unmap, unbind
+//         ▼  frontend 5 Closing: stop the queues (in-flight I/O finishes and is answered,
+//   ┌────────────┐  on a thread of its own: below), unmap, unbind; Closed waits for that
 //   │ 5 Closing  │
 //   └─────┬──────┘
 //         ▼  frontend 6 Closed (or its directory gone, or `online` = 0)
@@ -38,6 +38,20 @@
 // Threading: every method runs on the thread that runs the io_context (the control thread).
 // Watch events arrive on the xenstore client's thread and are posted here; queue threads post
 // their exit here. SIGTERM (main.cpp) calls shutdown(): queues stopped, xenstore left as it is.
+//
+// A connection's queues end only when their I/O in flight has completed and been answered, and
+// a disk whose storage stops answering (a hung NFS server, a stopped FUSE daemon) would hold the
+// control thread — every other device's connects and closes — for as long. So that wait
+// (VbdConnection::join) runs on a thread of its own, a "reaper"; the rest of the teardown
+// (unmap, unbind: the ForeignDomain is the control thread's) follows on the control thread when
+// the reaper posts. Meanwhile the device answers a closing frontend with Closing, as Linux's
+// blkback does at once, but says nothing that means the rings are let go (Closed, InitWait) and
+// takes no new connection: a frontend then takes back its pages (xpv's grant table refuses to
+// end a grant still mapped: xpv's blkfront would leak it), and a new connection would meet the
+// old one's disk I/O and shadow files. (Linux's blkback writes Closed with requests in flight and
+// leaves them to a deferred free.) The post reconciles the device, which takes those steps — or
+// connects the new rings of a frontend that went on meanwhile (a Linux blkfront reset by a kexec
+// kernel connects on seeing Connected). shutdown() waits for the reapers.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -48,6 +62,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -104,11 +119,12 @@ class Backend {
     std::string be_path;   // kBase/<domid>/<devid>
     std::string fe_path;   // from the backend's `frontend` node
     std::string fe_token;  // our watch on <fe_path>/state
-    std::unique_ptr<Disk> disk;
+    std::shared_ptr<Disk> disk;  // shared with a reaper still tearing down a connection over it
     std::unique_ptr<VbdConnection> conn;
     std::uint64_t generation = 0;  // of conn, to match queue-exit posts
     xenbus::ErrorHold fatal;       // an error was reported; wait for the frontend to close
     bool resume_checked = false;   // the restart check ran once
+    bool reaped = false;           // a teardown just ended: the frontend may have gone on meanwhile
   };
 
   struct XenstoreLost {};
@@ -124,7 +140,10 @@ class Backend {
   void forget(const Key& key, bool removed);
   bool probe(Device& d);  // open the disk and publish the features
   void connect(Device& d, bool resume);
-  void disconnect(Device& d, bool for_good);
+  // Lets go of the device's connection: true when it holds none any more; false while a reaper
+  // tears it (or an earlier one) down — reaped() reconciles the device again when it is done.
+  bool disconnect(Device& d, bool for_good);
+  void reaped(const Key& key);  // a reaper's join is done: the rest of the teardown
   void fatal(Device& d, xenbus::XenbusState state, int err, const std::string& what);
   void on_queue_exit(const Key& key, std::uint64_t generation, unsigned queue);
   std::shared_ptr<domain::ForeignDomain> domain(std::uint16_t domid);
@@ -144,6 +163,12 @@ class Backend {
   std::unique_ptr<xenbus::client::SyncClient> xs_;
   std::map<Key, Device> devices_;
   std::map<std::uint16_t, std::weak_ptr<domain::ForeignDomain>> domains_;
+  struct Reaper {
+    std::shared_ptr<Disk> disk;           // under conn's I/O, whatever the device does meanwhile
+    std::unique_ptr<VbdConnection> conn;  // its join() runs on `thread`, nothing else touches it
+    std::thread thread;                   // joined before a Reaper goes
+  };
+  std::map<Key, Reaper> reapers_;  // connections being torn down, by device
   std::uint64_t next_generation_ = 1;
   bool shut_down_ = false;
   bool swept_ = false;  // the shadows of disks not in xenstore were removed (scan)
