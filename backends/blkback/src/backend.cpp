@@ -274,9 +274,11 @@ void Backend::reconcile(const Key& key) {
   if (!d->fatal.lets_through(fe_state, online)) return;
   if (was_held && !d->fatal.held()) spdlog::info("{}: the error is over (frontend {}); the disk may start over", d->name, xenbus::to_string(fe_state));
 
-  // The last connection is still being torn down (reaped() reconciles again when it is).
-  const bool reaping = reapers_.contains(key);
-  if (!reaping && d->reaped) {
+  // The last connection is still being torn down: no step until it is (reaped() reconciles
+  // again then). Not even Closing: xpv's own blkfront takes it as the end and takes back its
+  // pages, and the queues may still write responses and read data into them.
+  if (reapers_.contains(key)) return;
+  if (d->reaped) {
     d->reaped = false;
     // While the old rings were being let go, the frontend went on without us: Linux's blkfront
     // reset by a kexec kernel (Closing, Closed, Initialising, each waited for 5 s at most) takes
@@ -292,7 +294,7 @@ void Backend::reconcile(const Key& key) {
 
   // Restart: the device was Connected when a previous xpv-blkback died. Reattach to the
   // published rings without touching `state`: the frontend sees nothing.
-  if (!d->resume_checked && !reaping) {
+  if (!d->resume_checked) {
     d->resume_checked = true;
     if (!d->conn && *be_state == XenbusState::connected &&
         (fe_state == XenbusState::connected || fe_state == XenbusState::initialised)) {
@@ -310,12 +312,6 @@ void Backend::reconcile(const Key& key) {
   }
 
   const xenbus::BackendStep step = xenbus::backend_step(*be_state, fe_state, online);
-  // While the old connection is being torn down, Closing is the only step that may be taken: it
-  // says nothing of the rings yet (Linux's blkback answers a closing frontend with it at once).
-  // Closed and InitWait say they are let go — a frontend then takes back its pages, and xpv's
-  // grant table refuses to end a grant still mapped — and a new connection would meet the old
-  // one's disk I/O and shadow files.
-  if (reaping && step.next != XenbusState::closing) return;
   switch (step.action) {
     case xenbus::BackendAction::connect:
       if (!d->disk && !probe(*d)) return;
@@ -326,7 +322,7 @@ void Backend::reconcile(const Key& key) {
         spdlog::info("{}: the frontend started over (Initialising) while the disk was Connected; offering it again",
                      d->name);
       }
-      if (!disconnect(*d, /*for_good=*/true) && step.next != XenbusState::closing) return;
+      if (!disconnect(*d, /*for_good=*/true)) return;  // the step is taken once it is done
       write_state(*d, step.next);
       return;
     case xenbus::BackendAction::disconnect_remove:
@@ -500,9 +496,14 @@ void Backend::reaped(const Key& key) {
   const std::string name = it->second.conn->name();
   reapers_.erase(it);  // unmap, unbind, the shadows (VbdConnection's destructor)
   spdlog::info("{}: disconnected", name);
-  if (auto d = devices_.find(key); d != devices_.end()) d->second.reaped = true;
-  // The step that waited for it (Closed, InitWait, a new connection): taken now.
-  guarded([&] { reconcile(key); });
+  auto d = devices_.find(key);
+  if (d == devices_.end()) return;  // forgotten meanwhile
+  d->second.reaped = true;
+  // The step that waited for it: an error's state, then whatever the frontend asks for now.
+  guarded([&] {
+    if (const auto s = std::exchange(d->second.state_after_teardown, std::nullopt)) write_state(d->second, *s);
+    reconcile(key);
+  });
 }
 
 void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {
@@ -513,9 +514,12 @@ void Backend::fatal(Device& d, XenbusState state, int err, const std::string& wh
     if (auto cur = xs_->read(d.be_path + "/state", tx); !cur) return fail(cur.error());
     return xs_->write(d.be_path + "/error", fmt::format("{} {}", err, what), tx);
   });
-  // Its state is Closing, or Closed for a disk that never connected: written at once either way.
-  (void)disconnect(d, /*for_good=*/true);
-  write_state(d, state);
+  // Written once the connection is let go (reaped(), for one torn down on a reaper).
+  if (disconnect(d, /*for_good=*/true)) {
+    write_state(d, state);
+  } else {
+    d.state_after_teardown = state;
+  }
   d.fatal.hold();
 }
 
@@ -533,8 +537,8 @@ std::shared_ptr<domain::ForeignDomain> Backend::domain(std::uint16_t domid) {
     // Alive, unless its control connection has ended: a connection still being torn down keeps
     // a destroyed domain's object, and a new domain may have been given its id since.
     if (auto d = it->second.lock()) {
-      pollfd p{d->death_fd(), POLLIN, 0};
-      if (::poll(&p, 1, 0) == 0) return d;
+      pollfd p{d->death_fd(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return d;
     }
   }
   auto d = std::make_shared<domain::ForeignDomain>(domain::ForeignDomain::connect(domid, "xpv-blkback", options_.run_dir));

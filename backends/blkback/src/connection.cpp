@@ -155,10 +155,6 @@ void VbdConnection::join() noexcept {
   for (auto& q : queues_) {
     if (q->thread.joinable()) q->thread.join();
   }
-}
-
-void VbdConnection::teardown() noexcept {
-  join();
   for (auto& q : queues_) {
     if (q->queue) {
       // What this queue did in its life: the log line an operator reads after a run.
@@ -184,7 +180,15 @@ void VbdConnection::teardown() noexcept {
                                                      "completed and not reaped",
                                                      n(c.stop_in_flight), n(c.stop_completed_unreaped)));
     }
-    q->queue.reset();  // waits for the kernel to finish with the guest's pages
+    // Waits for the kernel to finish with the guest's pages: the I/O a queue disabled in the
+    // middle (a ring protocol violation) left in flight.
+    q->queue.reset();
+  }
+}
+
+void VbdConnection::teardown() noexcept {
+  join();
+  for (auto& q : queues_) {
     for (auto h : q->ring_handles) (void)q->mapper->unmap(h);
     q->ring_handles.clear();
     q->scattered = {};

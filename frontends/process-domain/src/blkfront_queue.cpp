@@ -86,20 +86,30 @@ void BlkfrontQueue::release() noexcept {
     (void)dom_.evtchn().close(*port_alloc_);
     port_alloc_.reset();
   }
+  // A grant the backend still maps cannot be ended, and its page is not given back either: the
+  // backend may still write into it (a response, a read's data), and the next user of the page
+  // would find that there. Both stay with the domain for good, as Linux's frontends keep such a
+  // page for a deferred free.
   auto& grants = dom_.grants();
-  auto end = [&](gnttab::GrantRef r) {
-    if (!grants.end_access(r)) spdlog::warn("blkfront: grant {} still mapped by the backend; leaked", r);
+  auto end_all = [&](const std::vector<gnttab::GrantRef>& refs) {
+    bool all = true;
+    for (auto r : refs) {
+      if (!grants.end_access(r)) {
+        spdlog::warn("blkfront: grant {} still mapped by the backend; it and its page are kept, not reused", r);
+        all = false;
+      }
+    }
+    return all;
   };
   for (Slot& s : slots_) {
-    for (auto r : s.refs) end(r);
-    for (auto r : s.indirect_refs) end(r);
-    if (!s.gfns.empty()) dom_.free_pages(s.gfns.front(), s.gfns.size());
-    if (!s.indirect_gfns.empty()) dom_.free_pages(s.indirect_gfns.front(), s.indirect_gfns.size());
+    if (end_all(s.refs) && !s.gfns.empty()) dom_.free_pages(s.gfns.front(), s.gfns.size());
+    if (end_all(s.indirect_refs) && !s.indirect_gfns.empty()) {
+      dom_.free_pages(s.indirect_gfns.front(), s.indirect_gfns.size());
+    }
   }
   slots_.clear();
-  for (auto r : ring_refs_) end(r);
+  if (end_all(ring_refs_) && ring_gfn_) dom_.free_pages(ring_gfn_, std::uint64_t{1} << config_.ring_page_order);
   ring_refs_.clear();
-  if (ring_gfn_) dom_.free_pages(ring_gfn_, std::uint64_t{1} << config_.ring_page_order);
   ring_gfn_ = 0;
 }
 

@@ -95,11 +95,16 @@ Netfront::~Netfront() {
     if (left.empty() || round == 100) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (auto r : left) spdlog::warn("netfront: grant {} still mapped by the backend; leaked", r);
-  dom_.free_pages(tx_pages_gfn_, tx_refs_.size());
-  dom_.free_pages(rx_pages_gfn_, rx_refs_.size());
-  dom_.free_pages(tx_ring_gfn_, 1);
-  dom_.free_pages(rx_ring_gfn_, 1);
+  // A page whose grant is still mapped is not given back (the backend may still write into it),
+  // as Linux's frontends keep such a page for a deferred free.
+  for (auto r : left) spdlog::warn("netfront: grant {} still mapped by the backend; it and its page are kept, not reused", r);
+  const auto none_left = [&](const std::vector<gnttab::GrantRef>& refs) {
+    return std::none_of(refs.begin(), refs.end(), [&](gnttab::GrantRef r) { return std::ranges::count(left, r) != 0; });
+  };
+  if (none_left(tx_refs_)) dom_.free_pages(tx_pages_gfn_, tx_refs_.size());
+  if (none_left(rx_refs_)) dom_.free_pages(rx_pages_gfn_, rx_refs_.size());
+  if (none_left({tx_ring_ref_})) dom_.free_pages(tx_ring_gfn_, 1);
+  if (none_left({rx_ring_ref_})) dom_.free_pages(rx_ring_gfn_, 1);
 }
 
 void Netfront::start() {

@@ -478,6 +478,27 @@ TEST_F(BlkPath, AsyncRequestsFinishWithEioWhenTheBackendBreaksTheRing) {
   EXPECT_EQ(front_->read(0, bufs[0]), -EIO);
 }
 
+// A frontend torn down while the backend still maps its ring (a backend that has not let go
+// yet) keeps the ring's page: the backend may still write into it, so it must not be handed out
+// again. Its grant stays as it is.
+TEST_F(BlkPath, ARingPageTheBackendStillMapsIsNotReusedAfterTheFrontendGoes) {
+  start({}, {}, /*serve=*/false);
+  ASSERT_TRUE(hostile_map_);
+  const gnttab::GrantRef ref = front_->ring_refs(0).at(0);
+  const auto entry = domain_->grants().entry(ref);
+  ASSERT_TRUE(entry);
+  const std::uint64_t ring_gfn = entry->frame;
+  front_.reset();
+  EXPECT_TRUE(domain_->grants().is_mapped(ref));
+  // Every free page of the domain, one by one (bounded by its 96 MiB): none is the ring's.
+  std::uint64_t pages = 0;
+  while (const auto gfn = domain_->alloc_pages(1)) {
+    ASSERT_NE(*gfn, ring_gfn) << "the ring's page was handed out again";
+    ASSERT_LT(++pages, std::uint64_t{96 << 20} / 4096);
+  }
+  EXPECT_GT(pages, 0u) << "the pages the frontend could give back were given back";
+}
+
 TEST_F(BlkPath, QueueCountOutOfRangeIsRefused) {
   domain::DomainConfig cfg;
   cfg.domid = 3;

@@ -18,7 +18,7 @@
 //   │ 4 Connected│  (that device only: every other device and domain keeps running)
 //   └─────┬──────┘
 //         ▼  frontend 5 Closing: stop the queues (in-flight I/O finishes and is answered,
-//   ┌────────────┐  on a thread of its own: below), unmap, unbind; Closed waits for that
+//   ┌────────────┐  on a thread of its own: below), unmap, unbind; then state 5
 //   │ 5 Closing  │
 //   └─────┬──────┘
 //         ▼  frontend 6 Closed (or its directory gone, or `online` = 0)
@@ -44,14 +44,15 @@
 // control thread — every other device's connects and closes — for as long. So that wait
 // (VbdConnection::join) runs on a thread of its own, a "reaper"; the rest of the teardown
 // (unmap, unbind: the ForeignDomain is the control thread's) follows on the control thread when
-// the reaper posts. Meanwhile the device answers a closing frontend with Closing, as Linux's
-// blkback does at once, but says nothing that means the rings are let go (Closed, InitWait) and
-// takes no new connection: a frontend then takes back its pages (xpv's grant table refuses to
-// end a grant still mapped: xpv's blkfront would leak it), and a new connection would meet the
-// old one's disk I/O and shadow files. (Linux's blkback writes Closed with requests in flight and
-// leaves them to a deferred free.) The post reconciles the device, which takes those steps — or
+// the reaper posts. Until then the device takes no step at all, not even Closing: xpv's own
+// blkfront takes Closing or Closed as the end and takes back its pages, which the queues may
+// still write responses and read data into; a new connection would meet the old one's disk I/O
+// and shadow files. (Linux's blkback answers Closing at once and writes Closed with requests in
+// flight, leaving them to a deferred free; Linux's frontends keep a page whose grant is still
+// mapped.) The post reconciles the device, which takes the step the frontend asks for then — or
 // connects the new rings of a frontend that went on meanwhile (a Linux blkfront reset by a kexec
-// kernel connects on seeing Connected). shutdown() waits for the reapers.
+// kernel gives up waiting after 5 s a step and connects on seeing Connected). shutdown() waits
+// for the reapers.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -125,6 +126,8 @@ class Backend {
     xenbus::ErrorHold fatal;       // an error was reported; wait for the frontend to close
     bool resume_checked = false;   // the restart check ran once
     bool reaped = false;           // a teardown just ended: the frontend may have gone on meanwhile
+    // An error's state (fatal()), written once the connection's teardown is done.
+    std::optional<xenbus::XenbusState> state_after_teardown;
   };
 
   struct XenstoreLost {};

@@ -54,10 +54,12 @@ class VbdConnection {
 
   // Asks every queue to finish what is in flight and leave (non-blocking).
   void stop() noexcept;
-  // stop(), then waits until every queue has answered what it had in flight and left: the part
-  // of the teardown that can take as long as the storage does, and the only part that may run on
-  // another thread than the control thread (nothing else may use the connection meanwhile).
-  // Idempotent; the destructor does the rest (unmap, unbind, the shadows).
+  // stop(), then waits until every queue has answered what it had in flight and left, and its
+  // I/O is done (a queue disabled in the middle leaves some): the part of the teardown that can
+  // take as long as the storage does, and the only part that may run on another thread than the
+  // control thread (nothing else may use the connection meanwhile; queue() and disabled() are
+  // gone after it). Logs each queue's counters. Idempotent; the destructor does the rest
+  // (unmap the rings, unbind, the shadows).
   void join() noexcept;
   // The device closed for good: nothing is left to redo, the shadow files go with it.
   void forget_shadows() noexcept { forget_shadows_ = true; }
