@@ -2,6 +2,7 @@
 #include "xpv/xenbus/client/backend_devices.h"
 #include "xpv/xenbus/daemon/backend_main.h"
 #include "xpv/xenbus/daemon/run_every.h"
+#include "xpv/xenbus/path.h"
 #include "xpv/xenbus/peer_value.h"
 #include "xpv/xenbus/queue_layout.h"
 
@@ -12,7 +13,6 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -32,11 +32,9 @@ constexpr std::uint32_t kVdiskReadonly = 0x4;  // io/blkif.h VDISK_READONLY, in 
 
 // A decimal number from xenstore (a guest may write anything): digits only, <= max.
 std::optional<std::uint32_t> parse_uint(const std::string& s, std::uint32_t max) {
-  std::uint32_t v = 0;
-  if (s.empty() || s.size() > 10) return std::nullopt;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || v > max) return std::nullopt;
-  return v;
+  const auto v = xenbus::parse_uint(s);
+  if (!v || *v > max) return std::nullopt;
+  return *v;
 }
 
 }  // namespace

@@ -237,11 +237,8 @@ TEST_F(BlkbackDaemon, AMissingImageIsReportedAndTheDaemonKeepsServing) {
 }
 
 TEST_F(BlkbackDaemon, AGarbageRingDisablesOnlyThatDevice) {
-  const auto img_a = image("a.img"), img_b = image("b.img");
-  Guest& good = guest(3);
-  Guest& bad = guest(4);
-  add_vbd(3, kXvda, img_a, "w");
-  add_vbd(4, kXvda, img_b, "w");
+  Guest& good = guest_with_disk(3, kXvda, "a.img");
+  Guest& bad = guest_with_disk(4, kXvda, "b.img");
   connect_blkfront(good, kXvda);
   RawFront raw(*bad.dom, 1, 0);
   connect_raw(bad, kXvda, raw, 0);
@@ -309,11 +306,8 @@ TEST_F(BlkbackDaemon, SigtermLeavesDevicesConnectedAndARestartReconnects) {
 // keeps its shadow over the restart, and files that are no shadow stay.
 TEST_F(BlkbackDaemon, AStartingDaemonRemovesTheShadowsOfDisksNoLongerInXenstore) {
   const std::string shadows = run_ + "/blkback";
-  const auto img_a = image("a.img"), img_b = image("b.img");
-  Guest& a = guest(3);
-  Guest& b = guest(4);
-  add_vbd(3, kXvda, img_a, "w");
-  add_vbd(4, kXvda, img_b, "w");
+  Guest& a = guest_with_disk(3, kXvda, "a.img");
+  Guest& b = guest_with_disk(4, kXvda, "b.img");
   connect_blkfront(a, kXvda);
   connect_blkfront(b, kXvda);
   std::vector<std::uint8_t> d(8192, 0x5a);
@@ -422,8 +416,7 @@ class BlkbackHungDisk : public BlkbackDaemon {
   }
   // Guest 4's disk connects and serves: the control thread is not held.
   void another_disk_serves() {
-    Guest& b = guest(4);
-    add_vbd(4, kXvda, image("b.img"), "w");
+    Guest& b = guest_with_disk(4, kXvda, "b.img");
     ASSERT_NO_FATAL_FAILURE(connect_blkfront(b, kXvda)) << log();
     const std::vector<std::uint8_t> d(8192, 0x33);
     std::vector<std::uint8_t> back(d.size());

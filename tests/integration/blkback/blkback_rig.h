@@ -293,6 +293,13 @@ class BlkbackRig {
     guests_.push_back(std::make_unique<Guest>(domid, run_));
     return *guests_.back();
   }
+  // Guest `domid` with a new 64 MiB image `name` as its disk `devid`, read-write (added, not
+  // connected).
+  Guest& guest_with_disk(std::uint16_t domid, std::uint32_t devid, const std::string& name) {
+    Guest& g = guest(domid);
+    add_vbd(domid, devid, image(name), "w");
+    return g;
+  }
 
   static std::string be(std::uint16_t domid, std::uint32_t devid) {
     return "/local/domain/0/backend/vbd/" + std::to_string(domid) + "/" + std::to_string(devid);

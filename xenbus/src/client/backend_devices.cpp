@@ -1,22 +1,20 @@
 #include "xpv/xenbus/client/backend_devices.h"
 
-#include <charconv>
 #include <optional>
 
 #include "xpv/xenbus/client/sync_client.h"
+#include "xpv/xenbus/path.h"
 
 namespace xpv::xenbus::client {
 
 namespace {
 
-// A decimal name from xenstore (anyone with write access below the base may add one): digits
-// only, at most `max`.
+// A decimal name from xenstore (anyone with write access below the base may add one), at most
+// `max`.
 std::optional<std::uint32_t> number(const std::string& s, std::uint32_t max) {
-  std::uint32_t v = 0;
-  if (s.empty() || s.size() > 10) return std::nullopt;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || v > max) return std::nullopt;
-  return v;
+  const auto v = parse_uint(s);
+  if (!v || *v > max) return std::nullopt;
+  return *v;
 }
 
 }  // namespace
