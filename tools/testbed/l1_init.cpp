@@ -33,7 +33,11 @@ die() {
 }
 
 for m in $(cat /modules.order); do
-  insmod "/modules/$m" 2>/dev/ttyS0 || log "insmod $m failed"
+  # A module's parameters from L1's kernel command line (name.param=value, as modprobe takes
+  # them; XPV_TESTBED_APPEND adds them): insmod reads none itself.
+  name=$(echo "${m%%.ko*}" | tr - _)
+  args=$(tr ' ' '\n' < /proc/cmdline | sed -n "s/^$name\.//p")
+  insmod "/modules/$m" $args 2>/dev/ttyS0 || log "insmod $m $args failed"
 done
 
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 xpvctl /ctl || die "cannot mount the control share"
