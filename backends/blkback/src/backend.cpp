@@ -267,15 +267,22 @@ void Backend::reconcile(const Key& key) {
   }
   const bool online = read(be + "/online") == "1";
 
+  // The last connection is still being torn down: no step until it is (reaped() reconciles
+  // again then). Not even Closing: xpv's own blkfront takes it as the end and takes back its
+  // pages, and the queues may still write responses and read data into them.
+  if (reapers_.contains(key)) return;
+  // An error's state (fatal()), held back while the connection was torn down: said now.
+  if (const auto held = d->state_after_teardown) {
+    if (!write_state(*d, *held)) return;
+    d->state_after_teardown.reset();
+    be_state = held;
+  }
+
   // Held in error (ErrorHold, device_state.h): only a closing or closed frontend goes on.
   const bool was_held = d->fatal.held();
   if (!d->fatal.lets_through(fe_state, online)) return;
   if (was_held && !d->fatal.held()) spdlog::info("{}: the error is over (frontend {}); the disk may start over", d->name, xenbus::to_string(fe_state));
 
-  // The last connection is still being torn down: no step until it is (reaped() reconciles
-  // again then). Not even Closing: xpv's own blkfront takes it as the end and takes back its
-  // pages, and the queues may still write responses and read data into them.
-  if (reapers_.contains(key)) return;
   if (d->reaped) {
     d->reaped = false;
     // While the old rings were being let go, the frontend went on without us: Linux's blkfront
@@ -484,6 +491,7 @@ bool Backend::disconnect(Device& d, bool for_good) {
     spdlog::info("{}: disconnected", d.name);
     return true;
   }
+  spdlog::info("{}: disconnecting: its queues finish the I/O in flight; the device waits for them", d.name);
   return false;
 }
 
@@ -497,11 +505,7 @@ void Backend::reaped(const Key& key) {
   auto d = devices_.find(key);
   if (d == devices_.end()) return;  // forgotten meanwhile
   d->second.reaped = true;
-  // The step that waited for it: an error's state, then whatever the frontend asks for now.
-  guarded([&] {
-    if (const auto s = std::exchange(d->second.state_after_teardown, std::nullopt)) write_state(d->second, *s);
-    reconcile(key);
-  });
+  guarded([&] { reconcile(key); });  // the step that waited for it
 }
 
 void Backend::fatal(Device& d, XenbusState state, int err, const std::string& what) {

@@ -482,7 +482,13 @@ TEST_F(BlkbackHungDisk, AClosingDiskWaitsForItsStorageAndHoldsUpNoOtherDisk) {
 // connected.
 TEST_F(BlkbackHungDisk, AFrontendThatStartedOverMeanwhileGetsItsNewRingsConnected) {
   const std::string b3 = be(3, kXvda), f3 = fe(3, kXvda);
-  for (const char* state : {"5", "6", "1"}) ASSERT_TRUE(xs_->write(f3 + "/state", state));
+  ASSERT_TRUE(xs_->write(f3 + "/state", "5"));
+  // Linux waits up to 5 s for the backend at each step; here: until the daemon took the first.
+  for (int i = 0; i < 1000 && log().find("vbd3.51712: disconnecting") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_NE(log().find("vbd3.51712: disconnecting: its queues finish the I/O in flight"), std::string::npos) << log();
+  for (const char* state : {"6", "1"}) ASSERT_TRUE(xs_->write(f3 + "/state", state));
   auto new_rings = publish_new_rings();
   ASSERT_NO_FATAL_FAILURE(another_disk_serves());
   EXPECT_EQ(xs_->read(b3 + "/state").value_or(""), "4") << "nothing said with a write in flight";
