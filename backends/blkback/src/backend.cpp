@@ -199,7 +199,7 @@ void Backend::scan() {
     swept_ = true;
     std::set<std::string, std::less<>> live;
     for (const Key& k : seen) live.insert(fmt::format("vbd{}.{}", k.first, k.second));
-    daemon::sweep_orphan_files(shadow_dir_, VbdConnection::shadow_owner, live, "blkback");
+    daemon::sweep_orphan_files(shadow_dir_, "vbd", ".shadow", live, "blkback");  // VbdConnection::shadow_path
   }
 }
 

@@ -18,12 +18,6 @@ std::string VbdConnection::shadow_path(const std::string& dir, const std::string
   return fmt::format("{}/{}-q{}.shadow", dir, name, q);
 }
 
-std::string_view VbdConnection::shadow_owner(std::string_view file) noexcept {
-  const auto q = file.rfind("-q");
-  if (!file.starts_with("vbd") || !file.ends_with(".shadow") || q == std::string_view::npos) return {};
-  return file.substr(0, q);
-}
-
 VbdConnection::VbdConnection(std::string name, std::shared_ptr<domain::ForeignDomain> dom,
                              const Disk& disk, const std::vector<QueueRings>& queues,
                              QueueConfig config, const std::string& shadow_dir, bool resume,

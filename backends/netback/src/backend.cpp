@@ -70,12 +70,8 @@ bool tx_respond_early() { return env_switch("XPV_NETBACK_TX_RESPOND", "after", "
 // it on, as Linux netback does.
 bool steer_spread() { return !env_switch("XPV_NETBACK_STEER", "spread", "guest"); }
 
-// The vif an rx shadow file belongs to: "vif1.0" for "vif1.0-q3.rxids"; empty for other files.
-std::string_view shadow_vif(std::string_view file) noexcept {
-  const auto q = file.rfind("-q");
-  if (!file.starts_with("vif") || !file.ends_with(".rxids") || q == std::string_view::npos) return {};
-  return file.substr(0, q);
-}
+// The rx shadow files: "<vif>-q<k>.rxids" (restart_file_owner, backend_main.h).
+constexpr std::string_view kShadowPrefix = "vif", kShadowSuffix = ".rxids";
 
 }  // namespace
 
@@ -241,7 +237,7 @@ void Backend::scan() {
     swept_ = true;
     std::set<std::string, std::less<>> live;
     for (const Key& k : seen) live.insert(fmt::format("vif{}.{}", k.first, k.second));
-    daemon::sweep_orphan_files(shadow_dir_, shadow_vif, live, "netback");
+    daemon::sweep_orphan_files(shadow_dir_, kShadowPrefix, kShadowSuffix, live, "netback");
   }
 }
 
@@ -530,7 +526,8 @@ void Backend::remove_shadows(const std::string& name) noexcept {
   // while no xpv-netback ran): every `<name>-q<k>.rxids`.
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(shadow_dir_, ec)) {
-    if (shadow_vif(e.path().filename().string()) == name) std::filesystem::remove(e.path(), ec);
+    const std::string f = e.path().filename().string();
+    if (daemon::restart_file_owner(f, kShadowPrefix, kShadowSuffix) == name) std::filesystem::remove(e.path(), ec);
   }
 }
 

@@ -124,13 +124,19 @@ int run_backend_daemon(int argc, char** argv, const BackendDaemon& d) {
   return status;
 }
 
-void sweep_orphan_files(const std::string& dir, const std::function<std::string_view(std::string_view)>& owner_of,
+std::string_view restart_file_owner(std::string_view file, std::string_view prefix, std::string_view suffix) noexcept {
+  const auto q = file.rfind("-q");
+  if (!file.starts_with(prefix) || !file.ends_with(suffix) || q == std::string_view::npos) return {};
+  return file.substr(0, q);
+}
+
+void sweep_orphan_files(const std::string& dir, std::string_view prefix, std::string_view suffix,
                         const std::set<std::string, std::less<>>& live, std::string_view who) noexcept {
   try {  // a directory whose reading fails on the way (the iterator's step throws) is left as it is
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const std::string f = e.path().filename().string();
-      const std::string_view owner = owner_of(f);
+      const std::string_view owner = restart_file_owner(f, prefix, suffix);
       if (owner.empty() || live.contains(owner)) continue;
       std::error_code rm;
       if (std::filesystem::remove(e.path(), rm)) spdlog::info("{}: removed {}: its device is not in xenstore", who, f);

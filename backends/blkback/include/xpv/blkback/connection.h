@@ -69,10 +69,9 @@ class VbdConnection {
   const BlkifQueue& queue(std::size_t i) const noexcept { return *queues_[i]->queue; }
   const std::string& name() const noexcept { return name_; }
 
-  // Queue q's restart shadow in `dir` ("vbd1.51712-q0.shadow"), and the other way round: the
-  // device a file name of that form belongs to ("vbd1.51712"), empty for any other name.
+  // Queue q's restart shadow in `dir` ("vbd1.51712-q0.shadow": the form backend_main.h's
+  // restart_file_owner and sweep_orphan_files read).
   static std::string shadow_path(const std::string& dir, const std::string& name, unsigned q);
-  static std::string_view shadow_owner(std::string_view file) noexcept;
 
  private:
   struct Queue {

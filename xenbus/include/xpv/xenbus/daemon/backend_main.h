@@ -45,14 +45,17 @@ inline constexpr int kExitXenstoreBack = 3;
 // the launching process), 2 for a bad command line, kExitXenstoreBack (3).
 int run_backend_daemon(int argc, char** argv, const BackendDaemon& d);
 
-// Removes the files in `dir` that belong to a device not in `live`: `owner_of(file name)` names
-// the device a file belongs to, or is empty for a file that is none of the daemon's. For the
-// restart records a backend keeps per device in its run dir (blkback's request shadows,
-// netback's rx shadows): a device destroyed while no daemon ran leaves them behind, and only the
-// next daemon, seeing the device gone from a complete listing (backend_devices.h), can tell.
-// Each removal is logged under `who`; a directory that cannot be read is left as it is, with a
-// warning.
-void sweep_orphan_files(const std::string& dir, const std::function<std::string_view(std::string_view)>& owner_of,
+// The restart records a backend keeps per device queue in its run dir are named
+// "<device>-q<k><suffix>" (blkback's request shadows "vbd1.51712-q0.shadow", netback's rx shadows
+// "vif1.0-q0.rxids"). The device such a file belongs to ("vbd1.51712"), when its name starts with
+// `prefix`; empty for any other file.
+std::string_view restart_file_owner(std::string_view file, std::string_view prefix, std::string_view suffix) noexcept;
+
+// Removes the restart records in `dir` (named as above) of devices not in `live`: a device
+// destroyed while no daemon ran leaves them behind, and only the next daemon, seeing the device
+// gone from a complete listing (backend_devices.h), can tell. Each removal is logged under
+// `who`; a directory that cannot be read is left as it is, with a warning.
+void sweep_orphan_files(const std::string& dir, std::string_view prefix, std::string_view suffix,
                         const std::set<std::string, std::less<>>& live, std::string_view who) noexcept;
 
 // run_backend_daemon for a Backend constructed as Backend(io, opts) with a shutdown(), whose
