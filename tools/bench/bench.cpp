@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -21,11 +20,6 @@ namespace {
 std::vector<Suite>& registry() {
   static std::vector<Suite> all;
   return all;
-}
-
-nlohmann::json number_or_null(std::optional<double> v) {
-  if (!v || !std::isfinite(*v)) return nullptr;
-  return *v;
 }
 }  // namespace
 
@@ -100,31 +94,6 @@ int run_streaming(const std::vector<std::string>& argv, double timeout_s,
     usleep(10'000);
   }
   return st;
-}
-
-bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs) {
-  nlohmann::json out;
-  out["suite"] = suite;
-  out["results"] = nlohmann::json::array();
-  for (const Result& r : rs) {
-    std::optional<double> ratio;
-    if (r.reference && *r.reference != 0) ratio = r.xpv / *r.reference;
-    nlohmann::json j = {{"metric", r.metric},
-                        {"unit", r.unit},
-                        {"xpv", number_or_null(r.xpv)},
-                        {"reference", number_or_null(r.reference)},
-                        {"ratio", number_or_null(ratio)}};
-    if (!r.note.empty()) j["note"] = r.note;
-    if (r.lower_is_better) j["lower_is_better"] = true;
-    out["results"].push_back(std::move(j));
-  }
-  std::ofstream f(path);
-  if (!f) {
-    fmt::print(stderr, "xpv bench: cannot write {}\n", path);
-    return false;
-  }
-  f << out.dump(2) << '\n';
-  return static_cast<bool>(f);
 }
 
 void print_table(const std::string& suite, const std::vector<Result>& rs) {

@@ -64,7 +64,11 @@ struct Captured {
 Captured shell_capture(const std::string& cmd);
 
 // Writes the shared JSON shape; returns false (and prints why) if the file cannot be written.
+// (results_json.cpp, in the library xpv::bench_hvm_output with its reader.)
 bool write_json(const std::string& path, const std::string& suite, const std::vector<Result>& rs);
+// Reads that shape back: a null xpv is NaN, a null reference none; ratio is not read (it is
+// xpv / reference). Throws std::runtime_error naming the file and what is wrong.
+std::vector<Result> read_json(const std::string& path);
 void print_table(const std::string& suite, const std::vector<Result>& rs);
 
 // Where a suite's plot named `what` goes: next to the JSON (FILE.json → FILE-what.png), else

@@ -1,24 +1,27 @@
 // `xpv bench hvm` — a stock Linux HVM guest with Xen PV drivers under xpv, next to the same guest
-// under QEMU 7.2 + KVM with virtio, in ONE `xpv testbed` session (L1 boots once; both VMMs run on
-// L1's genuine KVM, so only the ratios mean something: ENVIRONMENT.md).
+// under QEMU 7.2 + KVM with virtio, in `xpv testbed` sessions (both VMMs run on L1's genuine KVM,
+// so only the ratios mean something: ENVIRONMENT.md). Two parts, net (the iperf3 boots) and disk
+// (the bonnie++ boots), each with both VMMs back to back in ONE L1 session; a part a lost L1 took
+// is measured again in the next session (hvm_parts.h, outer()).
 //
 //   host: xpv image build (cached) ── XPV_BENCH_IMAGE ──► xpv testbed --share S -- xpv bench hvm
-//   L1 (XPV_TESTBED set, this same file's inner()):
+//   L1 (XPV_TESTBED set, this same file's inner()), for each part in XPV_BENCH_PARTS, xpv's boot
+//   then QEMU's:
 //     xpv:  xpv up (xenstored, blkback, netback; run dir in L1's tmpfs /tmp, logs in the share, so
-//           that they outlive an L1 that dies), then two boots of
+//           that they outlive an L1 that dies), then one of the two boots of
 //           `type = "hvm"`, 512 MiB, 2 vCPUs, upcall "callback" (XPV_BENCH_HVM_UPCALL), root.ext4 (a fresh copy
 //           in L1's tmpfs) as xvda
 //           through xpv-blkback, one vif 10.0.0.2/24 through xpv-netback (host side 10.0.0.1):
-//             boot 1: xpv.run=iperf3 xpv.clients=9 xpv.pairs=3 (3 rounds of host->guest then
+//             net:  xpv.run=iperf3 xpv.clients=9 xpv.pairs=3 (3 rounds of host->guest then
 //                     guest->host: kSingleRounds, then 3 rounds of --bidir and 3 of two
 //                     processes at once: kBothWaysRounds)
-//             boot 2: xpv.run=bonnie xpv.bonnie_direct=1 xpv.size=512 xpv.bonnie_chunk=65536
+//             disk: xpv.run=bonnie xpv.bonnie_direct=1 xpv.size=512 xpv.bonnie_chunk=65536
 //                     (bonnie++ -f -D -s 512:65536: O_DIRECT bulk phases in 64 KiB chunks, no
 //                     per-char phases)
 //     QEMU: qemu-system-x86_64 -enable-kvm -cpu host -m 512 -smp 2, same vmlinuz + initrd.cpio, a
 //           fresh copy of root.ext4 as virtio-blk (cache=writeback: the copy lives on tmpfs, which
 //           has no O_DIRECT; xpv-blkback falls back to buffered I/O there too), virtio-net on a
-//           TAP xpvtap0 10.0.0.1/24 with vhost=on when /dev/vhost-net exists; same two boots.
+//           TAP xpvtap0 10.0.0.1/24 with vhost=on when /dev/vhost-net exists; the same boot.
 //   Each boot's console log is followed by L1 (host clock: L1's steady_clock, never the guest's);
 //   the markers are frontends/guest-image/README.md's.
 //
@@ -85,6 +88,7 @@
 
 #include "bench/bench.h"
 #include "bench/hvm_output.h"
+#include "bench/hvm_parts.h"
 #include "bench/hvm_watch.h"
 
 namespace fs = std::filesystem;
@@ -93,6 +97,7 @@ namespace {
 
 using xpv::bench::Clock;
 using xpv::bench::Result;
+using xpv::bench::hvm::Part;
 
 constexpr const char* kGuestIp = "10.0.0.2";
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -778,7 +783,9 @@ std::string iperf_cmdline(const Inner& in) {
          " xpv.wait=" + std::to_string((clients + kBothWaysRounds) * (in.iperf_s + 30));
 }
 
-Side measure_xpv(const Inner& in) {
+// One part's boot under xpv: the daemons come up for it and go down after it, so that QEMU's boots
+// of the same part find L1 as xpv's found it (and 10.0.0.1 free for QEMU's TAP).
+Side measure_xpv(const Inner& in, Part part) {
   Side s;
   // The daemons' and guests' logs are written straight into the share (the host's file system,
   // over 9p), not into L1's tmpfs and copied at the end: an L1 that resets or panics takes its
@@ -793,11 +800,12 @@ Side measure_xpv(const Inner& in) {
   const std::string tslog = q((in.logs / "toolstack.log").string());
   if (shell(bounded(kToolstackTimeout, q(in.xpv) + " up") + " >> " + tslog + " 2>&1", bound_of(kToolstackTimeout)) != 0) {
     s.net.error = s.disk.error = "xpv up failed or did not finish in " + std::to_string(kToolstackTimeout) + " s (see toolstack.log)";
-  } else {
+  } else if (part == Part::net) {
     s.net = guarded("xpv", [&](int attempt) {
       XpvVm vm(in, attempt_name("hvm-iperf", attempt), iperf_cmdline(in));
       return run_iperf(vm, in, "xpv");
     });
+  } else {
     s.disk = guarded("xpv", [&](int attempt) {
       XpvVm vm(in, attempt_name("hvm-bonnie", attempt), bonnie_cmdline(in));
       return run_bonnie(vm, "xpv");
@@ -807,7 +815,7 @@ Side measure_xpv(const Inner& in) {
   return s;
 }
 
-Side measure_qemu(const Inner& in) {
+Side measure_qemu(const Inner& in, Part part) {
   Side s;
   const bool vhost = fs::exists("/dev/vhost-net");
   s.setup = vhost ? "vhost=on" : "vhost=off (no /dev/vhost-net in L1)";
@@ -817,14 +825,17 @@ Side measure_qemu(const Inner& in) {
     s.net.error = s.disk.error = "cannot create the TAP xpvtap0 10.0.0.1/24 in L1";
     return s;
   }
-  s.net = guarded("qemu", [&](int attempt) {
-    QemuVm vm(in, attempt_name("iperf", attempt), iperf_cmdline(in), vhost);
-    return run_iperf(vm, in, "qemu");
-  });
-  s.disk = guarded("qemu", [&](int attempt) {
-    QemuVm vm(in, attempt_name("bonnie", attempt), bonnie_cmdline(in), vhost);
-    return run_bonnie(vm, "qemu");
-  });
+  if (part == Part::net) {
+    s.net = guarded("qemu", [&](int attempt) {
+      QemuVm vm(in, attempt_name("iperf", attempt), iperf_cmdline(in), vhost);
+      return run_iperf(vm, in, "qemu");
+    });
+  } else {
+    s.disk = guarded("qemu", [&](int attempt) {
+      QemuVm vm(in, attempt_name("bonnie", attempt), bonnie_cmdline(in), vhost);
+      return run_bonnie(vm, "qemu");
+    });
+  }
   (void)shell("ip link del xpvtap0 >/dev/null 2>&1");
   return s;
 }
@@ -850,52 +861,19 @@ Result metric(const std::string& name, const std::string& unit, std::optional<do
   return res;
 }
 
-std::vector<Result> inner(const xpv::bench::Options& opts) {
-  (void)bench_upcall();  // a bad value fails here, before any boot
-  (void)bench_append();
-  const char* image = std::getenv("XPV_BENCH_IMAGE");
-  if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
-  Inner in;
-  in.image = image;
-  for (const char* f : {"vmlinuz", "initrd.cpio", "root.ext4"}) {
-    if (!fs::exists(in.image / f)) throw std::runtime_error(in.image.string() + "/" + f + " is missing");
-  }
-  in.work = fs::path("/tmp") / ("xpv-bench-hvm-" + std::to_string(::getpid()));
-  fs::create_directories(in.work);
-  const char* share = std::getenv("XPV_BENCH_SHARE");
-  in.logs = share != nullptr ? fs::path(share) / "logs" : in.work / "logs";
-  fs::create_directories(in.logs);
-  in.xpv = fs::read_symlink("/proc/self/exe").string();
-  // iperf3's own default duration, what its users run. 5 s until session 17: both guests ramp up
-  // over the first seconds in the testbed, so a 5 s figure was mostly the ramp (backends/README.md,
-  // "L1's CPU per bit").
-  in.iperf_s = std::max(2, static_cast<int>(std::lround(10 * opts.scale)));
-  in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
+// What a figure from a second boot says about the first.
+std::string retried(const char* side, const std::string& why) {
+  return why.empty() ? std::string() : std::string("; ") + side + ": from a second boot (the first: " + why + ")";
+}
 
-  const Watchdog watchdog;
-  const auto t0 = Clock::now();
-  const Side x = measure_xpv(in);
-  say("xpv side done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
-  const Side r = measure_qemu(in);
-  say("QEMU side done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
-  std::error_code ec;
-  fs::remove_all(in.work / "xpv-run", ec);  // the disks went with their VMs; the rest is small
-
-  const auto retried = [](const char* side, const std::string& why) {
-    return why.empty() ? std::string() : std::string("; ") + side + ": from a second boot (the first: " + why + ")";
-  };
+// The net part's rows (hvm_parts.h part_metrics(Part::net)) from both sides' iperf3 boots.
+std::vector<Result> net_rows(const Inner& in, const Side& x, const Side& r) {
   const std::string net = "one testbed session (nested KVM under TCG: only the ratio means something); iperf3 -t " +
                           std::to_string(in.iperf_s) + " from L1 to the guest's server " + kGuestIp +
                           "; xpv: HVM guest (" + bench_upcall() + " upcalls), xen-netfront ↔ xpv-netback vif (a netif queue per vCPU "
                           "up to L1's CPU count, as Linux netback offers); QEMU 7.2 -enable-kvm: virtio-net on a TAP "
                           "(one queue pair, QEMU's default), " + r.setup + "; 512 MiB, 2 vCPUs, same kernel and initrd" +
                           retried("xpv", x.net.retried) + retried("QEMU", r.net.retried);
-  const std::string disk_common = "bonnie++ -f -D -s " + std::to_string(in.bonnie_mib) + " MiB:64 KiB chunks -r " +
-                                  std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: O_DIRECT "
-                                  "block write, rewrite and block read (the disk answers them, not the guest's page "
-                                  "cache), no per-char phases; xpv: xen-blkfront ↔ xpv-blkback, QEMU: virtio-blk "
-                                  "cache=writeback; both disks are copies of root.ext4 on L1's tmpfs" +
-                                  retried("xpv", x.disk.retried) + retried("QEMU", r.disk.retried);
   std::vector<Result> out;
   // Every run of a median figure, each side's, so that the median can be read against its spread.
   const auto each = [&](const std::string& what, std::string NetFigures::*which) {
@@ -973,6 +951,18 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                                 ping_common,
                             &NetFigures::rtt_down),
                        true));
+  return out;
+}
+
+// The disk part's rows (part_metrics(Part::disk)) from both sides' bonnie++ boots.
+std::vector<Result> disk_rows(const Inner& in, const Side& x, const Side& r) {
+  const std::string disk_common = "bonnie++ -f -D -s " + std::to_string(in.bonnie_mib) + " MiB:64 KiB chunks -r " +
+                                  std::to_string(in.bonnie_mib / 2) + " on the root fs, guest RAM 512 MiB: O_DIRECT "
+                                  "block write, rewrite and block read (the disk answers them, not the guest's page "
+                                  "cache), no per-char phases; xpv: xen-blkfront ↔ xpv-blkback, QEMU: virtio-blk "
+                                  "cache=writeback; both disks are copies of root.ext4 on L1's tmpfs" +
+                                  retried("xpv", x.disk.retried) + retried("QEMU", r.disk.retried);
+  std::vector<Result> out;
   out.push_back(metric("bonnie++ run (host clock)", "s", x.disk.wall_s, r.disk.wall_s, x.disk.error, r.disk.error,
                        "THE disk metric: L1's steady clock between the console markers XPV-PHASE bonnie-1 "
                        "begin/end (every bonnie++ phase, seeks included); " + disk_common,
@@ -986,6 +976,64 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
                        csv_err(r.disk), csv));
   out.push_back(metric("bonnie++ rewrite", "KiB/s", x.disk.rewrite, r.disk.rewrite, csv_err(x.disk), csv_err(r.disk),
                        csv));
+  return out;
+}
+
+std::vector<Result> inner(const xpv::bench::Options& opts) {
+  (void)bench_upcall();  // a bad value fails here, before any boot
+  (void)bench_append();
+  const char* image = std::getenv("XPV_BENCH_IMAGE");
+  if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
+  Inner in;
+  in.image = image;
+  for (const char* f : {"vmlinuz", "initrd.cpio", "root.ext4"}) {
+    if (!fs::exists(in.image / f)) throw std::runtime_error(in.image.string() + "/" + f + " is missing");
+  }
+  in.work = fs::path("/tmp") / ("xpv-bench-hvm-" + std::to_string(::getpid()));
+  fs::create_directories(in.work);
+  const char* share = std::getenv("XPV_BENCH_SHARE");
+  in.logs = share != nullptr ? fs::path(share) / "logs" : in.work / "logs";
+  fs::create_directories(in.logs);
+  in.xpv = fs::read_symlink("/proc/self/exe").string();
+  // iperf3's own default duration, what its users run. 5 s until session 17: both guests ramp up
+  // over the first seconds in the testbed, so a 5 s figure was mostly the ramp (backends/README.md,
+  // "L1's CPU per bit").
+  in.iperf_s = std::max(2, static_cast<int>(std::lround(10 * opts.scale)));
+  in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
+
+  // The parts to measure (hvm_parts.h; the host side names those still missing) and this L1
+  // session's number, for the part files.
+  const char* parts_env = std::getenv("XPV_BENCH_PARTS");
+  const auto parts = xpv::bench::hvm::parse_parts(parts_env != nullptr ? parts_env : "net,disk");
+  const char* session_env = std::getenv("XPV_BENCH_SESSION");
+  const std::string session = session_env != nullptr && *session_env != '\0' ? session_env : "1";
+
+  const Watchdog watchdog;
+  const auto t0 = Clock::now();
+  std::vector<Result> out;
+  for (const Part part : parts) {
+    const std::string name = xpv::bench::hvm::part_name(part);
+    const Side x = measure_xpv(in, part);
+    say("xpv's " + name + " boot done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
+    const Side r = measure_qemu(in, part);
+    say("QEMU's " + name + " boot done after " + std::to_string(xpv::bench::seconds_since(t0)) + " s");
+    auto rows = part == Part::net ? net_rows(in, x, r) : disk_rows(in, x, r);
+    xpv::bench::hvm::check_rows(part, rows);
+    // The part's rows go to the share at once, so that an L1 lost in a later part does not take
+    // them: written under a temporary name and renamed (a half-written file is never read).
+    if (share != nullptr) {
+      const fs::path dir = fs::path(share) / "parts";
+      fs::create_directories(dir);
+      const fs::path file = dir / (name + "-session-" + session + ".json");
+      const fs::path tmp = dir / ("." + name + "-session-" + session + ".json.tmp");
+      if (!xpv::bench::write_json(tmp.string(), "hvm", rows)) {
+        throw std::runtime_error("cannot write the " + name + " part's figures to " + tmp.string());
+      }
+      fs::rename(tmp, file);
+    }
+    out.insert(out.end(), rows.begin(), rows.end());
+  }
+  std::error_code ec;
   fs::remove_all(in.work, ec);
   return out;
 }
@@ -1010,55 +1058,108 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   setenv("XPV_BENCH_IMAGE", image.c_str(), 1);
   setenv("XPV_BENCH_SHARE", share.c_str(), 1);
   const fs::path json = share / "inner.json";
-  // Both VMMs are measured in one testbed session (the ratios compare runs on the same L1). L1
-  // itself is sometimes lost — it resets or stalls (tools/testbed/README.md), exit 125 or 124 —
-  // and then the whole session runs again, its logs kept as lost-session-N: at most kSessions
-  // sessions, and none started after kRetryWindow. A session that stalls ends by its watchdog's
-  // exit 125 or by --quiet-limit (exit 124), at the latest by its 1800 s timeout.
+  // The bench measures in parts (hvm_parts.h): net (xpv's iperf3 boot, then QEMU's) and disk (the
+  // two bonnie++ boots), each part with both VMMs in one testbed session, so that every ratio
+  // compares runs on the same L1. L1 itself is sometimes lost — it resets or stalls
+  // (tools/testbed/README.md), exit 125 or 124 — and takes with it the part it was in; a part
+  // whose boots failed twice lacks figures. Then another session measures the parts still wanted,
+  // each earlier session's logs kept as session-N: at most kSessions sessions, none started after
+  // kRetryWindow. Of a part's runs the one with the fewest missing figures is reported. A session
+  // that stalls ends by its watchdog's exit 125 or by --quiet-limit (exit 124), at the latest by
+  // its 1800 s timeout.
   constexpr int kSessions = 3;
   constexpr double kRetryWindow = 2700;
   const auto t_all = Clock::now();
+  namespace hvm = xpv::bench::hvm;
+  const std::vector<Part> all = {Part::net, Part::disk};
+  std::vector<std::vector<hvm::PartRun>> runs(all.size());
   int rc = 0, session = 0;
-  std::string lost;  // what happened to the sessions before the one whose figures are reported
+  std::vector<std::string> history;  // what each session did, for the notes
   for (;;) {
     ++session;
-    say("image " + image + "; starting testbed session " + std::to_string(session) +
-        " (L1 boots, then 4 guest boots: 10-20 minutes)");
+    std::vector<Part> wanted;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (hvm::part_wanted(runs[i])) wanted.push_back(all[i]);
+    }
+    const std::string parts = hvm::join_parts(wanted);
+    setenv("XPV_BENCH_PARTS", parts.c_str(), 1);
+    setenv("XPV_BENCH_SESSION", std::to_string(session).c_str(), 1);
+    say("image " + image + "; starting testbed session " + std::to_string(session) + " for the parts " + parts +
+        " (L1 boots, then 2 guest boots per part: 5-10 minutes a part)");
     const auto t0 = Clock::now();
     // --quiet-limit: the run inside says something at least once a minute while it moves (its
     // watchdog's heartbeat); five silent minutes mean an L1 that stopped running it.
+    std::error_code gone;
+    fs::remove(json, gone);
     rc = shell(q(self) + " testbed --timeout 1800 --quiet-limit 300 --share " + q(share.string()) + " -- " + q(self) +
                " bench hvm --json " + q(json.string()) + (opts.scale < 1 ? " --quick" : ""));
     say("testbed session " + std::to_string(session) + ": " +
         std::to_string(static_cast<int>(xpv::bench::seconds_since(t0))) + " s, exit " + std::to_string(rc));
-    const bool l1_lost = (rc == 124 || rc == 125) && !fs::exists(json);
-    if (!l1_lost || session >= kSessions || xpv::bench::seconds_since(t_all) >= kRetryWindow) break;
+    // What this session measured: its part files (written as each part ended).
+    std::string got;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const fs::path f = share / "parts" / (std::string(hvm::part_name(all[i])) + "-session-" +
+                                            std::to_string(session) + ".json");
+      if (!fs::exists(f)) continue;
+      try {
+        hvm::PartRun run{session, xpv::bench::read_json(f.string())};
+        hvm::check_rows(all[i], run.rows);
+        const int missing = hvm::missing_figures(run.rows);
+        got += (got.empty() ? "" : ", ") + std::string(hvm::part_name(all[i])) +
+               (missing == 0 ? "" : " (" + std::to_string(missing) + " figures missing)");
+        runs[i].push_back(std::move(run));
+      } catch (const std::exception& e) {
+        say("testbed session " + std::to_string(session) + ": its " + hvm::part_name(all[i]) +
+            " part is not used: " + e.what());
+      }
+    }
+    const bool l1_lost = rc == 124 || rc == 125;
+    history.push_back("session " + std::to_string(session) + " measured " + (got.empty() ? "nothing" : got) +
+                      (rc == 0 ? "" : rc == 124 ? " (exit 124: timeout, silence or L1 lockup)"
+                                    : rc == 125 ? " (exit 125: L1 lost or its run stalled)"
+                                                : " (exit " + std::to_string(rc) + ")"));
+    bool more = false;
+    for (const auto& r : runs) more = more || hvm::part_wanted(r);
+    // Another session only for what an L1 can take away: a lost L1, or boots that failed. The
+    // run's own errors (any other exit) end the bench.
+    if (!more || (rc != 0 && !l1_lost) || session >= kSessions || xpv::bench::seconds_since(t_all) >= kRetryWindow) {
+      break;
+    }
     std::error_code ec;
-    fs::rename(share / "logs", share / ("lost-session-" + std::to_string(session)), ec);
-    lost += (lost.empty() ? "" : ", ") + std::string("session ") + std::to_string(session) + " exit " +
-            std::to_string(rc) + (rc == 124 ? " (timeout, silence or L1 lockup)" : " (L1 lost or its run stalled)");
-    say("L1 was lost or its run stalled (exit " + std::to_string(rc) + "): running the whole session again");
+    fs::rename(share / "logs", share / ("session-" + std::to_string(session)), ec);
+    say("testbed session " + std::to_string(session) + " measured " + (got.empty() ? "nothing" : got) +
+        (l1_lost ? "; L1 was lost or its run stalled (exit " + std::to_string(rc) + ")" : "") +
+        ": another session for what is still wanted");
   }
 
   std::vector<Result> out;
-  bool complete = false;
-  if (rc == 0 && fs::exists(json)) {
-    const auto j = nlohmann::json::parse(std::ifstream(json));
-    complete = true;
-    for (const auto& r : j.at("results")) {
-      Result res;
-      res.metric = r.at("metric").get<std::string>();
-      res.unit = r.at("unit").get<std::string>();
-      res.xpv = r.at("xpv").is_null() ? kNaN : r.at("xpv").get<double>();
-      if (!r.at("reference").is_null()) res.reference = r.at("reference").get<double>();
-      res.note = r.value("note", "");
-      if (!lost.empty()) res.note += " [testbed session " + std::to_string(session) + "; lost before it: " + lost + "]";
-      res.lower_is_better = r.value("lower_is_better", false);
-      complete = complete && std::isfinite(res.xpv) && res.reference;
-      out.push_back(res);
+  bool complete = true;
+  std::string sessions_note;
+  if (session > 1) {
+    for (const auto& h : history) sessions_note += (sessions_note.empty() ? "" : "; ") + h;
+  }
+  bool any = false;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const hvm::PartRun* best = hvm::best_run(runs[i]);
+    if (best == nullptr) {
+      complete = false;
+      for (Result r : hvm::part_metrics(all[i])) {
+        r.note = std::string("no figure: no testbed session finished the ") + hvm::part_name(all[i]) + " part";
+        if (!sessions_note.empty()) r.note += " [" + sessions_note + "]";
+        out.push_back(std::move(r));
+      }
+      continue;
+    }
+    any = true;
+    complete = complete && hvm::missing_figures(best->rows) == 0;
+    for (Result r : best->rows) {
+      if (!sessions_note.empty()) {
+        r.note += " [testbed session " + std::to_string(best->session) + "; " + sessions_note + "]";
+      }
+      out.push_back(std::move(r));
     }
   }
-  // The logs come back next to the JSON (a lost session's in it as lost-session-N/).
+  // The logs come back next to the JSON (an earlier session's in it as session-N/).
   fs::path logs = share / "logs";
   if (!opts.json_path.empty() && fs::exists(logs)) {
     const fs::path p(opts.json_path);
@@ -1067,14 +1168,15 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     fs::remove_all(dest, ec);
     fs::copy(logs, dest, fs::copy_options::recursive, ec);
     for (int n = 1; !ec && n < session; ++n) {
-      const fs::path l = share / ("lost-session-" + std::to_string(n));
+      const fs::path l = share / ("session-" + std::to_string(n));
       if (fs::exists(l)) fs::copy(l, dest / l.filename(), fs::copy_options::recursive, ec);
     }
     if (!ec) logs = dest;
   }
-  if (out.empty()) {
-    throw std::runtime_error("the hvm bench inside the testbed failed (exit " + std::to_string(rc) + " in session " +
-                             std::to_string(session) + (lost.empty() ? "" : "; before it: " + lost) +
+  if (!any) {
+    std::string all_sessions;
+    for (const auto& h : history) all_sessions += (all_sessions.empty() ? "" : "; ") + h;
+    throw std::runtime_error("the hvm bench inside the testbed measured no part (" + all_sessions +
                              "); logs kept in " + share.string());
   }
   // The share goes once its logs are copied out next to the JSON (else it is where the logs are,
