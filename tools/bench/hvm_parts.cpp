@@ -75,9 +75,13 @@ void check_rows(Part p, const std::vector<Result>& rows) {
   if (!same) throw std::logic_error(std::string("the rows of part ") + part_name(p) + " are not its part_metrics()");
 }
 
+std::string part_file(Part p, int session) {
+  return std::string(part_name(p)) + "-session-" + std::to_string(session) + ".json";
+}
+
 int missing_figures(const std::vector<Result>& rows) {
   int n = 0;
-  for (const Result& r : rows) n += (!std::isfinite(r.xpv) || !r.reference) ? 1 : 0;
+  for (const Result& r : rows) n += (!std::isfinite(r.xpv) || !r.reference || !std::isfinite(*r.reference)) ? 1 : 0;
   return n;
 }
 
@@ -95,6 +99,14 @@ const PartRun* best_run(const std::vector<PartRun>& runs) {
 bool part_wanted(const std::vector<PartRun>& runs) {
   const PartRun* best = best_run(runs);
   return best == nullptr || missing_figures(best->rows) > 0;
+}
+
+bool another_session(const std::vector<std::vector<PartRun>>& runs, int rc, int sessions, double elapsed_s,
+                     int max_sessions, double window_s) {
+  bool wanted = false;
+  for (const auto& r : runs) wanted = wanted || part_wanted(r);
+  const bool went_on = rc == 0 || rc == 124 || rc == 125;
+  return wanted && went_on && sessions < max_sessions && elapsed_s < window_s;
 }
 
 }  // namespace xpv::bench::hvm

@@ -27,7 +27,11 @@ std::vector<Result> part_metrics(Part p);
 // Throws std::logic_error when rows are not part_metrics(p) (name, unit, direction, order).
 void check_rows(Part p, const std::vector<Result>& rows);
 
-// Rows without an xpv figure or without a reference.
+// The file a part's run writes in the share, as the run inside L1 names it and the host side
+// reads it: "<part>-session-<N>.json".
+std::string part_file(Part p, int session);
+
+// Rows without an xpv figure or without a reference (none, or not a number).
 int missing_figures(const std::vector<Result>& rows);
 
 // One part as one L1 session measured it.
@@ -38,7 +42,16 @@ struct PartRun {
 // The run to report: the fewest missing figures, the earliest session among equals; nullptr for
 // none.
 const PartRun* best_run(const std::vector<PartRun>& runs);
-// Whether a part needs another session: no run yet, or its best run misses a figure.
+// Whether a part needs another session: no run yet, or its best run misses a figure (whatever
+// took it: a lost L1, boots that failed twice, a figure a program did not give).
 bool part_wanted(const std::vector<PartRun>& runs);
+
+// Whether the host side starts another L1 session after `sessions` of them, the last ending with
+// the testbed's exit status rc, elapsed_s after the first began: only while a part is wanted,
+// the last session ended normally (0) or lost its L1 (124: timeout, silence or lockup; 125: L1
+// reset or its run gave up), fewer than max_sessions ran and elapsed_s is below window_s. Any
+// other status is the run's own error and ends the bench.
+bool another_session(const std::vector<std::vector<PartRun>>& runs, int rc, int sessions, double elapsed_s,
+                     int max_sessions, double window_s);
 
 }  // namespace xpv::bench::hvm

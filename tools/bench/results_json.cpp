@@ -41,7 +41,12 @@ bool write_json(const std::string& path, const std::string& suite, const std::ve
     return false;
   }
   f << out.dump(2) << '\n';
-  return static_cast<bool>(f);
+  f.close();  // a failed flush (a full or lost share) is an error too
+  if (f.fail()) {
+    fmt::print(stderr, "xpv bench: cannot write {}\n", path);
+    return false;
+  }
+  return true;
 }
 
 std::vector<Result> read_json(const std::string& path) {

@@ -1006,7 +1006,15 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   const char* parts_env = std::getenv("XPV_BENCH_PARTS");
   const auto parts = xpv::bench::hvm::parse_parts(parts_env != nullptr ? parts_env : "net,disk");
   const char* session_env = std::getenv("XPV_BENCH_SESSION");
-  const std::string session = session_env != nullptr && *session_env != '\0' ? session_env : "1";
+  int session = 1;
+  if (session_env != nullptr && *session_env != '\0') {
+    try {
+      session = std::stoi(session_env);
+    } catch (const std::exception&) {
+      session = 0;
+    }
+    if (session < 1) throw std::runtime_error(std::string("XPV_BENCH_SESSION='") + session_env + "': not a session number");
+  }
 
   const Watchdog watchdog;
   const auto t0 = Clock::now();
@@ -1024,8 +1032,9 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
     if (share != nullptr) {
       const fs::path dir = fs::path(share) / "parts";
       fs::create_directories(dir);
-      const fs::path file = dir / (name + "-session-" + session + ".json");
-      const fs::path tmp = dir / ("." + name + "-session-" + session + ".json.tmp");
+      const std::string file_name = xpv::bench::hvm::part_file(part, session);
+      const fs::path file = dir / file_name;
+      const fs::path tmp = dir / ("." + file_name + ".tmp");
       if (!xpv::bench::write_json(tmp.string(), "hvm", rows)) {
         throw std::runtime_error("cannot write the " + name + " part's figures to " + tmp.string());
       }
@@ -1098,8 +1107,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     // What this session measured: its part files (written as each part ended).
     std::string got;
     for (std::size_t i = 0; i < all.size(); ++i) {
-      const fs::path f = share / "parts" / (std::string(hvm::part_name(all[i])) + "-session-" +
-                                            std::to_string(session) + ".json");
+      const fs::path f = share / "parts" / hvm::part_file(all[i], session);
       if (!fs::exists(f)) continue;
       try {
         hvm::PartRun run{session, xpv::bench::read_json(f.string())};
@@ -1111,6 +1119,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
       } catch (const std::exception& e) {
         say("testbed session " + std::to_string(session) + ": its " + hvm::part_name(all[i]) +
             " part is not used: " + e.what());
+        got += (got.empty() ? "" : ", ") + std::string(hvm::part_name(all[i])) + " (its file refused: " + e.what() + ")";
       }
     }
     const bool l1_lost = rc == 124 || rc == 125;
@@ -1118,13 +1127,9 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
                       (rc == 0 ? "" : rc == 124 ? " (exit 124: timeout, silence or L1 lockup)"
                                     : rc == 125 ? " (exit 125: L1 lost or its run stalled)"
                                                 : " (exit " + std::to_string(rc) + ")"));
-    bool more = false;
-    for (const auto& r : runs) more = more || hvm::part_wanted(r);
-    // Another session only for what an L1 can take away: a lost L1, or boots that failed. The
-    // run's own errors (any other exit) end the bench.
-    if (!more || (rc != 0 && !l1_lost) || session >= kSessions || xpv::bench::seconds_since(t_all) >= kRetryWindow) {
-      break;
-    }
+    // Another session for a part still wanted, after a session that ended normally or lost its
+    // L1; the run's own errors (any other exit) end the bench.
+    if (!hvm::another_session(runs, rc, session, xpv::bench::seconds_since(t_all), kSessions, kRetryWindow)) break;
     std::error_code ec;
     fs::rename(share / "logs", share / ("session-" + std::to_string(session)), ec);
     say("testbed session " + std::to_string(session) + " measured " + (got.empty() ? "nothing" : got) +
@@ -1135,17 +1140,15 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
   std::vector<Result> out;
   bool complete = true;
   std::string sessions_note;
-  if (session > 1) {
-    for (const auto& h : history) sessions_note += (sessions_note.empty() ? "" : "; ") + h;
-  }
+  for (const auto& h : history) sessions_note += (sessions_note.empty() ? "" : "; ") + h;
   bool any = false;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const hvm::PartRun* best = hvm::best_run(runs[i]);
     if (best == nullptr) {
       complete = false;
       for (Result r : hvm::part_metrics(all[i])) {
-        r.note = std::string("no figure: no testbed session finished the ") + hvm::part_name(all[i]) + " part";
-        if (!sessions_note.empty()) r.note += " [" + sessions_note + "]";
+        r.note = std::string("no figure: no testbed session finished the ") + hvm::part_name(all[i]) + " part [" +
+                 sessions_note + "]";
         out.push_back(std::move(r));
       }
       continue;
@@ -1153,9 +1156,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     any = true;
     complete = complete && hvm::missing_figures(best->rows) == 0;
     for (Result r : best->rows) {
-      if (!sessions_note.empty()) {
-        r.note += " [testbed session " + std::to_string(best->session) + "; " + sessions_note + "]";
-      }
+      if (session > 1) r.note += " [testbed session " + std::to_string(best->session) + "; " + sessions_note + "]";
       out.push_back(std::move(r));
     }
   }
@@ -1171,6 +1172,8 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
       const fs::path l = share / ("session-" + std::to_string(n));
       if (fs::exists(l)) fs::copy(l, dest / l.filename(), fs::copy_options::recursive, ec);
     }
+    // Every part's runs, the ones not reported too.
+    if (!ec && fs::exists(share / "parts")) fs::copy(share / "parts", dest / "parts", fs::copy_options::recursive, ec);
     if (!ec) logs = dest;
   }
   if (!any) {
@@ -1198,5 +1201,5 @@ std::vector<Result> run_hvm(const xpv::bench::Options& opts) {
 
 XPV_BENCH_SUITE("hvm",
                 "HVM guest (Debian kernel, Xen PV drivers) under xpv vs QEMU+KVM virtio: iperf3 and bonnie++, "
-                "one testbed session",
+                "both VMMs in one testbed session per part",
                 run_hvm);

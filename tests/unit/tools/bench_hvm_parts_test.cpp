@@ -19,12 +19,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using xpv::bench::Result;
+using xpv::bench::hvm::another_session;
 using xpv::bench::hvm::best_run;
 using xpv::bench::hvm::check_rows;
 using xpv::bench::hvm::join_parts;
 using xpv::bench::hvm::missing_figures;
 using xpv::bench::hvm::parse_parts;
 using xpv::bench::hvm::Part;
+using xpv::bench::hvm::part_file;
 using xpv::bench::hvm::part_metrics;
 using xpv::bench::hvm::part_wanted;
 using xpv::bench::hvm::PartRun;
@@ -102,6 +104,9 @@ TEST(BenchHvmParts, APartWithoutARunOrWithAMissingFigureIsWantedAgain) {
   auto no_xpv = measured(Part::net, 1);
   no_xpv[3].xpv = std::nan("");
   EXPECT_EQ(missing_figures(no_xpv), 1);
+  auto nan_reference = measured(Part::net, 1);
+  nan_reference[4].reference = std::nan("");
+  EXPECT_EQ(missing_figures(nan_reference), 1);
 
   runs.push_back({2, measured(Part::net, 5)});
   EXPECT_FALSE(part_wanted(runs));
@@ -127,6 +132,36 @@ TEST(BenchHvmParts, TheRunWithFewestMissingFiguresIsReportedAndTheEarliestAmongE
   runs = {{1, measured(Part::disk, 1)}, {2, two_missing}};
   EXPECT_EQ(best_run(runs)->session, 1);
   EXPECT_FALSE(part_wanted(runs));
+}
+
+TEST(BenchHvmParts, EachSessionsPartHasAFileOfItsOwn) {
+  EXPECT_EQ(part_file(Part::net, 1), "net-session-1.json");
+  EXPECT_EQ(part_file(Part::disk, 3), "disk-session-3.json");
+}
+
+TEST(BenchHvmParts, AnotherSessionOnlyForAWantedPartAfterANormalEndOrALostL1) {
+  const std::vector<PartRun> done = {{1, measured(Part::net, 1)}};
+  auto lacking = measured(Part::disk, 1);
+  lacking[0].reference.reset();
+  const std::vector<std::vector<PartRun>> both_done = {done, {{1, measured(Part::disk, 1)}}};
+  const std::vector<std::vector<PartRun>> disk_lost = {done, {}};
+  const std::vector<std::vector<PartRun>> disk_lacking = {done, {{1, lacking}}};
+  const std::vector<std::vector<PartRun>> nothing = {{}, {}};
+
+  // Nothing wanted: never, whatever the exit.
+  for (int rc : {0, 124, 125}) EXPECT_FALSE(another_session(both_done, rc, 1, 10, 3, 2700)) << rc;
+  // A part wanted, after a normal end or a lost L1 (124 timeout/silence/lockup, 125 reset).
+  for (int rc : {0, 124, 125}) {
+    EXPECT_TRUE(another_session(disk_lost, rc, 1, 10, 3, 2700)) << rc;
+    EXPECT_TRUE(another_session(disk_lacking, rc, 1, 10, 3, 2700)) << rc;
+    EXPECT_TRUE(another_session(nothing, rc, 2, 10, 3, 2700)) << rc;
+  }
+  // The run's own error, or a signal: no.
+  for (int rc : {1, 2, 126, 127, 130, 143}) EXPECT_FALSE(another_session(nothing, rc, 1, 10, 3, 2700)) << rc;
+  // The bounds: sessions and the window in which one may start.
+  EXPECT_FALSE(another_session(nothing, 125, 3, 10, 3, 2700));
+  EXPECT_TRUE(another_session(nothing, 125, 2, 2699, 3, 2700));
+  EXPECT_FALSE(another_session(nothing, 125, 2, 2700, 3, 2700));
 }
 
 TEST(BenchHvmParts, ResultsComeBackFromTheirJsonAsWritten) {
