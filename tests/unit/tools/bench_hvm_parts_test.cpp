@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -14,11 +13,13 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "xpv/test/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using xpv::bench::Result;
+using xpv::test::TempDir;
 using xpv::bench::hvm::another_session;
 using xpv::bench::hvm::best_run;
 using xpv::bench::hvm::check_rows;
@@ -40,23 +41,6 @@ std::vector<Result> measured(Part p, double base) {
   }
   return rows;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/xpv-bench-parts-test.XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 TEST(BenchHvmParts, PartsAreNamedOnceEachAndKeptInTheBenchsOrder) {
   EXPECT_EQ(parse_parts("net,disk"), (std::vector<Part>{Part::net, Part::disk}));
