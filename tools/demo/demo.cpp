@@ -73,7 +73,7 @@ int run(const Options& opts) {
     throw std::runtime_error("xpv image build failed (its message is above)");
   }
 
-  fmt::print("xpv demo: 3/3 xpv bench hvm{} (one testbed session: 15-20 minutes)\n", opts.quick ? " --quick" : "");
+  fmt::print("xpv demo: 3/3 xpv bench hvm{} (one testbed session when L1 lives through it: 15-20 minutes)\n", opts.quick ? " --quick" : "");
   std::fflush(stdout);
   const bench::Suite* suite = nullptr;
   for (const auto& s : bench::suites()) {

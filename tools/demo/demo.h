@@ -1,6 +1,6 @@
 // `xpv demo` — the main job in one command: checks the prerequisites, builds the guest image
 // (`xpv image build`), runs `xpv bench hvm` (a stock Linux HVM guest with Xen PV drivers under xpv
-// next to QEMU + KVM + virtio, iperf3 and bonnie++, in one testbed session) and prints a short
+// next to QEMU + KVM + virtio, iperf3 and bonnie++, both VMMs in one testbed session per part) and prints a short
 // report: the xpv/QEMU table, where the JSON, the chart and the logs are.
 // Runs on main's thread; setup failures throw std::runtime_error with one line (main prints it).
 #pragma once
