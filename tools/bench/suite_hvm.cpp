@@ -76,7 +76,6 @@
 #include <iterator>
 #include <limits>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stop_token>
@@ -1177,9 +1176,7 @@ std::vector<Result> outer(const xpv::bench::Options& opts) {
     if (!ec) logs = dest;
   }
   if (!any) {
-    std::string all_sessions;
-    for (const auto& h : history) all_sessions += (all_sessions.empty() ? "" : "; ") + h;
-    throw std::runtime_error("the hvm bench inside the testbed measured no part (" + all_sessions +
+    throw std::runtime_error("the hvm bench inside the testbed measured no part (" + sessions_note +
                              "); logs kept in " + share.string());
   }
   // The share goes once its logs are copied out next to the JSON (else it is where the logs are,
