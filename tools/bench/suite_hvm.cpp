@@ -64,6 +64,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -81,6 +82,7 @@
 #include <stop_token>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -981,6 +983,25 @@ std::vector<Result> disk_rows(const Inner& in, const Side& x, const Side& r) {
 std::vector<Result> inner(const xpv::bench::Options& opts) {
   (void)bench_upcall();  // a bad value fails here, before any boot
   (void)bench_append();
+  // The parts to measure (hvm_parts.h; the host side names those still missing) and this L1
+  // session's number, for the part files: a bad value fails here, before anything is made.
+  const char* parts_env = std::getenv("XPV_BENCH_PARTS");
+  std::vector<Part> parts;
+  try {
+    parts = xpv::bench::hvm::parse_parts(parts_env != nullptr ? parts_env : "net,disk");
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("XPV_BENCH_PARTS='") + (parts_env != nullptr ? parts_env : "") + "': " + e.what());
+  }
+  const char* session_env = std::getenv("XPV_BENCH_SESSION");
+  int session = 1;
+  if (session_env != nullptr && *session_env != '\0') {
+    const std::string_view v(session_env);
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), session);
+    if (ec != std::errc() || end != v.data() + v.size() || session < 1) {
+      throw std::runtime_error("XPV_BENCH_SESSION='" + std::string(v) + "': not a session number (1, 2, ...)");
+    }
+  }
+
   const char* image = std::getenv("XPV_BENCH_IMAGE");
   if (image == nullptr) throw std::runtime_error("XPV_BENCH_IMAGE (the `xpv image build` directory) is not set");
   Inner in;
@@ -999,21 +1020,6 @@ std::vector<Result> inner(const xpv::bench::Options& opts) {
   // "L1's CPU per bit").
   in.iperf_s = std::max(2, static_cast<int>(std::lround(10 * opts.scale)));
   in.bonnie_mib = std::max(128, static_cast<int>(std::lround(512 * opts.scale)));
-
-  // The parts to measure (hvm_parts.h; the host side names those still missing) and this L1
-  // session's number, for the part files.
-  const char* parts_env = std::getenv("XPV_BENCH_PARTS");
-  const auto parts = xpv::bench::hvm::parse_parts(parts_env != nullptr ? parts_env : "net,disk");
-  const char* session_env = std::getenv("XPV_BENCH_SESSION");
-  int session = 1;
-  if (session_env != nullptr && *session_env != '\0') {
-    try {
-      session = std::stoi(session_env);
-    } catch (const std::exception&) {
-      session = 0;
-    }
-    if (session < 1) throw std::runtime_error(std::string("XPV_BENCH_SESSION='") + session_env + "': not a session number");
-  }
 
   const Watchdog watchdog;
   const auto t0 = Clock::now();
