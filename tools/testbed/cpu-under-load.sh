@@ -14,6 +14,9 @@
 # what the backend's share of L1's CPU does, ORDER xnqv.
 # XPV_LOAD_INTERVAL=0.1 makes iperf3 report every 0.1 s (default 1).
 # In each boot, iperf3 from L1 to the guest for 20 s host->guest, then 20 s guest->host (-R);
+# XPV_LOAD_WINDOWS picks the windows and their order from h2g, g2h, bidir (one client with
+# --bidir: iperf3 3.12's one-thread loop at both ends) and pair (two clients at once, two guest
+# server processes; always last), default "h2g g2h pair";
 # 3 s into each run and 5 s after that, every L1 thread's CPU time (utime + stime from /proc,
 # clock ticks) and /proc/stat's totals are read — counting, no tracing or sampling, so the runs
 # are not slowed (reading them takes L1 a second or two itself: the window,
@@ -53,7 +56,17 @@ case "$INTERVAL" in ''|*[!0-9.]*|*.*.*) echo "$me: XPV_LOAD_INTERVAL '$INTERVAL'
 [ -e /dev/kvm ] || { echo "$me: no /dev/kvm: run it inside xpv testbed"; exit 2; }
 W=/tmp/xpv-load; mkdir -p $W/run $W/log
 export XPV_RUN_DIR=$W/run XPV_LOG_DIR=$W/log XENSTORED_PATH=$W/run/xenstored.sock XPV_NETNS_DIR=$W/netns
-ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=3 xpv.pairs=1 xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
+WINDOWS=${XPV_LOAD_WINDOWS:-h2g g2h pair}
+CLIENTS=1 PAIRS=0  # one client per h2g/g2h/bidir window and a last 1 s one; a pair window: pairs=1
+for w in $WINDOWS; do
+  case $w in
+    h2g|g2h|bidir) [ $PAIRS -eq 0 ] || { echo "$me: XPV_LOAD_WINDOWS: pair must come last"; exit 2; }
+                   CLIENTS=$((CLIENTS + 1)) ;;
+    pair) [ $PAIRS -eq 0 ] || { echo "$me: XPV_LOAD_WINDOWS: pair twice"; exit 2; }; PAIRS=1 ;;
+    *) echo "$me: XPV_LOAD_WINDOWS: '$w' is none of h2g g2h bidir pair"; exit 2 ;;
+  esac
+done
+ARGS="root=XVDA panic=-1 xpv.run=iperf3 xpv.clients=$CLIENTS xpv.pairs=$PAIRS xpv.wait=250 xpv.ip=10.0.0.2/24 xpv.eoi_trace=1 xpv.tcp_detail=1"
 waitfor() { # file marker: bounded at 200 s (a line a minute while it waits: see window); ends
   # early once the guest is gone (STOPPED, a test set per boot: its VMM said it stopped)
   i=0; while [ $i -lt 200 ]; do
@@ -88,11 +101,18 @@ window() { # name iperf3-args [second-args]: 20 s of iperf3 (with second-args, a
   cat /proc/net/dev > $OUT/dev1-$1.txt
   sleep 2  # the guest starts its next `iperf3 -s -1`
 }
-measure() { # name console: the guest listens; two windows, the third client it waits for, the pair
-  window $1-h2g ""; window $1-g2h -R
-  timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
-  # both directions at once: host->guest to 5201, guest->host to 5202, two guest processes
-  waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && window $1-pair "-p 5201" "-p 5202 -R"
+measure() { # name console: the guest listens; the windows, the last client it waits for, the pair
+  for w in $WINDOWS; do
+    case $w in
+      h2g) window $1-h2g "" ;;
+      g2h) window $1-g2h -R ;;
+      bidir) window $1-bidir --bidir ;;
+      pair) timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
+            # both directions at once: host->guest to 5201, guest->host to 5202, two guest processes
+            waitfor $2 "XPV-IPERF3-LISTENING 5201+5202 pair=1" && window $1-pair "-p 5201" "-p 5202 -R" ;;
+    esac
+  done
+  [ $PAIRS -eq 1 ] || timeout 60 iperf3 -c 10.0.0.2 -t 1 > /dev/null 2>&1
 }
 boot_end() { # name console how: one line in boots.txt — did the guest get to XPV-DONE, and if not,
   # what its VMM says became of it (a guest that died mid-run and one that hung look alike on the
@@ -146,6 +166,10 @@ summary() { # name
   if [ -f $OUT/iperf-$1-r.json ]; then  # a pair window: host->guest + guest->host
     rate2=$(rate_of $OUT/iperf-$1-r.json); both=$(( ${rate:-0} + ${rate2:-0} )); rate="${rate:-0}+${rate2:-0}"
   fi
+  case $1 in *-bidir)  # --bidir: host->guest (sum_received) + guest->host (its _bidir_reverse)
+    rate2=$(grep -m1 -A8 '"sum_received_bidir_reverse"' $OUT/iperf-$1.json 2>/dev/null | awk -F: '/bits_per_second/ { printf "%.0f", $2 / 1e6 }')
+    both=$(( ${rate:-0} + ${rate2:-0} )); rate="${rate:-0}+${rate2:-0}" ;;
+  esac
   awk -v name=$1 -v rate="${rate:-0}" -v both=$both -v ncpu=$(nproc) '
     FNR == 1 { file++ }
     /^cpu / { for (i = 2; i <= NF; i++) st[file, i] = $i; next }
@@ -181,13 +205,17 @@ summary() { # name
   per_s() { awk '/^\t"end":/ { exit } /"sum":/ { s = 1 }
                 s && /bits_per_second/ { v = $0; sub(/.*:[ \t]*/, "", v); sub(/,.*/, "", v); printf "%.0f ", v / 1e6; s = 0 }' "$1" 2>/dev/null; }
   rates=$(per_s $OUT/iperf-$1.json)
+  case $1 in *-bidir) rates="${rates% }] + guest->host [$(awk '/^\t"end":/ { exit } /"sum_bidir_reverse":/ { s = 1 }
+      s && /bits_per_second/ { v = $0; sub(/.*:[ \t]*/, "", v); sub(/,.*/, "", v); printf "%.0f ", v / 1e6; s = 0 }' $OUT/iperf-$1.json 2>/dev/null)" ;;
+  esac
   [ -f $OUT/iperf-$1-r.json ] && rates="${rates% }] + guest->host [$(per_s $OUT/iperf-$1-r.json)"
   retr=$(awk '/"sum_sent"/ { s = 1 } s && /"retransmits"/ { gsub(/[^0-9]/, "", $0); print; exit }' $OUT/iperf-$1.json 2>/dev/null)
   drops=$(awk -F'[: ]+' 'FNR == 1 { file++ } $2 ~ /^(vif|xpvtap)/ { rx[file] = $6; tx[file] = $14 }
                          END { printf "rx %d tx %d", rx[2] - rx[1], tx[2] - tx[1] }' $OUT/dev0-$1.txt $OUT/dev1-$1.txt 2>/dev/null)
   vm=${1%%-*}; boot=${vm#?}
   case $vm in [qv]*) con=$OUT/console-qemu$boot.log ;; *) con=$OUT/xpv-log/console-load$boot.log ;; esac
-  client=client=1; case $1 in *-g2h) client=client=2 ;; *-pair) client=pairs=1 ;; esac
+  client=pairs=1; i=0  # the guest's client number of this window
+  for w in $WINDOWS; do i=$((i + 1)); case $1 in *-$w) [ $w = pair ] || client=client=$i ;; esac; done
   guest=$(marker_delta XPV-NET-COUNTERS "$client" "$con")
   eoi=$(marker_delta XPV-EOI "$client" "$con")
   printf "        per %s s [%s] Mbit/s | sender retransmits %s | L1 link drops %s | guest %s\n" "$INTERVAL" "${rates% }" "${retr:-?}" "${drops:-?}" "${guest% }"
@@ -195,7 +223,7 @@ summary() { # name
   # The guest's sending TCP each second (XPV-TCP: cwnd, smoothed RTT, retransmits as its iperf3
   # server sampled them), for the windows where the guest sent.
   case $1 in
-    *-g2h) tcp=$(grep -a "XPV-TCP client=2 " "$con" | tail -n 1 | sed 's/.*XPV-TCP client=2 //; s/\r//') ;;
+    *-g2h|*-bidir) tcp=$(grep -a "XPV-TCP $client " "$con" | tail -n 1 | sed "s/.*XPV-TCP $client //; s/\r//") ;;
     *-pair) tcp=$(grep -a "XPV-TCP pair=1 port=5202 " "$con" | tail -n 1 | sed 's/.*port=5202 //; s/\r//') ;;
     *) tcp= ;;
   esac
@@ -221,7 +249,7 @@ $XPV down --force > /dev/null 2>&1
 n=0
 for v in $(echo "$ORDER" | sed 's/./& /g'); do
   n=$((n + 1))
-  for d in h2g g2h pair; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
+  for d in $WINDOWS; do [ -f $OUT/snap1-$v$n-$d.txt ] && summary $v$n-$d; done
 done > $OUT/cpu-summary.txt
 cat $OUT/boots.txt >> $OUT/cpu-summary.txt 2>/dev/null
 cat $OUT/cpu-summary.txt
