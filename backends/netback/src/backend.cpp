@@ -405,13 +405,22 @@ bool Backend::probe(Device& d, bool publish) {
     n.rate_bytes = r->first;
     n.rate_usec = r->second;
   }
+  n.max_queues = options_.max_queues;
+  if (auto queues = read(d.be_path + "/queues")) {
+    auto v = parse_uint(*queues, 64);
+    if (!v || *v < 1) {
+      fatal(d, XenbusState::closed, EINVAL, "queues '" + *queues + "': expected 1..64");
+      return false;
+    }
+    n.max_queues = std::min(n.max_queues, static_cast<unsigned>(*v));
+  }
   // Only what is implemented (no control ring, no multicast control, no XDP headroom).
   auto r = !publish ? xenbus::client::Result<void>{} : xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
     auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };
     for (auto res : {w("feature-sg", "1"), w("feature-gso-tcpv4", "1"), w("feature-gso-tcpv6", "1"),
                      w("feature-ipv6-csum-offload", "1"), w("feature-rx-copy", "1"), w("feature-rx-flip", "0"),
                      w("feature-split-event-channels", "1"),
-                     w("multi-queue-max-queues", std::to_string(options_.max_queues))}) {
+                     w("multi-queue-max-queues", std::to_string(n.max_queues))}) {
       if (!res) return res;
     }
     return {};
@@ -421,13 +430,14 @@ bool Backend::probe(Device& d, bool publish) {
     return false;
   }
   d.nodes = n;
-  spdlog::info("{}: mtu {}{}{}", d.name, n.mtu,
+  spdlog::info("{}: mtu {}{}{}, up to {} queue(s)", d.name, n.mtu,
                !n.bridge.empty() ? fmt::format(", a port of bridge {}{}", n.bridge,
                                                n.addresses ? ", domain " + ipv4_string(n.addresses->domain) : "")
                : n.addresses ? fmt::format(", host {}/{}, domain {}", ipv4_string(n.addresses->host),
                                            n.addresses->prefix, ipv4_string(n.addresses->domain))
                              : std::string(", no address"),
-               n.rate_bytes ? fmt::format(", rate {} bytes per {} us", n.rate_bytes, n.rate_usec) : std::string());
+               n.rate_bytes ? fmt::format(", rate {} bytes per {} us", n.rate_bytes, n.rate_usec) : std::string(),
+               n.max_queues);
   return true;
 }
 
@@ -437,7 +447,7 @@ void Backend::connect(Device& d, bool resume) {
   const std::uint64_t generation = next_generation_++;
   try {
     auto flag = [&](const char* node) { return read(fe + "/" + node) == "1"; };
-    const auto layout = xenbus::queue_layout(read(fe + "/multi-queue-num-queues"), options_.max_queues);
+    const auto layout = xenbus::queue_layout(read(fe + "/multi-queue-num-queues"), d.nodes->max_queues);
     if (!layout) throw std::runtime_error(fmt::format("{}/multi-queue-num-queues {}", fe, layout.error()));
     const unsigned nq = layout->queues;
     // Linux netback's rules: rx-copy is the only receive mode; rx-notify is mandatory.

@@ -93,7 +93,7 @@ const std::vector<std::string>& samples() {
       "disk = [\n  'format=raw, vdev=xvda, access=rw, devtype=disk, backendtype=phy, target=/srv/a,b.img',\n"
       "  '/srv/b.img,raw,xvdb,ro', \"/dev/sdb,,hdc,r\", 'vdev=d1p3, access=r, target=/srv/c.img',\n"
       "  'vdev=sdd2, target=/srv/d.img',\n]\n"
-      "vif = [ 'mac=00:16:3e:0a:bc:ff, ip=192.168.7.9/16, rate=10Mb/s@20ms, vifname=web0, bridge=br0, mtu=9000',\n"
+      "vif = [ 'mac=00:16:3e:0a:bc:ff, ip=192.168.7.9/16, rate=10Mb/s@20ms, vifname=web0, bridge=br0, mtu=9000, queues=2',\n"
       "        'model=vif, type=vif, backend=0, rate=100MB/s', ]\n"
       "vnc = 1; serial = 'pty'\n",
   };
@@ -144,7 +144,7 @@ const std::vector<std::string>& tokens() {
       "1048576", "1048577", "0", "-1", "128", "129", "name", "memory", "maxmem", "vcpus", "type",
       "builder", "'hvm'", "'process'", "kernel", "ramdisk", "extra", "disk", "vif", "upcall",
       "on_crash", "vnc", "target=", "vdev=", "xvda", "xvdzzzz", "d1048575p255", "hdd63", ",xvda",
-      "access=", "format=", "devtype=", "mac=", "ip=", "rate=", "mtu=", "vifname=", "bridge=",
+      "access=", "format=", "devtype=", "mac=", "ip=", "rate=", "mtu=", "vifname=", "bridge=", "queues=", "64", "65",
       "00:16:3e:00:00:01", "10.0.0.2/24", "/30", "/31", "10Mb/s", "1099511627776GB/s",
       "@18446744073709552ms", "@10s", "\xff", "\xc3\xa9", "\x1b[31m", "\x7f"};
   return t;
@@ -423,6 +423,10 @@ void expect_vif_ok(const VifSpec& v) {
     EXPECT_LE(*v.mtu, 65535u);
   }
   EXPECT_LE(v.vifname.size(), 15u);
+  if (v.queues) {
+    EXPECT_GE(*v.queues, 1u);
+    EXPECT_LE(*v.queues, 64u);
+  }
 }
 
 // What domain_config.h promises of a configuration that parsed.
@@ -475,7 +479,8 @@ std::string describe(const DomainConfig& c, bool all) {
   }
   for (const VifSpec& v : c.vifs) {
     s += "|vif " + (v.mac ? v.mac->str() : "-") + "," + (v.ip ? v.ip->str() : "-") + "," + v.bridge +
-         "," + v.vifname + "," + (v.mtu ? std::to_string(*v.mtu) : "-");
+         "," + v.vifname + "," + (v.mtu ? std::to_string(*v.mtu) : "-") + "," +
+         (v.queues ? std::to_string(*v.queues) : "-");
     if (all && v.rate) s += "," + std::to_string(v.rate->bytes_per_interval) + "/" + std::to_string(v.rate->interval_us);
   }
   if (all) {
@@ -512,6 +517,7 @@ std::string to_xl(const DomainConfig& c) {
     if (!v.bridge.empty()) spec += ", bridge=" + v.bridge;
     if (!v.vifname.empty()) spec += ", vifname=" + v.vifname;
     if (v.mtu) spec += ", mtu=" + std::to_string(*v.mtu);
+    if (v.queues) spec += ", queues=" + std::to_string(*v.queues);
     s += " " + quote(spec) + ",";
   }
   return s + " ]\n";

@@ -286,6 +286,56 @@ TEST_P(NetbackPath, PingAndChecksummedTcpBothWays) {
 
 INSTANTIATE_TEST_SUITE_P(Mtu, NetbackPath, ::testing::Values(1500u, 9000u));
 
+// A vif's `queues=N` (the backend's `queues` node) caps what xpv-netback offers that vif: a
+// 2-vCPU domain, which takes two queues from a daemon on two or more CPUs (NetbackPath above),
+// connects one and moves data both ways through it.
+TEST_F(NetbackDaemon, AVifsQueuesSettingCapsTheQueuesOfferedToIt) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "the daemon offers one queue on one CPU anyway";
+  ASSERT_NO_FATAL_FAILURE(up());
+  create(fmt::format("mac=00:16:3e:00:10:07, ip={}.2/24, queues=1", net_), 2);
+  ASSERT_FALSE(HasFailure());
+  const std::string be = "/local/domain/0/backend/vif/1/0", fe = "/local/domain/1/device/vif/0";
+  EXPECT_EQ(node(be + "/queues"), "1");
+  EXPECT_EQ(node(be + "/multi-queue-max-queues"), "1");
+  EXPECT_EQ(node(be + "/state"), "4");
+  EXPECT_TRUE(node(fe + "/tx-ring-ref").has_value()) << "one queue: its rings at the frontend's root";
+  EXPECT_FALSE(node(fe + "/queue-1/tx-ring-ref").has_value());
+  EXPECT_NE(log("xpv-netback.log").find("vif1.0: 1 queue(s)"), std::string::npos) << log("xpv-netback.log");
+  EXPECT_NE(log("xpv-netback.log").find("up to 1 queue(s)"), std::string::npos) << log("xpv-netback.log");
+  EXPECT_TRUE(ping(hostns_, net_ + ".2"));
+  const std::uint64_t bytes = 8ull << 20;
+  auto to_dom = tcp_transfer(domns(1), net_ + ".2", hostns_, bytes, 1);
+  ASSERT_TRUE(to_dom.ok);
+  EXPECT_EQ(to_dom.received_hash, to_dom.sent_hash);
+  auto to_host = tcp_transfer(hostns_, net_ + ".1", domns(1), bytes, 2);
+  ASSERT_TRUE(to_host.ok);
+  EXPECT_EQ(to_host.received_hash, to_host.sent_hash);
+  auto r = xpv({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// A `queues` node that is not 1..64 (a toolstack's, not xpv's: its config parser refuses such a
+// spec) closes that vif with the reason, as a bad mtu does; nothing is made on the host.
+TEST_F(NetbackDaemon, ABadQueuesNodeClosesTheVifWithTheReason) {
+  ASSERT_NO_FATAL_FAILURE(up());
+  constexpr std::uint16_t kDom = 202;
+  const std::string gns = make_netfront_guest(kDom, "queues");
+  const std::string be = "/local/domain/0/backend/vif/202/0", fe = "/local/domain/202/device/vif/0";
+  xenbus::client::SyncClient xs(dir_ + "/xs.sock");
+  Nodes nodes = netfront_vif_nodes(kDom, "00:16:3e:00:60:02");
+  nodes.insert(nodes.end(), {{be + "/ip", net_ + ".2/24"}, {be + "/queues", "0"}, {fe + "/state", "1"}, {be + "/state", "1"}});
+  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  ASSERT_TRUE(eventually([&] { return node(be + "/state") == "6"; })) << log("xpv-netback.log");
+  EXPECT_EQ(node(be + "/error"), "22 queues '0': expected 1..64");
+  EXPECT_FALSE(node(be + "/multi-queue-max-queues").has_value()) << "nothing offered";
+  EXPECT_NE(in(hostns_, "ip link show vif202.0"), 0);
+  ASSERT_TRUE(xs.rm(be));
+  ASSERT_TRUE(xs.rm(fe));
+  EXPECT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif202.0: backend directory removed") != std::string::npos; }));
+  guest_.reset();
+  netback::remove_netns(gns);
+}
+
 TEST_F(NetbackDaemon, DetachAndReattachWhileIdle) {
   ASSERT_NO_FATAL_FAILURE(up());
   create(fmt::format("mac=00:16:3e:00:20:01, ip={}.2/24", net_));

@@ -115,7 +115,19 @@ TEST(VifSpec, AllKeys) {
   ASSERT_TRUE(v.rate);
   EXPECT_EQ(v.vifname, "web0");
   EXPECT_EQ(v.bridge, "br0");
+  EXPECT_FALSE(v.queues);
   EXPECT_FALSE(parse_vif_spec("").mac);
+}
+
+// queues=N: at most N netif queues for this vif (QEMU's queues= of a tap NIC); 1..64.
+TEST(VifSpec, QueuesIsOneToSixtyFour) {
+  EXPECT_EQ(parse_vif_spec("queues=1").queues, 1u);
+  EXPECT_EQ(parse_vif_spec("ip=10.0.0.2/24, queues=64").queues, 64u);
+  for (const char* bad : {"0", "65", "-1", "2x", "", "1.5"}) {
+    const std::string spec = std::string("queues=") + bad;
+    EXPECT_EQ(error_of([&] { parse_vif_spec(spec); }),
+              "vif spec '" + spec + "': queues '" + bad + "' is not 1..64");
+  }
 }
 
 // A setting given twice — also once positional and once as key=value — is an error, not

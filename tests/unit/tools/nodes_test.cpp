@@ -143,19 +143,21 @@ TEST(Nodes, VifMinimal) {
 }
 
 TEST(Nodes, VifOptionalNodes) {
-  const auto spec = config::parse_vif_spec("ip=10.1.2.3/24, rate=8Mb/s@20ms, bridge=xenbr0");
+  const auto spec = config::parse_vif_spec("ip=10.1.2.3/24, rate=8Mb/s@20ms, bridge=xenbr0, mtu=9000, queues=1");
   config::Mac mac;
   mac.bytes = {0x00, 0x16, 0x3e, 0xaa, 0xbb, 0xcc};
   const auto n = vif_nodes(4, 2, spec, mac);
-  ASSERT_EQ(n.size(), 16u);
+  ASSERT_EQ(n.size(), 18u);
   const std::string be = "/local/domain/0/backend/vif/4/2";
   EXPECT_EQ(n[5], (Node{be + "/handle", "2", {{0, kPermNone}, {4, kPermRead}}}));
   EXPECT_EQ(n[6].value, "00:16:3e:aa:bb:cc");
   EXPECT_EQ(n[7], (Node{be + "/bridge", "xenbr0", {{0, kPermNone}, {4, kPermRead}}}));
   EXPECT_EQ(n[8], (Node{be + "/rate", "20000,20000", {{0, kPermNone}, {4, kPermRead}}}));  // 1 MB/s × 20 ms
   EXPECT_EQ(n[9], (Node{be + "/ip", "10.1.2.3/24", {{0, kPermNone}, {4, kPermRead}}}));
-  EXPECT_EQ(n[10].path, "/local/domain/4/device/vif/2");
-  EXPECT_EQ(n[15], (Node{"/local/domain/4/device/vif/2/mac", "00:16:3e:aa:bb:cc", {{4, kPermNone}, {0, kPermRead}}}));
+  EXPECT_EQ(n[10], (Node{be + "/mtu", "9000", {{0, kPermNone}, {4, kPermRead}}}));
+  EXPECT_EQ(n[11], (Node{be + "/queues", "1", {{0, kPermNone}, {4, kPermRead}}}));
+  EXPECT_EQ(n[12].path, "/local/domain/4/device/vif/2");
+  EXPECT_EQ(n[17], (Node{"/local/domain/4/device/vif/2/mac", "00:16:3e:aa:bb:cc", {{4, kPermNone}, {0, kPermRead}}}));
 }
 
 TEST(Nodes, EveryDirectoryPrecedesItsChildren) {

@@ -253,6 +253,10 @@ VifSpec parse_vif_spec(std::string_view spec) {
       auto m = to_number<unsigned>(value);
       if (!m || *m < 68 || *m > 65535) throw bad(fmt::format("mtu '{}' is not 68..65535", value));
       v.mtu = *m;
+    } else if (key == "queues") {
+      auto q = to_number<unsigned>(value);
+      if (!q || *q < 1 || *q > 64) throw bad(fmt::format("queues '{}' is not 1..64", value));
+      v.queues = *q;
     } else if (key == "vifname") {
       if (value.empty() || value.size() > 15) throw bad("vifname must be 1..15 characters");
       v.vifname = std::string(value);

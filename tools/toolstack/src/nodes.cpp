@@ -132,6 +132,7 @@ NodeList vif_nodes(DomId domid, std::uint32_t devid, const config::VifSpec& vif,
   }
   if (vif.ip) n.push_back({be + "/ip", vif.ip->str(), bp});
   if (vif.mtu) n.push_back({be + "/mtu", std::to_string(*vif.mtu), bp});
+  if (vif.queues) n.push_back({be + "/queues", std::to_string(*vif.queues), bp});
   n.insert(n.end(), {
                         {fe, "", fp},
                         {fe + "/backend", be, fp},

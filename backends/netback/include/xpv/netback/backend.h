@@ -78,6 +78,9 @@ struct VifBackendNodes {
   std::optional<VifAddresses> addresses;
   std::string bridge;  // non-empty: bridge mode (the TAP a port of it, no host address)
   std::uint64_t rate_bytes = 0, rate_usec = 0;  // 0: unlimited
+  // multi-queue-max-queues offered to this vif: the toolstack's `queues` node (1..64) when it is
+  // smaller than the daemon's max_queues, else max_queues.
+  unsigned max_queues = 1;
 };
 
 // Parses the toolstack's `rate` node ("bytes,usec", Linux netback's format). nullopt: malformed.

@@ -64,6 +64,9 @@ struct VifSpec {
   std::string bridge;
   std::string vifname;
   std::optional<unsigned> mtu;  // 68..65535; the `mtu` node of both ends (default 1500)
+  // 1..64: at most this many netif queues for this vif (the backend's `queues` node; xpv-netback
+  // offers the smaller of it and its --max-queues). Absent: the daemon's --max-queues.
+  std::optional<unsigned> queues;
 };
 
 // Throws ConfigError naming the spec and the bad item.
