@@ -121,17 +121,18 @@ void Backend::publish_stats() {
     if (!d.conn) continue;
     // tx: the guest's transmit (written to the TAP); rx: what the guest received — the guest's
     // view, as xentop's NETTX / NETRX.
-    std::uint64_t txp = 0, txb = 0, txe = 0, txd = 0, rxp = 0, rxb = 0, rxd = 0, rxe = 0, rxo = 0, rxq = 0, fw = 0;
+    std::uint64_t txp = 0, txb = 0, txe = 0, txd = 0, txs = 0, rxp = 0, rxb = 0, rxd = 0, rxe = 0, rxo = 0, rxq = 0, fw = 0;
     for (std::size_t i = 0; i < d.conn->queues(); ++i) {
       const NetbackCounters& c = d.conn->queue(i).counters();
       auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
       txp += n(c.tx_packets), txb += n(c.tx_bytes), txe += n(c.tx_errors), txd += n(c.tx_dropped);
+      txs += n(c.tx_spoofed);
       rxp += n(c.rx_packets), rxb += n(c.rx_bytes), rxd += n(c.rx_dropped), rxe += n(c.rx_errors);
       rxo += n(c.rx_overflow), rxq += n(c.rx_queued), fw += n(c.fair_waits);
     }
     const stats::Counters counters = {
         {"queues", d.conn->queues()}, {"tx_packets", txp}, {"tx_bytes", txb},       {"tx_errors", txe},
-        {"tx_dropped", txd},          {"rx_packets", rxp}, {"rx_bytes", rxb},       {"rx_dropped", rxd},
+        {"tx_dropped", txd},          {"tx_spoofed", txs}, {"rx_packets", rxp}, {"rx_bytes", rxb},       {"rx_dropped", rxd},
         {"rx_errors", rxe},           {"rx_overflow", rxo}, {"rx_queued", rxq},     {"fair_waits", fw}};
     if (const int e = stats_.put(d.name, counters); e != 0) {
       spdlog::warn("netback: cannot publish statistics in {}: {} (not said again)", stats_.dir(), std::strerror(e));
@@ -493,6 +494,7 @@ void Backend::connect(Device& d, bool resume) {
     s.offload = {csum, csum && gso4, csum && gso6};
     s.queue.sg = sg;
     s.queue.rx_gso = {csum && gso4, csum && gso6};
+    s.queue.tx_source = d.nodes->addresses ? d.nodes->addresses->domain : 0;
     s.queue.rate_bytes = d.nodes->rate_bytes;
     s.queue.rate_usec = d.nodes->rate_usec;
     s.queue.resume = resume;

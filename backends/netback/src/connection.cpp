@@ -151,7 +151,7 @@ void VifConnection::teardown() noexcept {
       const auto tx_end = q->queue->tx_end_state();
       const auto rx_end = q->queue->rx_end_state();
       auto n = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
-      spdlog::info("{}: guest tx {} packets {} bytes (errors {}, dropped {}); guest rx {} packets {} bytes "
+      spdlog::info("{}: guest tx {} packets {} bytes (errors {}, dropped {}, not from the vif's address {}); guest rx {} packets {} bytes "
                    "(queued {}, dropped {}, overflow {}, errors {}); rx fill limit {} (held back {}, grew {}, shrank {}); "
                    "waited for rx buffers {} times ({} of them found the buffers only at the {} ms timeout); "
                    "turns tx {} rx {} ({} / {} ms); new tx requests found {} times, {} us after the last look on average "
@@ -159,7 +159,7 @@ void VifConnection::teardown() noexcept {
                    "port muted {} times); fair waits {}; rate-limited {}; "
                    "tx written on another queue's TAP queue {}; rings left: tx {} published and not taken, {} answered "
                    "since the frontend last armed its event; rx {} buffers posted and not taken, {} answered since the frontend last armed its event",
-                   q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped),
+                   q->queue->name(), n(c.tx_packets), n(c.tx_bytes), n(c.tx_errors), n(c.tx_dropped), n(c.tx_spoofed),
                    n(c.rx_packets), n(c.rx_bytes), n(c.rx_queued), n(c.rx_dropped), n(c.rx_overflow), n(c.rx_errors),
                    n(c.rx_fill_limit), n(c.rx_fill_holds), n(c.rx_fill_grows), n(c.rx_fill_shrinks), n(c.rx_waits),
                    n(c.rx_waits_late), q->queue->rx_stall_ms(), n(c.tx_turns), n(c.rx_turns),

@@ -14,6 +14,9 @@
 #include <system_error>
 #include <utility>
 
+#include "xpv/netback/tx_source.h"
+#include "xpv/netback/vif_address.h"
+
 namespace xpv::netback {
 
 using namespace xpv::ring;
@@ -74,7 +77,7 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   // Everything the data path needs is allocated here, never on it.
   tx_slots_.reserve(tx_.size());
   tx_maps_.reserve(kXenNetifNrSlotsMin);
-  tx_iov_.reserve(kXenNetifNrSlotsMin + 1);
+  tx_iov_.reserve(kXenNetifNrSlotsMin + 2);  // the vnet header, the header copy, the slots
   tx_hdr_.resize(kHdrCopy);
   if (cfg_.tx_respond_early) tx_copy_.resize(0xffff);  // a tx packet's size is 16 bits
   rx_held_.reserve(kRxDirectSlots);
@@ -303,11 +306,20 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     std::memcpy(tx_hdr_.data() + hdr, data.data(), n);
     hdr += n;
   }
+  if (status == kNetifRspOkay) tx_header_from_copy(hdr);
   if (status == kNetifRspOkay) {
-    auto v = vnet_from_netif(off, std::span<const std::uint8_t>(tx_hdr_.data(), hdr));
+    const std::span<const std::uint8_t> head(tx_hdr_.data(), hdr);
+    auto v = vnet_from_netif(off, head);
     if (!v) {
       guest_error("tx packet id {}: {}", first.id, to_string(v.error()));
       status = kNetifRspError;
+    } else if (const TxSource src = check_tx_source(head, cfg_.tx_source); src != TxSource::pass) {
+      // Dropped as a firewall drops it: the guest is answered OKAY (tx_source.h).
+      counters_.tx_spoofed.fetch_add(1, std::memory_order_relaxed);
+      guest_error("tx packet id {}: dropped: {} ({})", first.id, to_string(src), ipv4_string(cfg_.tx_source));
+      tx_unmap();
+      tx_respond(kNetifRspOkay);
+      return Step::dropped;
     } else {
       tx_vnet_ = *v;
       const int fd = tx_fd(std::span<const std::uint8_t>(tx_hdr_.data(), hdr), first.size);
@@ -334,6 +346,25 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     return Step::dropped;
   }
   return Step::moved;
+}
+
+void NetbackQueue::tx_header_from_copy(std::size_t hdr) noexcept {
+  // tx_iov_: [0] the vnet header, then the data slots in the guest's pages. The first `hdr` bytes
+  // of those were copied to tx_hdr_ and are what the offload parsing and the source check saw:
+  // they go to the TAP from the copy, the rest from the pages.
+  std::size_t skip = hdr;
+  std::size_t i = 1;
+  while (skip > 0 && i < tx_iov_.size()) {
+    if (tx_iov_[i].iov_len <= skip) {
+      skip -= tx_iov_[i].iov_len;
+      tx_iov_.erase(tx_iov_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      tx_iov_[i].iov_base = static_cast<std::uint8_t*>(tx_iov_[i].iov_base) + skip;
+      tx_iov_[i].iov_len -= skip;
+      skip = 0;
+    }
+  }
+  if (hdr > 0) tx_iov_.insert(tx_iov_.begin() + 1, iovec{tx_hdr_.data(), hdr});
 }
 
 bool NetbackQueue::tx_turn() noexcept {

@@ -314,6 +314,33 @@ TEST_F(NetbackDaemon, AVifsQueuesSettingCapsTheQueuesOfferedToIt) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// A vif with `ip` lets its domain send only from that address (tx_source.h, as Xen's vif scripts'
+// iptables rules): the domain takes a second address on its NIC; a ping from the vif's address
+// is answered, one from the other never reaches the host, and the vif counts what it dropped.
+TEST_F(NetbackDaemon, ADomainCannotSendFromAnAddressItsVifWasNotGiven) {
+  ASSERT_NO_FATAL_FAILURE(up());
+  create(fmt::format("mac=00:16:3e:00:10:08, ip={}.2/24", net_));
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(in(domns(1), fmt::format("ping -c 2 -i 0.2 -W 3 -I {}.2 {}.1", net_, net_)), 0);
+  ASSERT_EQ(in(domns(1), fmt::format("ip addr add {}.9/24 dev eth0", net_)), 0);
+  EXPECT_NE(in(domns(1), fmt::format("ping -c 2 -i 0.2 -W 1 -I {}.9 {}.1", net_, net_)), 0)
+      << "the host answered a ping from an address the vif was not given";
+  EXPECT_EQ(in(domns(1), fmt::format("ping -c 2 -i 0.2 -W 3 -I {}.2 {}.1", net_, net_)), 0) << "the vif still serves";
+  std::uint64_t spoofed = 0;
+  for (int i = 0; i < 40 && spoofed == 0; ++i) {  // bounded: 40 × (0.2 s + the command)
+    auto t = xpv({"top", "--json", "-i", "1", "-d", "0.2"});
+    ASSERT_EQ(t.rc, 0) << t.err;
+    const auto j = nlohmann::json::parse(t.out);
+    ASSERT_EQ(j.at("domains").size(), 1u) << t.out;
+    spoofed = j.at("domains").at(0).at("vifs").at(0).at("counters").value("tx_spoofed", 0ull);
+  }
+  EXPECT_GE(spoofed, 1u);
+  EXPECT_NE(log("xpv-netback.log").find("dropped: an IPv4 source other than the vif's address"), std::string::npos)
+      << log("xpv-netback.log");
+  auto r = xpv({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 // A `queues` node that is not 1..64 (a toolstack's, not xpv's: its config parser refuses such a
 // spec) closes that vif with the reason, as a bad mtu does; nothing is made on the host.
 TEST_F(NetbackDaemon, ABadQueuesNodeClosesTheVifWithTheReason) {

@@ -1133,6 +1133,64 @@ std::vector<std::uint8_t> flow_frame(std::uint8_t src, std::uint16_t sport, std:
 
 // Flow steering (flow_steering.h): the queue writes a guest-tx packet on the TAP queue the vif's
 // table picks for its flow, and tells the table of the rx packets it delivers.
+// A vif with an address (tx_source): a frame from another IPv4 source is answered OKAY, as a
+// firewall's drop, and never reaches the TAP; the one from the domain's address does.
+TEST_F(NetbackQueueTest, TxFromAnotherSourceThanTheVifsAddressIsDroppedAndAnsweredOkay) {
+  const auto good = tcp_frame(1000);
+  const std::uint32_t domain = std::uint32_t{good[26]} << 24 | std::uint32_t{good[27]} << 16 |
+                               std::uint32_t{good[28]} << 8 | good[29];
+  NetbackConfig cfg;
+  cfg.tx_source = domain;
+  start(cfg);
+  auto forged = good;
+  forged[29] ^= 1;  // the next address
+  fe_.tx(slots_for(forged, 16, 1)[0]);
+  fe_.tx(slots_for(good, 17, 2)[0]);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  auto got = host_read();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->second, good);
+  EXPECT_FALSE(host_read()) << "the forged frame reached the TAP";
+  auto r = fe_.tx_responses();
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].id, 1);
+  EXPECT_EQ(r[0].status, kNetifRspOkay);
+  EXPECT_EQ(r[1].status, kNetifRspOkay);
+  EXPECT_EQ(queue_->counters().tx_spoofed.load(), 1u);
+  EXPECT_EQ(queue_->counters().tx_packets.load(), 1u);
+  EXPECT_EQ(queue_->counters().tx_errors.load(), 0u);
+  EXPECT_FALSE(queue_->disabled());
+}
+
+// The header bytes the queue parsed and checked are written from its copy and the rest from the
+// guest's pages: a frame whose first slots are shorter than the copy (10 and 100 bytes, then
+// the rest) reaches the TAP byte for byte.
+TEST_F(NetbackQueueTest, TxFrameWhoseHeaderSpansSeveralShortSlotsIsWrittenWhole) {
+  start();
+  const auto frame = tcp_frame(3000);
+  const std::size_t cut[] = {10, 110};
+  std::vector<NetifTxRequest> s;
+  for (std::size_t i = 0, off = 0; i < 3; ++i) {
+    const std::size_t end = i < 2 ? cut[i] : frame.size();
+    std::memcpy(fe_.page(16 + i).data(), frame.data() + off, end - off);
+    NetifTxRequest q{};
+    q.gref = fe_.grant(16 + i, true);
+    q.id = static_cast<std::uint16_t>(i);
+    q.size = static_cast<std::uint16_t>(i == 0 ? frame.size() : end - off);
+    q.flags = i < 2 ? kNettxfMoreData : 0;
+    s.push_back(q);
+    off = end;
+  }
+  for (const auto& q : s) fe_.tx(q);
+  fe_.tx_push();
+  ASSERT_TRUE(queue_->poll_once());
+  auto got = host_read();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->second, frame);
+  EXPECT_EQ(queue_->counters().tx_bytes.load(), 3000u);
+}
+
 TEST_F(NetbackQueueTest, TxOfAFlowTheSteeringMovedIsWrittenOnTheOtherQueuesTap) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);

@@ -131,6 +131,10 @@ struct NetbackConfig {
   FlowSteering* steer = nullptr;
   unsigned queue_index = 0;
   std::span<const int> tap_fds;
+  // The domain's IPv4 address (host byte order) when the vif's `ip` node gives it one: guest-tx
+  // IPv4 and ARP from any other source, and VLAN-tagged frames, are dropped (tx_source.h, as
+  // Xen's vif scripts' iptables rules). 0: nothing checked.
+  std::uint32_t tx_source = 0;
   // Reattaching to rings a dead xpv-netback served (restart without a guest reboot): whatever it
   // left unanswered is answered without being used (see "Resume" above).
   bool resume = false;
@@ -141,6 +145,7 @@ struct NetbackCounters {
   std::atomic<std::uint64_t> tx_packets{0}, tx_bytes{0};  // guest → host, written to the TAP
   std::atomic<std::uint64_t> tx_errors{0};                 // packets answered NETIF_RSP_ERROR
   std::atomic<std::uint64_t> tx_dropped{0};                // the TAP refused the write
+  std::atomic<std::uint64_t> tx_spoofed{0};                // dropped by the source check (tx_source)
   std::atomic<std::uint64_t> rx_packets{0}, rx_bytes{0};   // host → guest, delivered
   std::atomic<std::uint64_t> rx_dropped{0};                // no buffers in time / too big / bad offload
   std::atomic<std::uint64_t> rx_errors{0};                 // a grant copy into a buffer failed
@@ -231,6 +236,7 @@ class NetbackQueue {
   bool rx_turn() noexcept;
   Step tx_one(std::size_t& bytes) noexcept;
   void tx_unmap() noexcept;  // lets go of the packet's pages (tx_maps_)
+  void tx_header_from_copy(std::size_t hdr) noexcept;  // the first hdr bytes written from tx_hdr_
   void tx_written(ssize_t w, std::size_t size, std::size_t& bytes) noexcept;  // counts a writev
   int tx_fd(std::span<const std::uint8_t> head, std::size_t size) noexcept;  // the TAP fd to write on
   void rx_steer_seen(std::span<const std::uint8_t> head, std::size_t size) noexcept;  // tells cfg_.steer
