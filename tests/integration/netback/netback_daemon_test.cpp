@@ -202,6 +202,13 @@ class NetbackDaemon : public ::testing::Test, protected test::netrig::NetbackRig
             {be + "/frontend", fe}, {be + "/frontend-id", std::to_string(domid)}, {be + "/online", "1"},
             {be + "/handle", "0"}, {be + "/mac", mac}};
   }
+  // Writes those nodes and then `extra` (the states, the nodes a test varies), in that order.
+  void write_netfront_vif(xenbus::client::SyncClient& xs, std::uint16_t domid, const std::string& mac,
+                          const Nodes& extra) const {
+    Nodes nodes = netfront_vif_nodes(domid, mac);
+    nodes.insert(nodes.end(), extra.begin(), extra.end());
+    for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  }
 };
 
 // ---- the data path through the daemon ---------------------------------------------------------
@@ -349,9 +356,8 @@ TEST_F(NetbackDaemon, ABadQueuesNodeClosesTheVifWithTheReason) {
   const std::string gns = make_netfront_guest(kDom, "queues");
   const std::string be = "/local/domain/0/backend/vif/202/0", fe = "/local/domain/202/device/vif/0";
   xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-  Nodes nodes = netfront_vif_nodes(kDom, "00:16:3e:00:60:02");
-  nodes.insert(nodes.end(), {{be + "/ip", net_ + ".2/24"}, {be + "/queues", "0"}, {fe + "/state", "1"}, {be + "/state", "1"}});
-  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  ASSERT_NO_FATAL_FAILURE(write_netfront_vif(xs, kDom, "00:16:3e:00:60:02",
+                                             {{be + "/ip", net_ + ".2/24"}, {be + "/queues", "0"}, {fe + "/state", "1"}, {be + "/state", "1"}}));
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "6"; })) << log("xpv-netback.log");
   EXPECT_EQ(node(be + "/error"), "22 queues '0': expected 1..64");
   EXPECT_FALSE(node(be + "/multi-queue-max-queues").has_value()) << "nothing offered";
@@ -590,9 +596,8 @@ TEST_F(NetbackDaemon, ARestartedDaemonGivesBackBuffersWhoseSlotsItsPredecessorTo
   const std::string be = "/local/domain/0/backend/vif/202/0", fe = "/local/domain/202/device/vif/0";
   {
     xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-    Nodes nodes = netfront_vif_nodes(kDom, "00:16:3e:00:70:01");
-    nodes.insert(nodes.end(), {{be + "/ip", net_ + ".2/24"}, {fe + "/state", "3"}, {be + "/state", "1"}});
-    for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+    ASSERT_NO_FATAL_FAILURE(write_netfront_vif(xs, kDom, "00:16:3e:00:70:01",
+                                               {{be + "/ip", net_ + ".2/24"}, {fe + "/state", "3"}, {be + "/state", "1"}}));
   }
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
   guest_->front->start();
@@ -706,9 +711,8 @@ TEST_F(NetbackDaemon, AFrontendThatStartedOverWhileTheDaemonWasDownIsOfferedTheV
   const std::string gns = make_netfront_guest(kDom, "again");
   const std::string be = "/local/domain/0/backend/vif/203/0", fe = "/local/domain/203/device/vif/0";
   xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-  Nodes nodes = netfront_vif_nodes(kDom, mac);
-  nodes.insert(nodes.end(), {{be + "/ip", net_ + ".2/24"}, {fe + "/state", "3"}, {be + "/state", "1"}});
-  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  ASSERT_NO_FATAL_FAILURE(write_netfront_vif(xs, kDom, mac,
+                                             {{be + "/ip", net_ + ".2/24"}, {fe + "/state", "3"}, {be + "/state", "1"}}));
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
   ASSERT_TRUE(xs.write(fe + "/state", "4"));
   guest_->front->start();
@@ -771,10 +775,9 @@ TEST_F(NetbackDaemon, AGarbageWritingFrontendGetsOnlyItsVifDisabled) {
   const std::string be = "/local/domain/0/backend/vif/200/0", fe = "/local/domain/200/device/vif/0";
   {
     xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-    Nodes nodes = netfront_vif_nodes(kBad, "00:16:3e:00:40:02");
     // One queue announced as Linux's netfront does: the key = 1 and the flat layout.
-    nodes.insert(nodes.end(), {{fe + "/multi-queue-num-queues", "1"}, {fe + "/state", "3"}, {be + "/state", "1"}});
-    for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+    ASSERT_NO_FATAL_FAILURE(write_netfront_vif(xs, kBad, "00:16:3e:00:40:02",
+                                               {{fe + "/multi-queue-num-queues", "1"}, {fe + "/state", "3"}, {be + "/state", "1"}}));
   }
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "4"; })) << log("xpv-netback.log");
   guest_->front->start();
@@ -824,11 +827,9 @@ TEST_F(NetbackDaemon, AVifInErrorIsHeldUntilItsFrontendClosesThenServedAgain) {
   const std::string gns = make_netfront_guest(kDom, "mended");
   const std::string be = "/local/domain/0/backend/vif/201/0", fe = "/local/domain/201/device/vif/0";
   xenbus::client::SyncClient xs(dir_ + "/xs.sock");
-  Nodes nodes = netfront_vif_nodes(kDom, "00:16:3e:00:60:01");
   // The frontend's state before the backend's: the daemon adopts the vif at its `state`.
-  nodes.insert(nodes.end(),
-               {{be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"}, {fe + "/state", "1"}, {be + "/state", "1"}});
-  for (const auto& [p, v] : nodes) ASSERT_TRUE(xs.write(p, v)) << p;
+  ASSERT_NO_FATAL_FAILURE(write_netfront_vif(xs, kDom, "00:16:3e:00:60:01",
+                                             {{be + "/ip", net_ + ".2/24"}, {be + "/mtu", "12"}, {fe + "/state", "1"}, {be + "/state", "1"}}));
   // Refused, said so, Closed; nothing made on the host.
   ASSERT_TRUE(eventually([&] { return node(be + "/state") == "6"; })) << log("xpv-netback.log");
   EXPECT_EQ(node(be + "/error"), "22 mtu '12': expected 68..65535");
