@@ -415,6 +415,14 @@ bool Backend::probe(Device& d, bool publish) {
     }
     n.max_queues = std::min(n.max_queues, static_cast<unsigned>(*v));
   }
+  if (!publish) {
+    // Resuming a vif a dead daemon served: its frontend chose its queues from that daemon's
+    // offer, which this one's limits (another --max-queues, a `queues` node it did not know)
+    // do not take back.
+    if (auto offered = read(d.be_path + "/multi-queue-max-queues")) {
+      if (auto v = parse_uint(*offered, 64); v && *v >= 1) n.max_queues = static_cast<unsigned>(*v);
+    }
+  }
   // Only what is implemented (no control ring, no multicast control, no XDP headroom).
   auto r = !publish ? xenbus::client::Result<void>{} : xs_->transaction([&](xenbus::client::TxId tx) -> xenbus::client::Result<void> {
     auto w = [&](const char* node, const std::string& v) { return xs_->write(d.be_path + "/" + node, v, tx); };

@@ -31,13 +31,13 @@ constexpr std::size_t kRxFillMinSlots = 2 * NetbackQueue::kRxDirectSlots;
 }  // namespace
 
 template <class... Args>
-void NetbackQueue::guest_error(const char* format, Args&&... args) noexcept {
+void NetbackQueue::guest_error_in(std::uint64_t& logged, const char* format, Args&&... args) noexcept {
   // A guest can send bad packets at line rate: log the first few, then one in a thousand.
-  ++guest_errors_logged_;
-  if (guest_errors_logged_ > 10 && guest_errors_logged_ % 1000 != 0) return;
+  ++logged;
+  if (logged > 10 && logged % 1000 != 0) return;
   try {
     spdlog::warn("{}: {}{}", name_, fmt::format(fmt::runtime(format), std::forward<Args>(args)...),
-                 guest_errors_logged_ > 10 ? " (rate-limited)" : "");
+                 logged > 10 ? " (rate-limited)" : "");
   } catch (...) {
   }
 }
@@ -79,6 +79,7 @@ NetbackQueue::NetbackQueue(std::string name, gnttab::GrantMapper& mapper, NetifT
   tx_maps_.reserve(kXenNetifNrSlotsMin);
   tx_iov_.reserve(kXenNetifNrSlotsMin + 2);  // the vnet header, the header copy, the slots
   tx_hdr_.resize(kHdrCopy);
+  if (cfg_.tx_source != 0) tx_source_str_ = ipv4_string(cfg_.tx_source);
   if (cfg_.tx_respond_early) tx_copy_.resize(0xffff);  // a tx packet's size is 16 bits
   rx_held_.reserve(kRxDirectSlots);
   rx_iov_.reserve(kRxDirectSlots + 1);
@@ -316,7 +317,7 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     } else if (const TxSource src = check_tx_source(head, cfg_.tx_source); src != TxSource::pass) {
       // Dropped as a firewall drops it: the guest is answered OKAY (tx_source.h).
       counters_.tx_spoofed.fetch_add(1, std::memory_order_relaxed);
-      guest_error("tx packet id {}: dropped: {} ({})", first.id, to_string(src), ipv4_string(cfg_.tx_source));
+      guest_error_in(spoof_logged_, "tx packet id {}: dropped: {} ({})", first.id, to_string(src), tx_source_str_);
       tx_unmap();
       tx_respond(kNetifRspOkay);
       return Step::dropped;

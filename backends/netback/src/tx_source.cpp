@@ -42,12 +42,16 @@ TxSource check_tx_source(std::span<const std::uint8_t> f, std::uint32_t domain) 
       const std::uint32_t spa = be32(f, kEth + 14);
       return spa == domain || spa == 0 ? TxSource::pass : TxSource::arp_spoofed;
     }
-    case 0x8100:
-    case 0x88a8:
-    case 0x9100:
-      return TxSource::vlan_tagged;
+    case 0x8100:  // 802.1Q
+    case 0x88a8:  // 802.1ad
+    case 0x9100:  // QinQ, pre-standard
+    case 0x8847:  // MPLS unicast
+    case 0x8848:  // MPLS multicast
+    case 0x8864:  // PPPoE session
+      return TxSource::encapsulated;
     default:
-      return TxSource::pass;
+      // Below 0x0600 the field is an 802.3 length: LLC, and SNAP inside it, can carry IPv4.
+      return be16(f, 12) < 0x0600 ? TxSource::encapsulated : TxSource::pass;
   }
 }
 
@@ -56,7 +60,7 @@ const char* to_string(TxSource s) noexcept {
     case TxSource::pass: return "pass";
     case TxSource::ipv4_spoofed: return "an IPv4 source other than the vif's address";
     case TxSource::arp_spoofed: return "an ARP sender other than the vif's address";
-    case TxSource::vlan_tagged: return "a VLAN-tagged frame on a vif with an address";
+    case TxSource::encapsulated: return "a tagged or encapsulated frame (VLAN, LLC/SNAP, MPLS, PPPoE) on a vif with an address";
     case TxSource::truncated: return "an IPv4 or ARP header cut short";
   }
   return "?";

@@ -321,6 +321,37 @@ TEST_F(NetbackDaemon, AVifsQueuesSettingCapsTheQueuesOfferedToIt) {
   EXPECT_EQ(r.rc, 0) << r.err;
 }
 
+// A restarted daemon resumes a vif with the queues its frontend was offered, whatever its own
+// limits say now: here a `queues` node written after the offer, as a daemon that did not know
+// the node leaves it (the toolstack wrote it, that daemon offered two queues anyway).
+TEST_F(NetbackDaemon, ARestartedDaemonKeepsTheQueuesItsPredecessorOffered) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "two queues need two CPUs";
+  ASSERT_NO_FATAL_FAILURE(up());
+  create(fmt::format("mac=00:16:3e:00:10:09, ip={}.2/24", net_), 2);
+  ASSERT_FALSE(HasFailure());
+  const std::string be = "/local/domain/0/backend/vif/1/0", fe = "/local/domain/1/device/vif/0";
+  ASSERT_EQ(node(fe + "/multi-queue-num-queues"), "2");
+  {
+    xenbus::client::SyncClient xs(dir_ + "/xs.sock");
+    ASSERT_TRUE(xs.write(be + "/queues", "1"));
+  }
+  const auto old = netback_pid();
+  ASSERT_TRUE(old);
+  ASSERT_EQ(::kill(*old, SIGKILL), 0);
+  ASSERT_TRUE(eventually([&] {
+    auto p = netback_pid();
+    return p && *p != *old;
+  }, 15s)) << "the supervisor did not restart xpv-netback";
+  ASSERT_TRUE(eventually([&] { return log("xpv-netback.log").find("vif1.0: reconnected to 2 queue(s)") != std::string::npos; },
+                         15s))
+      << log("xpv-netback.log");
+  EXPECT_EQ(node(be + "/state"), "4");
+  EXPECT_FALSE(node(be + "/error").has_value()) << *node(be + "/error");
+  EXPECT_TRUE(ping(hostns_, net_ + ".2"));
+  auto r = xpv({"destroy", "web1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 // A vif with `ip` lets its domain send only from that address (tx_source.h, as Xen's vif scripts'
 // iptables rules): the domain takes a second address on its NIC; a ping from the vif's address
 // is answered, one from the other never reaches the host, and the vif counts what it dropped.

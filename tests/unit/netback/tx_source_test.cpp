@@ -73,11 +73,17 @@ TEST(TxSource, ArpMustAnnounceTheDomainsAddressOrNone) {
   EXPECT_EQ(check_tx_source(arp(kDomain, 0x86dd), kDomain), TxSource::arp_spoofed) << "not IPv4 ARP";
 }
 
-TEST(TxSource, TaggedFramesAreRefusedAndOtherTypesPass) {
-  for (std::uint16_t tpid : {0x8100, 0x88a8, 0x9100}) {
+// What can carry IPv4 past the check: VLAN tags, an 802.3 length (LLC/SNAP), MPLS, PPPoE.
+TEST(TxSource, TaggedAndEncapsulatedFramesAreRefusedAndOtherTypesPass) {
+  for (std::uint16_t type : {0x8100, 0x88a8, 0x9100, 0x8847, 0x8848, 0x8864, 0x0000, 0x05dc, 0x05ff}) {
     auto f = ipv4(kDomain);
-    put16(f, 12, tpid);
-    EXPECT_EQ(check_tx_source(f, kDomain), TxSource::vlan_tagged) << tpid;
+    put16(f, 12, type);
+    EXPECT_EQ(check_tx_source(f, kDomain), TxSource::encapsulated) << type;
+  }
+  for (std::uint16_t type : {0x0600, 0x88cc, 0x888e}) {  // the first EtherType, LLDP, EAPOL
+    auto f = ipv4(kDomain + 1);
+    put16(f, 12, type);
+    EXPECT_EQ(check_tx_source(f, kDomain), TxSource::pass) << type;
   }
   auto v6 = ipv4(kDomain + 7);
   put16(v6, 12, 0x86dd);
@@ -99,6 +105,20 @@ TEST(TxSource, AVifWithoutAnAddressChecksNothing) {
   auto f = ipv4(kDomain);
   put16(f, 12, 0x8100);
   EXPECT_EQ(check_tx_source(f, 0), TxSource::pass);
+}
+
+// The DHCP exception finds the UDP ports after IPv4 options (IHL > 5).
+TEST(TxSource, TheDhcpPortsAreFoundAfterIpOptions) {
+  auto f = ipv4(0, 17, 1, 2);
+  f[14] = 0x46;  // IHL 6: four bytes of options, the ports after them
+  f.resize(14 + 24 + 8);
+  put16(f, 38, 68);
+  put16(f, 40, 67);
+  EXPECT_EQ(check_tx_source(f, kDomain), TxSource::pass);
+  put16(f, 34, 68);  // the ports where IHL 5 would put them, not where IHL 6 does
+  put16(f, 36, 67);
+  put16(f, 38, 1);
+  EXPECT_EQ(check_tx_source(f, kDomain), TxSource::ipv4_spoofed);
 }
 
 }  // namespace

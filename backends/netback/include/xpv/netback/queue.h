@@ -252,8 +252,15 @@ class NetbackQueue {
   void tx_respond(std::int16_t status) noexcept;
   void push_and_notify() noexcept;
   void disable(const char* why) noexcept;
+  // A guest's fault, logged rate-limited (the first 10, then one in 1000) against `logged`:
+  // guest_error's budget for malformed packets, spoof_logged_'s for the source check's drops, so
+  // a flood of one kind does not hide the other.
   template <class... Args>
-  void guest_error(const char* fmt, Args&&... args) noexcept;
+  void guest_error_in(std::uint64_t& logged, const char* fmt, Args&&... args) noexcept;
+  template <class... Args>
+  void guest_error(const char* fmt, Args&&... args) noexcept {
+    guest_error_in(guest_errors_logged_, fmt, std::forward<Args>(args)...);
+  }
 
   std::string name_;
   gnttab::GrantMapper& mapper_;
@@ -271,6 +278,8 @@ class NetbackQueue {
   std::atomic<bool> disabled_{false};
   NetbackCounters counters_;
   std::uint64_t guest_errors_logged_ = 0;
+  std::uint64_t spoof_logged_ = 0;
+  std::string tx_source_str_;  // cfg_.tx_source as a.b.c.d (made once, for the drops' log line)
 
   // TX state.
   std::optional<ring::NetifTxRequest> tx_held_;  // first slot of a packet waiting for credit

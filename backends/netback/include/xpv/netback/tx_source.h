@@ -5,11 +5,13 @@
 // guest cannot take another host's address. xpv-netback has no script; it makes the same check
 // itself on every guest-tx frame of a vif whose `ip` node gives the domain an address, before the
 // frame reaches the TAP — for a bridged vif too, where a bridge would otherwise carry a forged
-// source to every port. It also checks what iptables never sees: an ARP packet must announce the
-// domain's address (or 0.0.0.0, an RFC 5227 probe), and an 802.1Q / 802.1ad tagged frame, whose
-// inner packet the check does not parse, is refused. Every other EtherType passes, IPv6 among
-// them (the scripts' rules are IPv4 only, and xpv's `ip` is an IPv4 address). The MAC source is
-// not checked (neither do Xen's scripts nor Linux netback).
+// source to every port. It also checks what iptables never sees: an ARP packet must be Ethernet/
+// IPv4 ARP announcing the domain's address (or 0.0.0.0, an RFC 5227 probe), and a frame that can
+// carry IPv4 inside something the check does not parse is refused: 802.1Q / 802.1ad tags, an
+// 802.3 length instead of an EtherType (LLC/SNAP), MPLS, PPPoE sessions. An IPv4 or ARP header
+// cut short is refused too. Every other EtherType passes, IPv6 among them (the scripts' rules are
+// IPv4 only, and xpv's `ip` is an IPv4 address). The MAC source is not checked (neither do Xen's
+// scripts nor Linux netback).
 //
 // The caller checks a copy of the frame's first bytes and writes those same bytes to the TAP
 // (queue.cpp): a guest that changes its page after the check cannot change what was checked.
@@ -24,7 +26,7 @@ enum class TxSource {
   pass,
   ipv4_spoofed,   // an IPv4 source other than the domain's (and not a DHCP request from 0.0.0.0)
   arp_spoofed,    // an ARP sender address other than the domain's or 0.0.0.0, or not IPv4-over-Ethernet ARP
-  vlan_tagged,    // 0x8100 / 0x88a8 / 0x9100: its inner packet is not looked into
+  encapsulated,   // VLAN tags, 802.3 length (LLC/SNAP), MPLS, PPPoE session: the inside is not looked into
   truncated,      // an IPv4 or ARP frame too short (in `frame`) to hold the fields checked
 };
 
