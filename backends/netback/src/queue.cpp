@@ -307,8 +307,8 @@ NetbackQueue::Step NetbackQueue::tx_one(std::size_t& bytes) noexcept {
     std::memcpy(tx_hdr_.data() + hdr, data.data(), n);
     hdr += n;
   }
-  if (status == kNetifRspOkay) tx_header_from_copy(hdr);
   if (status == kNetifRspOkay) {
+    tx_header_from_copy(hdr);
     const std::span<const std::uint8_t> head(tx_hdr_.data(), hdr);
     auto v = vnet_from_netif(off, head);
     if (!v) {
