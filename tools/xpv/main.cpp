@@ -161,6 +161,14 @@ int main(int argc, char** argv) {
   pause->add_option("domain", which, "name or id")->required();
   auto* unpause = app.add_subcommand("unpause", "let a paused HVM domain's vCPUs run again (or start one created paused), as xl unpause");
   unpause->add_option("domain", which, "name or id")->required();
+  std::vector<std::string> vcpu_domains;
+  auto* vcpu_list = app.add_subcommand("vcpu-list", "where HVM domains' vCPUs run: host CPU, state, CPU time, the CPUs each may use, as xl vcpu-list");
+  vcpu_list->add_option("domain", vcpu_domains, "names or ids (default: every running HVM domain)");
+  std::string pin_vcpu, pin_cpus;
+  auto* vcpu_pin = app.add_subcommand("vcpu-pin", "restrict an HVM domain's vCPU (or all) to host CPUs while it runs, as xl vcpu-pin (the config's `cpus` does it at start)");
+  vcpu_pin->add_option("domain", which, "name or id")->required();
+  vcpu_pin->add_option("vcpu", pin_vcpu, "vCPU number, or all")->required();
+  vcpu_pin->add_option("cpus", pin_cpus, "host CPUs, xl's CPU-LIST: \"0-3,^1\", \"2\", all")->required();
   auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
   monitor->group("");
   unsigned monitor_domid = 0;
@@ -223,6 +231,8 @@ int main(int argc, char** argv) {
     else if (*create) ts::cmd_create(ctx, cfg, !no_wait, /*lock_held=*/false, create_paused);
     else if (*pause) ts::cmd_pause(ctx, which);
     else if (*unpause) ts::cmd_unpause(ctx, which);
+    else if (*vcpu_list) ts::cmd_vcpu_list(ctx, vcpu_domains);
+    else if (*vcpu_pin) ts::cmd_vcpu_pin(ctx, which, pin_vcpu, pin_cpus);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*top) ts::cmd_top(ctx, top_opts);
     else if (*destroy) ts::cmd_destroy(ctx, which);

@@ -129,6 +129,13 @@ void ControlClient::unbind(std::uint32_t port) {
 void ControlClient::unpause() { (void)call(MsgType::unpause, {}); }
 void ControlClient::pause() { (void)call(MsgType::pause, {}); }
 
+std::vector<std::uint32_t> ControlClient::vcpu_threads() {
+  Message m = call(MsgType::get_vcpu_threads, {});
+  auto tids = decode_vcpu_threads(m.payload);
+  if (!tids) throw ControlError(EPROTO, "control socket: malformed vCPU threads answer");
+  return std::move(*tids);
+}
+
 ControlClient::DirectFds ControlClient::direct_upcall(std::uint32_t vcpu) {
   DirectUpcallRequest req{vcpu, 0};
   std::vector<UniqueFd> fds;

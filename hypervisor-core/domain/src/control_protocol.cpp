@@ -20,7 +20,7 @@ const char* to_string(ProtoError e) noexcept {
 namespace {
 bool known_request(std::uint16_t t) noexcept {
   return t >= static_cast<std::uint16_t>(MsgType::hello) &&
-         t <= static_cast<std::uint16_t>(MsgType::pause);
+         t <= static_cast<std::uint16_t>(MsgType::get_vcpu_threads);
 }
 }  // namespace
 
@@ -62,6 +62,7 @@ Expected<Request, ProtoError> decode_request(const Message& m) noexcept {
     case MsgType::get_xenstore:
     case MsgType::unpause:
     case MsgType::pause:
+    case MsgType::get_vcpu_threads:
       if (!m.payload.empty()) return fail(ProtoError::bad_payload);
       return r;
   }
@@ -137,6 +138,27 @@ std::vector<std::uint8_t> encode_grant_table(std::uint32_t max_frames,
 
 std::string socket_path(std::uint16_t domid, const std::string& run_dir) {
   return run_dir + "/dom" + std::to_string(domid) + ".sock";
+}
+
+Expected<std::vector<std::uint32_t>, ProtoError> decode_vcpu_threads(std::span<const std::uint8_t> payload) noexcept {
+  if (payload.size() < sizeof(VcpuThreadsResponse)) return fail(ProtoError::bad_payload);
+  VcpuThreadsResponse head;
+  std::memcpy(&head, payload.data(), sizeof head);
+  if (head.pad != 0 || head.nr_vcpus == 0 || head.nr_vcpus > kMaxVcpuThreads ||
+      payload.size() != sizeof head + std::size_t{head.nr_vcpus} * sizeof(std::uint32_t)) {
+    return fail(ProtoError::bad_payload);
+  }
+  std::vector<std::uint32_t> tids(head.nr_vcpus);
+  std::memcpy(tids.data(), payload.data() + sizeof head, tids.size() * sizeof(std::uint32_t));
+  return tids;
+}
+
+std::vector<std::uint8_t> encode_vcpu_threads(const std::vector<std::uint32_t>& tids) {
+  VcpuThreadsResponse head{static_cast<std::uint32_t>(tids.size()), 0};
+  std::vector<std::uint8_t> out(sizeof head + tids.size() * sizeof(std::uint32_t));
+  std::memcpy(out.data(), &head, sizeof head);
+  if (!tids.empty()) std::memcpy(out.data() + sizeof head, tids.data(), tids.size() * sizeof(std::uint32_t));
+  return out;
 }
 
 }  // namespace xpv::domain::control

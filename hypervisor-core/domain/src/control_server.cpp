@@ -235,6 +235,14 @@ bool ControlServer::serve_one(Connection& c) {
       if (auto r = handler_.pause(); !r) return reply_error(fd, seq, r.error(), std::strerror(r.error()));
       return reply(fd, rsp, seq, {});
     }
+    case MsgType::get_vcpu_threads: {
+      auto tids = handler_.vcpu_threads();
+      if (!tids) return reply_error(fd, seq, tids.error(), std::strerror(tids.error()));
+      if (tids->empty() || tids->size() > kMaxVcpuThreads) {
+        return reply_error(fd, seq, EOVERFLOW, "the domain has " + std::to_string(tids->size()) + " vCPU threads");
+      }
+      return reply(fd, rsp, seq, encode_vcpu_threads(*tids));
+    }
     case MsgType::get_direct_upcall: {
       const auto& req = std::get<DirectUpcallRequest>(rq->body);
       auto du = handler_.direct_upcall(req.vcpu);

@@ -182,6 +182,11 @@ Expected<void, int> Domain::pause() {
   return pause_();
 }
 
+Expected<std::vector<std::uint32_t>, int> Domain::vcpu_threads() {
+  if (!vcpu_threads_) return fail(EOPNOTSUPP);
+  return vcpu_threads_();
+}
+
 void Domain::enable_direct_upcalls(std::vector<UniqueFd> vcpu_fds, const GuestMemory& spans_from) {
   if (direct_) throw std::logic_error("direct upcalls enabled twice");
   if (vcpu_fds.size() != config_.vcpus) {

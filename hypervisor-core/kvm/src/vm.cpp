@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -103,6 +104,7 @@ struct Vm::Vcpu {
   // under kick_mu_, so a thread being (or already) joined is never signalled.
   pthread_t handle{};
   bool alive = false;
+  std::atomic<pid_t> tid{0};  // the thread's id while it runs (vcpu_threads), else 0
   std::array<std::atomic<std::uint64_t>, kExitReasons> exits{};
   // Monitor samples (see vm.h): generation answered and whether it was halted with IF=0.
   std::atomic<std::uint64_t> sample_gen{0};
@@ -160,6 +162,9 @@ const char* exit_reason_name(std::size_t r) noexcept {
 Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
   if (cfg.vcpus == 0 || cfg.vcpus > kMaxVcpus) {
     throw std::runtime_error(fmt::format("vcpus = {}: must be 1..{}", cfg.vcpus, kMaxVcpus));
+  }
+  if (cfg.affinity.size() > cfg.vcpus) {
+    throw std::runtime_error(fmt::format("CPU lists for {} vCPUs, but the VM has {}", cfg.affinity.size(), cfg.vcpus));
   }
   if (cfg.memory_bytes < (32ull << 20)) {
     throw std::runtime_error(fmt::format("memory = {} MiB: at least 32 MiB", cfg.memory_bytes >> 20));
@@ -738,6 +743,13 @@ Result<void> Vm::resume() noexcept {
 
 bool Vm::paused() const noexcept { return pause_wanted_.load(); }
 
+std::vector<pid_t> Vm::vcpu_threads() const noexcept {
+  std::vector<pid_t> r;
+  r.reserve(vcpus_.size());
+  for (const auto& v : vcpus_) r.push_back(v->tid.load());
+  return r;
+}
+
 void Vm::park(Vcpu& v) noexcept {
   std::unique_lock lk(pause_mu_);
   v.parked = true;
@@ -986,8 +998,20 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
       v.handle = pthread_self();
       v.alive = true;
     }
-    auto r = vcpu_loop(v);
-    if (!r) request_stop(StopReason::error, r.error().message);
+    v.tid.store(::gettid());
+    bool placed = true;
+    // Placed before it first enters the guest (xl's `cpus`): the guest never runs elsewhere.
+    if (v.id < cfg_.affinity.size() && !cfg_.affinity[v.id].empty()) {
+      if (auto r = place_thread(0, cfg_.affinity[v.id]); !r) {
+        request_stop(StopReason::error, fmt::format("vCPU {}: cannot be placed on CPUs {}: {}", v.id,
+                                                    format_cpu_list(cfg_.affinity[v.id]), r.error().message));
+        placed = false;
+      }
+    }
+    if (placed) {
+      auto r = vcpu_loop(v);
+      if (!r) request_stop(StopReason::error, r.error().message);
+    }
   } catch (const std::exception& e) {
     request_stop(StopReason::error, fmt::format("vCPU {}: {}", v.id, e.what()));
   } catch (...) {
@@ -1000,6 +1024,7 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
   pause_cv_.notify_all();
   std::lock_guard lk(kick_mu_);
   v.alive = false;
+  v.tid.store(0);
   t_run = nullptr;
   t_vcpu = nullptr;
 }

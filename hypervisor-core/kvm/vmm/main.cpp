@@ -1,7 +1,7 @@
 // xpv-vmm — one HVM domain on KVM: boots a Linux kernel (bzImage or vmlinux) directly.
 //
 //   xpv-vmm --kernel K [--initrd I] [--cmdline S] [--vcpus N] [--memory MiB]
-//           [--console stdio|socket:PATH] [--stats] [--stats-file PATH]
+//           [--console stdio|socket:PATH] [--stats] [--stats-file PATH] [--vcpu-affinity V:CPUS]...
 //           [--xen --domid N --name NAME [--run-dir DIR] [--upcall vector|callback|intx]
 //            [--max-grant-frames N] [--pv-console stdio|socket:PATH [--pv-console-log FILE]]]
 //
@@ -12,6 +12,9 @@
 // statistics file (xpv/stats_file.h) rewritten about once a second while the guest runs and
 // removed when it stops (not when xpv-vmm is killed: `xpv destroy` removes it then); the
 // toolstack passes RUN/stats/vmm<N>, which `xpv top` reads.
+//
+// --vcpu-affinity V:CPU-LIST (repeatable; xl's `cpus`, cpu_list.h): vCPU V's thread runs only on
+// those host CPUs, placed before it first enters the guest.
 //
 // Exit status: 0 guest powered off (or halted), 2 guest asked for a reboot, 3 triple fault,
 // 1 VMM error (bad arguments, bad image, KVM failure; one line on stderr saying which).
@@ -142,11 +145,14 @@ int run(int argc, char** argv) {
   bool xen = false, paused = false;
   xpv::vmm::XenDomainConfig xcfg;
   std::string upcall = "vector";
+  std::vector<std::string> affinity_specs;
   app.add_option("--kernel", kernel, "bzImage or vmlinux ELF")->required();
   app.add_option("--initrd", initrd, "initial ramdisk");
   app.add_option("--cmdline", cmdline, "kernel command line")->capture_default_str();
   app.add_option("--vcpus", vcpus, "number of vCPUs")->capture_default_str();
   app.add_option("--memory", memory_mib, "guest memory in MiB")->capture_default_str();
+  app.add_option("--vcpu-affinity", affinity_specs,
+                 "V:CPU-LIST: vCPU V runs only on these host CPUs (\"0-3,^2\"; repeat for each vCPU placed)");
   app.add_option("--console", console_spec, "stdio or socket:PATH")->capture_default_str();
   app.add_option("--console-log", console_log, "also append the guest's console output to this file");
   app.add_flag("--stats", stats, "print exit counters on stderr when the VM stops");
@@ -209,6 +215,13 @@ int run(int argc, char** argv) {
   xpv::kvm::VmConfig cfg;
   cfg.vcpus = vcpus;
   cfg.memory_bytes = mem;
+  if (!affinity_specs.empty()) {
+    const auto allowed = xpv::kvm::cpus_of_thread(0);
+    if (!allowed) throw std::runtime_error("--vcpu-affinity: the CPUs this process may use: " + allowed.error().message);
+    auto placed = xpv::kvm::parse_vcpu_affinity(affinity_specs, vcpus, *allowed);
+    if (!placed) throw std::runtime_error("--vcpu-affinity " + placed.error().message);
+    cfg.affinity = std::move(*placed);
+  }
   if (xen) {
     xcfg.upcall = upcall == "intx"       ? xpv::xen::UpcallMode::intx
                   : upcall == "callback" ? xpv::xen::UpcallMode::callback_vector

@@ -509,6 +509,11 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     publish_state("paused");
     return {};
   });
+  domain_->set_vcpu_threads_handler([this] {
+    std::vector<std::uint32_t> tids;
+    for (const pid_t t : vm_.vcpu_threads()) tids.push_back(static_cast<std::uint32_t>(t));
+    return tids;
+  });
   publish_state("paused");  // until unpaused: xpv-vmm --paused waits for it, else main does at once
   io_thread_ = std::thread([this] {
     set_thread_name("xen-events");  // dom0 kicks → upcalls; the control socket

@@ -67,6 +67,8 @@ const std::vector<std::string>& samples() {
       "name = 'g'\nbuilder = 'hvm'\nkernel = '/boot/vmlinuz'\nvcpus = 2\nvnc = 1\nupcall = 'intx'\n"
       "on_reboot = 'destroy'\n",
       "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmemory = 384\nmaxmem = 1024\n",
+      "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nvcpus = 3\ncpus = '0-3,5,^1'\n",
+      "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nvcpus = 2\ncpus = ['3-4', '2-6,^4', '1']\ncpus_soft = 'all'\n",
       // README.md
       "name = \"g1\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\n"
       "kernel = \"IMAGE/vmlinuz\"            # `xpv image build` prints IMAGE\n"
@@ -145,6 +147,7 @@ const std::vector<std::string>& tokens() {
       "builder", "'hvm'", "'process'", "kernel", "ramdisk", "extra", "disk", "vif", "upcall",
       "on_crash", "vnc", "target=", "vdev=", "xvda", "xvdzzzz", "d1048575p255", "hdd63", ",xvda",
       "access=", "format=", "devtype=", "mac=", "ip=", "rate=", "mtu=", "vifname=", "bridge=", "queues=", "64", "65",
+      "cpus", "cpus_soft", "'all'", "^", "'^0'", "nodes:", "1023", "1024", "'0-1023'",
       "00:16:3e:00:00:01", "10.0.0.2/24", "/30", "/31", "10Mb/s", "1099511627776GB/s",
       "@18446744073709552ms", "@10s", "\xff", "\xc3\xa9", "\x1b[31m", "\x7f"};
   return t;
@@ -249,7 +252,7 @@ void mutate(std::string& s, Rng& rng) {
     }
     case 11: {  // a setting with an edge value
       static const char* const keys[] = {"memory", "maxmem", "vcpus", "name", "type", "kernel",
-                                         "upcall", "on_poweroff", "disk", "vif", "vnc", "frob"};
+                                         "upcall", "on_poweroff", "disk", "vif", "vnc", "frob", "cpus"};
       const std::string key = keys[below(rng, std::size(keys))];
       std::string value;
       if (key == "disk" || key == "vif") {
@@ -438,6 +441,11 @@ void expect_valid(const DomainConfig& c) {
   EXPECT_LE(c.maxmem_mib, 1u << 20);
   EXPECT_GE(c.vcpus, 1u);
   EXPECT_LE(c.vcpus, 128u);
+  EXPECT_LE(c.vcpu_affinity.size(), c.vcpus) << "a CPU list for a vCPU the domain does not have";
+  for (const auto& l : c.vcpu_affinity) EXPECT_FALSE(l.empty()) << "a placement on no CPU";
+  if (c.type != DomainType::hvm) {
+    EXPECT_TRUE(c.vcpu_affinity.empty()) << "a process domain placed";
+  }
   if (c.type == DomainType::hvm) {
     EXPECT_FALSE(c.kernel.empty());
   } else {
@@ -472,6 +480,7 @@ std::string describe(const DomainConfig& c, bool all) {
                   std::to_string(c.vcpus) + "|" + c.kernel + "|" + c.ramdisk + "|" + c.extra + "|" +
                   std::to_string(static_cast<int>(c.upcall)) + to_string(c.on_poweroff) +
                   to_string(c.on_reboot) + to_string(c.on_crash);
+  for (const auto& l : c.vcpu_affinity) s += "|cpus " + kvm::format_cpu_list(l);
   for (const DiskSpec& d : c.disks) {
     s += "|disk " + d.target + "," + d.format + "," + std::to_string(d.vdev.devid) + "," +
          d.vdev.name + "," + std::to_string(d.vdev.disk) + "," + std::to_string(d.vdev.partition) +
@@ -500,6 +509,11 @@ std::string to_xl(const DomainConfig& c) {
     s += "extra = " + quote(c.extra) + "\n";
     static const char* const upcalls[] = {"vector", "callback", "intx"};
     s += std::string("upcall = '") + upcalls[static_cast<int>(c.upcall)] + "'\n";
+    if (!c.vcpu_affinity.empty()) {
+      s += "cpus = [";
+      for (const auto& l : c.vcpu_affinity) s += " '" + kvm::format_cpu_list(l) + "',";
+      s += " ]\n";
+    }
   }
   s += std::string("on_poweroff = '") + to_string(c.on_poweroff) + "'\non_reboot = '" + to_string(c.on_reboot) +
        "'\non_crash = '" + to_string(c.on_crash) + "'\n";

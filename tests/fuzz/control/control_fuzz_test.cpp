@@ -85,7 +85,7 @@ constexpr std::uint32_t kFirstPort = 5, kLastPort = 12;  // guest ports unbound 
 constexpr std::uint32_t kDom0Offset = 100;             // dom0 port = guest port + 100
 constexpr std::uint16_t kDomid = 7;
 constexpr std::uint16_t kVcpus = 2;
-constexpr int kLastType = static_cast<int>(MsgType::pause);  // request types are 1..kLastType
+constexpr int kLastType = static_cast<int>(MsgType::get_vcpu_threads);  // request types are 1..kLastType
 const char* const kName = "guest-fuzz";
 
 std::size_t open_fds() {
@@ -102,7 +102,7 @@ Bytes bytes(const T& v) {
 
 // A handler call as the handler saw it.
 struct Call {
-  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall) P(ause)
+  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall) P(ause) t(hreads)
   std::uint32_t arg = 0;
   bool operator==(const Call&) const = default;
 };
@@ -113,7 +113,7 @@ std::string show(const std::vector<Call>& cs) {
 }
 
 // The domain: two memory regions with a known byte, two grant frames, guest ports 5..12 unbound
-// for dom0, two vCPUs with direct upcalls; xenstore, unpause and pause answer as the test sets them.
+// for dom0, two vCPUs with direct upcalls; xenstore, unpause, pause and vCPU threads answer as the test sets them.
 class FuzzDomain : public ControlHandler {
  public:
   FuzzDomain() : mem_(DomainMemory::create("control-fuzz", {{0, 0x10000}, {0x100000, 0x4000}})) {
@@ -164,6 +164,11 @@ class FuzzDomain : public ControlHandler {
     if (++pauses % 2 == 0) return fail(EALREADY);
     return {};
   }
+  Expected<std::vector<std::uint32_t>, int> vcpu_threads() override {
+    note({'t', 0});
+    if (++thread_asks % 2 == 0) return fail(EOPNOTSUPP);
+    return std::vector<std::uint32_t>{4242, 0};
+  }
   Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) override {
     note({'d', vcpu});
     if (vcpu >= kVcpus) return fail(ENOENT);
@@ -177,6 +182,7 @@ class FuzzDomain : public ControlHandler {
   bool xenstore_ok = true;
   unsigned unpauses = 0;
   unsigned pauses = 0;
+  unsigned thread_asks = 0;
   std::thread::id io_thread;
 
  private:
@@ -288,6 +294,7 @@ class World {
     server_.on_io([&] { return server_.domain().xenstore_ok = xenstore_ok_; });
     unpauses_ = server_.on_io([&] { return server_.domain().unpauses; });
     pauses_ = server_.on_io([&] { return server_.domain().pauses; });
+    thread_asks_ = server_.on_io([&] { return server_.domain().thread_asks; });
     if (one_in(40) && !kSanitized) {
       starve();
       if (::testing::Test::HasFailure()) return;
@@ -608,6 +615,7 @@ class World {
       case MsgType::get_xenstore:
       case MsgType::unpause:
       case MsgType::pause:
+      case MsgType::get_vcpu_threads:
         if (len != 0) return o;
         break;
     }
@@ -662,6 +670,10 @@ class World {
         o.calls.push_back({'d', upcall.vcpu});
         if (upcall.vcpu >= kVcpus) return err(ENOENT);
         return answer(bytes(DirectUpcallResponse{kVcpus, 0}), 2);
+      case MsgType::get_vcpu_threads:
+        o.calls.push_back({'t', 0});
+        if (++thread_asks_ % 2 == 0) return err(EOPNOTSUPP);
+        return answer(encode_vcpu_threads({4242, 0}), 0);
       case MsgType::hello: break;
     }
     return o;
@@ -756,6 +768,7 @@ class World {
   bool xenstore_ok_ = true;
   unsigned unpauses_ = 0;
   unsigned pauses_ = 0;
+  unsigned thread_asks_ = 0;
   std::uint32_t seq_ = 0;
 };
 
@@ -835,7 +848,7 @@ TEST(ControlSocketFuzz, AHostileClientGetsExactAnswersOrACloseAndLeavesAWorkingS
   if (HasFailure() || n < 20) return;
   // Not a check of the server: that the fuzzer reached the answers as well as the refusals.
   for (int t = 1; t <= kLastType; ++t) EXPECT_GT(totals.answers[t], n / 10) << "type " << t << " rarely answered";
-  for (const int t : {1, 2, 4, 5, 6, 7, 8, 9}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
+  for (const int t : {1, 2, 4, 5, 6, 7, 8, 9, 10}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
   EXPECT_GT(totals.closes, 5 * n);
   EXPECT_GT(totals.fd_closes, n / 2);
   EXPECT_GT(totals.binds, n);

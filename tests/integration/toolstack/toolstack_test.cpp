@@ -760,6 +760,41 @@ TEST_F(Toolstack, PauseRefusesWhatHasNoVcpus) {
   EXPECT_EQ(doms[1]["state"], "running") << r.out;
 }
 
+// `xpv vcpu-list` / `xpv vcpu-pin` and `cpus`: a process domain has no vCPU threads to place,
+// which each says in one line; a bad CPU list is refused before any domain is looked at; with no
+// HVM domain running the list is its header alone. (An HVM guest's vCPUs placed by `cpus` and
+// moved by vcpu-pin: tests/testbed/hvm.)
+TEST_F(Toolstack, VcpuPlacementRefusesWhatHasNoVcpus) {
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto bad = h.write("b.cfg", "name = \"b\"\nmemory = 64\ncpus = \"0\"\n");
+  const auto before = tree(h.xs_socket);
+  auto r = h.run({"create", bad});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}:3: 'cpus': makes sense only for type = \"hvm\" (a process domain has no "
+                               "vCPU threads to place)\n",
+                               bad));
+  EXPECT_EQ(tree(h.xs_socket), before) << "a refused configuration leaves nothing";
+  const auto cfg = h.write("a.cfg", "name = \"a\"\nmemory = 64\n");
+  ASSERT_EQ(h.run({"create", cfg}).rc, 0);
+  r = h.run({"vcpu-pin", "a", "0", "0"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv vcpu-pin: a (id 1) is a process domain: it has no vCPUs to place\n");
+  r = h.run({"vcpu-list", "a"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv vcpu-list: a (id 1) is a process domain: it has no vCPUs to place\n");
+  r = h.run({"vcpu-pin", "a", "0", "3-1"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv vcpu-pin: CPU list '3-1': a range must not run downward\n");
+  r = h.run({"vcpu-pin", "nosuch", "0", "0"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv vcpu-pin: no domain named 'nosuch'\n");
+  r = h.run({"vcpu-list"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.substr(0, 4), "Name");
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "a process domain has no rows: " << r.out;
+}
+
 // `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite
 // runs for minutes (it used to fail only when the results were written); an unknown suite, or a
 // suite refusing its settings, leaves nothing made.

@@ -92,6 +92,9 @@ maxmem = 512"
                     ip link set xpvbr$i up; } 2>&1 ) && BRIDGE_ERR= || BRIDGE_ERR="${BRIDGE_ERR:-ip failed}"
     VIF="mac=00:16:3e:00:00:0$i, bridge=xpvbr$i, ip=10.0.$i.2/24"
   fi
+  # INTx guests: each vCPU placed on one of L1's two CPUs (xl's `cpus`), vCPU 0 on CPU 1.
+  CPUS=
+  [ "$M" = intx ] && CPUS='cpus = ["1", "0"]'
   cp --sparse=always $IMG/root.ext4 $W/$M.ext4
   cat > $W/$N.cfg <<CFG
 name = "$N"
@@ -104,6 +107,7 @@ ramdisk = "$IMG/initrd.cpio"
 extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30 xpv.shutdown_wait=90$MODOPT"
 disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ '$VIF' ]
+$CPUS
 CFG
   {
     # (In the section, so that a failed attempt's dump shows it.)
@@ -210,6 +214,22 @@ CFG
           ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PU=yes; break; }
         done
         echo "XPV-TEST: ping-after-unpause $PU"
+        if [ "$M" = intx ]; then
+          # `cpus` placed the vCPU threads as they started; `xpv vcpu-list` says so, the kernel
+          # agrees; `xpv vcpu-pin` moves them while the guest runs (and it answers a ping after).
+          echo "XPV-TEST: vcpu-threads $(vcpu_threads)"
+          $B/xpv vcpu-list $N | sed 's/^/XPV-TEST: vcpu-list /'
+          OUT=$($B/xpv vcpu-pin $N all 0-1 2>&1)
+          echo "XPV-TEST: vcpu-pin rc=$? $OUT"
+          echo "XPV-TEST: vcpu-threads-pinned $(vcpu_threads)"
+          OUT=$($B/xpv vcpu-pin $N 2 0 2>&1)
+          echo "XPV-TEST: vcpu-pin-bad rc=$? $OUT"
+          PV=no
+          for k in 1 2 3 4 5; do
+            ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PV=yes; break; }
+          done
+          echo "XPV-TEST: ping-after-vcpu-pin $PV"
+        fi
         # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
         # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl
         # list. Bounded: 180 s.
@@ -243,6 +263,8 @@ CFG
         OUT=$($B/xpv reboot $N --timeout 80 2>&1)
         echo "XPV-TEST: reboot rc=$? $OUT"
         grep -h "xpv-monitor" $W/log/monitor-$N.log | sed 's/^/XPV-TEST: monitor /'
+        # The domain created again from its configuration: `cpus` placed the new threads as before.
+        echo "XPV-TEST: vcpu-threads-after-reboot $(vcpu_threads)"
         WAITS=2
         START=$(date +%s)
         LAST=$START
@@ -262,6 +284,25 @@ CFG
     $B/xpv destroy $N >/dev/null
     [ "$M" = callback ] && ip link del xpvbr$i 2>/dev/null
   } > $W/attempt.out 2>&1
+}
+
+# "V:CPUS ..." for each vCPU thread of $N's xpv-vmm, as the kernel has them (/proc: the thread's
+# name and Cpus_allowed_list; independent of `xpv vcpu-list`). Waits (bounded: 10 s) for both.
+vcpu_threads() {
+  k=0
+  while [ $k -lt 20 ]; do
+    V=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
+    R=
+    for t in /proc/$V/task/*; do
+      case "$(cat $t/comm 2>/dev/null)" in
+        vcpu*) R="$R$(cat $t/comm | sed 's/vcpu//'):$(awk '/^Cpus_allowed_list/ { print $2 }' $t/status) " ;;
+      esac
+    done
+    [ "$(echo $R | wc -w)" -ge 2 ] && break
+    sleep 0.5
+    k=$((k + 1))
+  done
+  echo "$R" | tr ' ' '\n' | sort | tr '\n' ' ' | sed 's/^ *//; s/ *$//'
 }
 
 i=0

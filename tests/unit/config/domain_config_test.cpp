@@ -209,6 +209,51 @@ TEST(DomainConfig, RelativePathsBecomeAbsolute) {
 }
 
 // Found by tests/fuzz/config: values quoted in a message keep it one line ("\n" in a string).
+TEST(DomainConfig, CpusPlacesTheVcpusAsXlDoes) {
+  const std::string hvm = "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nvcpus = 3\n";
+  auto canon = [](const DomainConfig& c) {
+    std::string s;
+    for (const auto& l : c.vcpu_affinity) s += (s.empty() ? "" : " | ") + (l.empty() ? std::string("-") : kvm::format_cpu_list(l));
+    return s;
+  };
+  // One list: every vCPU; a list of lists: vCPU i gets item i, the rest are not placed.
+  EXPECT_EQ(canon(parse_domain_config(hvm + "cpus = '0-3,5,^1'\n", "vm.cfg", false)), "0,2,3,5 | 0,2,3,5 | 0,2,3,5");
+  EXPECT_EQ(canon(parse_domain_config("cpus = '1'\n" + hvm, "vm.cfg", false)), "1 | 1 | 1") << "vcpus given after cpus";
+  EXPECT_EQ(canon(parse_domain_config(hvm + "cpus = ['3-4', '2-6,^4']\n", "vm.cfg", false)), "3,4 | 2,3,5,6");
+  EXPECT_EQ(canon(parse_domain_config(hvm, "vm.cfg", false)), "") << "no cpus: nothing placed";
+  auto extra = parse_domain_config(hvm + "cpus = ['0', '1', '0', '1', '0']\n", "vm.cfg", false);
+  EXPECT_EQ(canon(extra), "0 | 1 | 0");
+  ASSERT_EQ(extra.warnings.size(), 1u);
+  EXPECT_EQ(extra.warnings[0], "vm.cfg:5: 'cpus': 5 CPU lists for 3 vCPU(s); the last 2 ignored");
+  // Soft affinity has no Linux counterpart: said, not applied.
+  auto soft = parse_domain_config(hvm + "cpus_soft = '0'\n", "vm.cfg", false);
+  ASSERT_EQ(soft.warnings.size(), 1u);
+  EXPECT_EQ(soft.warnings[0], "vm.cfg:5: 'cpus_soft' has no meaning for xpv; ignored");
+
+  EXPECT_EQ(error_of(hvm + "cpus = '3-1'\n"), "vm.cfg:5: 'cpus': '3-1': a range must not run downward");
+  EXPECT_EQ(error_of(hvm + "cpus = ['0', 'nodes:1']\n"),
+            "vm.cfg:5: 'cpus': item 1: 'nodes:1': NUMA node lists are not supported by xpv; name the CPUs");
+  EXPECT_EQ(error_of(hvm + "cpus = []\n"), "vm.cfg:5: 'cpus': an empty list places no vCPU: leave 'cpus' out");
+  EXPECT_EQ(error_of(hvm + "cpus = 2\n"),
+            "vm.cfg:5: 'cpus': must be a quoted CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
+  EXPECT_EQ(error_of("name = 'p'\ncpus = '0'\n"),
+            "vm.cfg:2: 'cpus': makes sense only for type = \"hvm\" (a process domain has no vCPU threads to place)");
+}
+
+TEST(DomainConfig, CpusThisHostCannotGiveAreRefusedWithTheFiles) {
+  // CPU 1023 (the last cpu_set_t holds) is on no host this runs on: with the host checks on, the
+  // line is refused; a list that also names an allowed CPU passes (the kernel keeps what it can).
+  const auto allowed = kvm::cpus_of_thread(0);
+  ASSERT_TRUE(allowed);
+  ASSERT_FALSE(allowed->cpus.test(kvm::kMaxCpus - 1)) << "a host with 1024 CPUs: pick another CPU for this test";
+  const std::string hvm = "name = 'g'\ntype = 'hvm'\nkernel = '/proc/self/exe'\nvcpus = 2\n";
+  EXPECT_EQ(error_of(hvm + "cpus = ['" + kvm::format_cpu_list(*allowed) + "', '1023']\n", true),
+            "vm.cfg:5: 'cpus': vCPU 1: none of CPUs 1023 may be used here (this host lets xpv use " +
+                kvm::format_cpu_list(*allowed) + ")");
+  EXPECT_EQ(error_of(hvm + "cpus = '1023'\n", false), "") << "without the host checks the syntax alone counts";
+  EXPECT_EQ(error_of(hvm + "cpus = 'all'\n", true), "");
+}
+
 TEST(DomainConfig, ErrorsQuotingValuesStayOnOneLine) {
   EXPECT_EQ(error_of("name = 'a\\nb'\n"),
             "vm.cfg:1: 'name': 'a\\nb' is not a valid domain name (1..64 of A-Z a-z 0-9 _ . -, not all digits)");

@@ -288,6 +288,28 @@ TEST_F(ForeignDomainTest, PauseIsRefusedWithoutAHandlerAndCarriesItsAnswer) {
   EXPECT_EQ(c.xenstore().gfn, Domain::kXenstoreGfn);
 }
 
+TEST_F(ForeignDomainTest, VcpuThreadsAreRefusedWithoutAHandlerAndCarryItsAnswer) {
+  // A process domain has no vCPU threads: EOPNOTSUPP. xpv-vmm's handler's ids come back in order.
+  auto c = ControlClient::connect(control::socket_path(9, run_dir_), "xpv");
+  try {
+    c.vcpu_threads();
+    FAIL() << "a process domain has no vCPU threads";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), EOPNOTSUPP);
+  }
+  on_io([&] { domain_->set_vcpu_threads_handler([] { return std::vector<std::uint32_t>{4321, 0}; }); });
+  EXPECT_EQ(c.vcpu_threads(), (std::vector<std::uint32_t>{4321, 0}));
+  // A handler with nothing to say is an error answer, not a malformed one; the connection lives on.
+  on_io([&] { domain_->set_vcpu_threads_handler([] { return std::vector<std::uint32_t>{}; }); });
+  try {
+    c.vcpu_threads();
+    FAIL() << "an empty answer";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), EOVERFLOW);
+  }
+  EXPECT_EQ(c.xenstore().gfn, Domain::kXenstoreGfn);
+}
+
 TEST_F(ForeignDomainTest, DeathOfTheDomainIsVisible) {
   auto d = ForeignDomain::connect(9, "test", run_dir_);
   EXPECT_FALSE(readable(d.death_fd(), 0));

@@ -112,7 +112,7 @@ TEST(ControlProtocol, DecodeRequestChecksThePayloadOfEveryType) {
   EXPECT_EQ(request(MsgType::get_direct_upcall, bytes_of(BindRequest{0, 0}))->type, MsgType::get_direct_upcall);
   const std::uint8_t one[1] = {0};
   for (MsgType t : {MsgType::get_memory, MsgType::get_grant_table, MsgType::get_xenstore, MsgType::unpause,
-                    MsgType::pause}) {
+                    MsgType::pause, MsgType::get_vcpu_threads}) {
     EXPECT_TRUE(request(t, {})) << static_cast<int>(t);
     EXPECT_EQ(request(t, one).error(), ProtoError::bad_payload) << static_cast<int>(t);
   }
@@ -160,6 +160,24 @@ TEST(ControlProtocol, GrantTableCountsAreChecked) {
   // More frames than the maximum it claims.
   EXPECT_FALSE(decode_grant_table(encode_grant_table(1, {1, 2}), gfns));
   EXPECT_FALSE(decode_grant_table(encode_grant_table(kMaxGrantFrames + 1, {}), gfns));
+}
+
+TEST(ControlProtocol, VcpuThreadsRoundTripAndCountsAreChecked) {
+  auto p = encode_vcpu_threads({1234, 0, 99});
+  auto back = decode_vcpu_threads(p);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(*back, (std::vector<std::uint32_t>{1234, 0, 99}));
+  auto trailing = p;
+  trailing.push_back(0);
+  EXPECT_FALSE(decode_vcpu_threads(trailing));
+  auto short_by_one = p;
+  short_by_one.pop_back();
+  EXPECT_FALSE(decode_vcpu_threads(short_by_one));
+  EXPECT_FALSE(decode_vcpu_threads(encode_vcpu_threads({})));  // an HVM domain has a vCPU
+  EXPECT_FALSE(decode_vcpu_threads(encode_vcpu_threads(std::vector<std::uint32_t>(kMaxVcpuThreads + 1, 1))));
+  auto padded = p;
+  padded[4] = 1;  // VcpuThreadsResponse::pad
+  EXPECT_FALSE(decode_vcpu_threads(padded));
 }
 
 TEST(ControlProtocol, FdCountsPerType) {

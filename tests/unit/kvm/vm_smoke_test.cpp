@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "xpv/kvm/cpu_list.h"
 #include "xpv/kvm/linux_boot.h"
 #include "xpv/kvm/pc_devices.h"
 #include "xpv/kvm/uart.h"
@@ -338,6 +339,84 @@ TEST(VmSmoke, AutoEoiVectorsAreRefusedWithTheReason) {
     ASSERT_FALSE(r);
     EXPECT_NE(r.error().message.find("KVM_CAP_HYPERV_SYNIC"), std::string::npos) << r.error().message;
   }
+}
+
+// xl's `cpus`: each vCPU's thread is placed before it first enters the guest, and its id is what
+// vcpu_threads() gives (what `xpv vcpu-list` and `vcpu-pin` act on); a thread that has ended has 0.
+TEST(VmSmoke, EachVcpuThreadRunsOnTheCpusItWasGiven) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  const auto allowed = cpus_of_thread(0);
+  ASSERT_TRUE(allowed);
+  std::vector<std::size_t> mine;
+  for (std::size_t c = 0; c < kMaxCpus; ++c) {
+    if (allowed->cpus.test(c)) mine.push_back(c);
+  }
+  VmConfig cfg = small(2);
+  cfg.affinity.resize(2);
+  cfg.affinity[0].cpus.set(mine.back());   // the BSP on the last CPU this process may use
+  cfg.affinity[1].cpus.set(mine.front());  // the AP (never started: it waits in KVM_RUN) on the first
+  Guest g(cfg);
+  // 1: inc dword [0x1800000]; jmp 1b
+  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
+  auto m = g.vm.memory().translate(0x100000, sizeof code);
+  ASSERT_TRUE(m);
+  std::memcpy(m->data(), code, sizeof code);
+  auto c = g.vm.memory().translate(0x1800000, 4);
+  ASSERT_TRUE(c);
+  auto* counter = reinterpret_cast<std::uint32_t*>(c->data());
+  EXPECT_EQ(g.vm.vcpu_threads(), (std::vector<pid_t>{0, 0})) << "no thread before run()";
+  g.vm.boot_cpu_protected_mode(0x100000);
+  StopReason stopped = StopReason::none;
+  std::thread runner([&] { stopped = g.run(); });
+  for (int i = 0; i < 3000 && __atomic_load_n(counter, __ATOMIC_RELAXED) == 0 && g.vm.stop_reason() == StopReason::none; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(__atomic_load_n(counter, __ATOMIC_RELAXED), 0u) << "the guest never ran: " << g.vm.stop_message();
+  std::vector<pid_t> tids;
+  for (int i = 0; i < 500; ++i) {  // the AP's thread sets its id as it begins (bounded: 5 s)
+    tids = g.vm.vcpu_threads();
+    if (tids.size() == 2 && tids[0] != 0 && tids[1] != 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tids.size(), 2u);
+  for (std::size_t v = 0; v < tids.size() && v < 2; ++v) {
+    EXPECT_NE(tids[v], 0) << "vCPU " << v;
+    if (tids[v] == 0) continue;
+    const auto placed = cpus_of_thread(tids[v]);
+    EXPECT_TRUE(placed) << "vCPU " << v;
+    if (placed) {
+      EXPECT_EQ(format_cpu_list(*placed), format_cpu_list(cfg.affinity[v])) << "vCPU " << v;
+    }
+  }
+  EXPECT_NE(tids[0], ::gettid());
+  EXPECT_EQ(format_cpu_list(*cpus_of_thread(0)), format_cpu_list(*allowed)) << "the caller stays where it was";
+  g.vm.request_stop(StopReason::poweroff, "done");
+  runner.join();
+  EXPECT_EQ(stopped, StopReason::poweroff) << g.vm.stop_message();
+  EXPECT_EQ(g.vm.vcpu_threads(), (std::vector<pid_t>{0, 0})) << "ended threads have no id";
+}
+
+// A set the kernel refuses stops the VM with the vCPU named, before the guest runs.
+TEST(VmSmoke, AVcpuThatCannotBePlacedStopsTheVmWithItsName) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  const auto allowed = cpus_of_thread(0);
+  ASSERT_TRUE(allowed);
+  if (allowed->cpus.test(kMaxCpus - 1)) GTEST_SKIP() << "CPU 1023 exists here";
+  VmConfig cfg = small(1);
+  cfg.affinity.resize(1);
+  cfg.affinity[0].cpus.set(kMaxCpus - 1);
+  Guest g(cfg);
+  // hlt with interrupts off would be a poweroff: the error must come first.
+  const std::uint8_t code[] = {0xfa, 0xf4};
+  auto m = g.vm.memory().translate(0x1000, sizeof code);
+  ASSERT_TRUE(m);
+  std::memcpy(m->data(), code, sizeof code);
+  g.vm.boot_cpu_real_mode(0x100, 0);
+  EXPECT_EQ(g.run(), StopReason::error);
+  EXPECT_EQ(g.vm.stop_message(), std::string("vCPU 0: cannot be placed on CPUs 1023: ") + std::strerror(EINVAL));
+  EXPECT_EQ(g.vm.stats().by_reason[KVM_EXIT_HLT], 0u) << "the guest ran";
 }
 
 TEST(VmSmoke, BadConfigIsRefusedWithAClearError) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -23,7 +24,7 @@ namespace {
 const std::set<std::string_view> kIgnoredXlKeys = {
     "vnc", "vnclisten", "vncpasswd", "sdl", "opengl", "serial", "boot", "stdvga", "vga",
     "videoram", "usb", "usbdevice", "acpi", "apic", "pae", "hap", "viridian", "device_model_version",
-    "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus", "cpu_weight", "uuid"};
+    "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus_soft", "cpu_weight", "uuid"};
 
 // Why `p` cannot be booted from (kernel, ramdisk), or "" when it can.
 std::string boot_file_problem(const std::string& p) {
@@ -112,6 +113,9 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   // Each setting's key and line as the file gives them, under its canonical name (type for
   // builder): for the checks after the loop, which name the line too.
   std::map<std::string, std::pair<std::string, int>, std::less<>> given;
+  // `cpus` as given: one list for every vCPU, or one per vCPU (vcpus may come later in the file).
+  std::optional<kvm::CpuList> cpus_all;
+  std::vector<kvm::CpuList> cpus_each;
   for (const XlEntry& e : entries) {
     auto where = [&]() { return fmt::format("{}:{}: '{}'", source, e.line, e.key); };
     auto err = [&](const std::string& why) { return ConfigError(where() + ": " + why); };
@@ -163,6 +167,21 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
       c.maxmem_mib = static_cast<std::uint64_t>(num(1, 1 << 20));
     } else if (e.key == "vcpus") {
       c.vcpus = static_cast<unsigned>(num(1, 128));
+    } else if (e.key == "cpus") {
+      auto cpu_list = [&](const std::string& spec, const std::string& what) {
+        auto l = kvm::parse_cpu_list(spec);
+        if (!l) throw err(what + l.error().message);
+        return *l;
+      };
+      if (e.value.is_string()) {
+        cpus_all = cpu_list(str(), "");
+      } else if (e.value.is_list()) {
+        const auto& items = list();
+        if (items.empty()) throw err("an empty list places no vCPU: leave 'cpus' out");
+        for (std::size_t i = 0; i < items.size(); ++i) cpus_each.push_back(cpu_list(items[i], fmt::format("item {}: ", i)));
+      } else {
+        throw err("must be a quoted CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
+      }
     } else if (e.key == "kernel") {
       c.kernel = str();
     } else if (e.key == "ramdisk") {
@@ -240,6 +259,19 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
                                      "makes sense only for type = \"hvm\"");
     }
     if (given.contains("upcall")) throw fail_on("upcall", "makes sense only for type = \"hvm\"");
+    if (given.contains("cpus")) {
+      throw fail_on("cpus", "makes sense only for type = \"hvm\" (a process domain has no vCPU threads to place)");
+    }
+  }
+  if (cpus_all) c.vcpu_affinity.assign(c.vcpus, *cpus_all);
+  if (!cpus_each.empty()) {
+    if (cpus_each.size() > c.vcpus) {
+      const auto& at = given.find("cpus")->second;
+      c.warnings.push_back(fmt::format("{}:{}: 'cpus': {} CPU lists for {} vCPU(s); the last {} ignored", source,
+                                       at.second, cpus_each.size(), c.vcpus, cpus_each.size() - c.vcpus));
+      cpus_each.resize(c.vcpus);
+    }
+    c.vcpu_affinity = std::move(cpus_each);
   }
   std::set<std::uint32_t> devids;
   for (const DiskSpec& d : c.disks) {
@@ -249,6 +281,18 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
   for (const VifSpec& v : c.vifs) {
     if (v.mac && !macs.insert(v.mac->str()).second) {
       throw fail_on("vif", fmt::format("MAC {} is given to two vifs", v.mac->str()));
+    }
+  }
+  if (check_files && !c.vcpu_affinity.empty()) {
+    // A set this process (and so xpv-vmm, which inherits its placement) may not run on would stop
+    // the vCPU as it starts: refused here, with the line.
+    const auto allowed = kvm::cpus_of_thread(0);
+    if (!allowed) throw fail_on("cpus", "cannot read the CPUs this process may use: " + allowed.error().message);
+    for (std::size_t i = 0; i < c.vcpu_affinity.size(); ++i) {
+      const kvm::CpuList& l = c.vcpu_affinity[i];
+      if (l.empty() || (l.cpus & allowed->cpus).any()) continue;
+      throw fail_on("cpus", fmt::format("vCPU {}: none of CPUs {} may be used here (this host lets xpv use {})", i,
+                                        kvm::format_cpu_list(l), kvm::format_cpu_list(*allowed)));
     }
   }
   if (check_files) {

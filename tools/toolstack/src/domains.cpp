@@ -337,6 +337,12 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
         argv.push_back("--initrd");
         argv.push_back(cfg.ramdisk);
       }
+      // `cpus`: each placed vCPU's host CPUs (xl's vCPU pinning)
+      for (std::size_t i = 0; i < cfg.vcpu_affinity.size(); ++i) {
+        if (cfg.vcpu_affinity[i].empty()) continue;
+        argv.push_back("--vcpu-affinity");
+        argv.push_back(fmt::format("{}:{}", i, kvm::format_cpu_list(cfg.vcpu_affinity[i])));
+      }
     } else {
       // One netif and one blkif queue per vcpu, as Linux's netfront and blkfront have it
       // (bounded by the backend).

@@ -82,6 +82,9 @@ class ControlHandler {
     (void)vcpu;
     return fail(EOPNOTSUPP);
   }
+  // Each vCPU's host thread id (0 while it has none), in vCPU order. EOPNOTSUPP where the domain
+  // has no vCPU threads (a process domain).
+  virtual Expected<std::vector<std::uint32_t>, int> vcpu_threads() { return fail(EOPNOTSUPP); }
 };
 
 class ControlServer {
@@ -148,6 +151,9 @@ class ControlClient {
     UniqueFd vcpu;
   };
   DirectFds direct_upcall(std::uint32_t vcpu);
+  // Each vCPU's host thread id, 0 for one that has no thread (not started yet, or ended).
+  // Throws ControlError (EOPNOTSUPP: a domain without vCPU threads).
+  std::vector<std::uint32_t> vcpu_threads();
   // Readable (EOF) once the domain process is gone: a service may watch it.
   int fd() const noexcept { return sock_.get(); }
 

@@ -22,6 +22,9 @@
 //                                 DirectUpcallResponse                     table memfd, the
 //                                                                          vCPU's upcall eventfd
 //     (direct_upcall.h; a domain without direct upcalls answers EOPNOTSUPP)
+//   get_vcpu_threads()            VcpuThreadsResponse + nr_vcpus x u32 tid  -
+//     (each vCPU's host thread id, 0 while it has none; a domain without vCPU threads — a
+//     process domain — answers EOPNOTSUPP)
 //
 // Ports bound by a connection are unbound when it closes: a backend that dies leaves the guest's
 // ports unbound again (as Xen does when a domain closes its end), so a restarted backend can bind
@@ -49,6 +52,7 @@ inline constexpr std::size_t kMaxMessage = 64 * 1024;
 inline constexpr std::size_t kMaxFds = 4;
 inline constexpr std::uint32_t kMaxRegions = 64;
 inline constexpr std::uint32_t kMaxGrantFrames = 4096;
+inline constexpr std::uint32_t kMaxVcpuThreads = 4096;
 
 enum class MsgType : std::uint16_t {
   hello = 1,
@@ -60,6 +64,7 @@ enum class MsgType : std::uint16_t {
   unpause = 7,  // no payload, empty answer: a domain created paused starts running (xl unpause)
   get_direct_upcall = 8,  // DirectUpcallRequest → DirectUpcallResponse + the table, the vCPU's eventfd
   pause = 9,  // no payload, empty answer: the domain's vCPUs stop until unpause (xl pause)
+  get_vcpu_threads = 10,  // no payload → VcpuThreadsResponse + tids (xl vcpu-list / vcpu-pin)
 };
 
 enum class DomainKind : std::uint32_t { hvm = 0, process = 1 };
@@ -144,6 +149,12 @@ struct DirectUpcallResponse {
   std::uint32_t pad;       // 0x4
 };
 static_assert(std::is_standard_layout_v<DirectUpcallResponse> && sizeof(DirectUpcallResponse) == 8);
+
+struct VcpuThreadsResponse {
+  std::uint32_t nr_vcpus;  // 0x0: followed by nr_vcpus uint32 thread ids, in vCPU order
+  std::uint32_t pad;       // 0x4
+};
+static_assert(std::is_standard_layout_v<VcpuThreadsResponse> && sizeof(VcpuThreadsResponse) == 8);
 
 struct ErrorPayload {
   std::int32_t error;  // 0x0: a positive errno value
@@ -237,6 +248,8 @@ Expected<GrantTableResponse, ProtoError> decode_grant_table(std::span<const std:
                                                            std::vector<std::uint64_t>& gfns) noexcept;
 std::vector<std::uint8_t> encode_grant_table(std::uint32_t max_frames,
                                              const std::vector<std::uint64_t>& gfns);
+Expected<std::vector<std::uint32_t>, ProtoError> decode_vcpu_threads(std::span<const std::uint8_t> payload) noexcept;
+std::vector<std::uint8_t> encode_vcpu_threads(const std::vector<std::uint32_t>& tids);
 
 template <std::size_t N>
 void copy_string(char (&dst)[N], const std::string& src) noexcept {

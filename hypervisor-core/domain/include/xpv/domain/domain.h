@@ -101,6 +101,9 @@ class Domain final : public ControlHandler {
   // xl pause: fn stops the vCPUs (an errno as Control::pause says). Unset: EOPNOTSUPP. Control
   // thread.
   void set_pause_handler(std::function<Expected<void, int>()> fn) { pause_ = std::move(fn); }
+  Expected<std::vector<std::uint32_t>, int> vcpu_threads() override;
+  // xl vcpu-list / vcpu-pin: fn gives each vCPU's thread id (0: none). Unset: EOPNOTSUPP.
+  void set_vcpu_threads_handler(std::function<std::vector<std::uint32_t>()> fn) { vcpu_threads_ = std::move(fn); }
 
   // Direct upcalls (direct_upcall.h): one upcall eventfd per vCPU (xpv-vmm: KVM irqfds), and
   // `spans_from`, the GuestMemory the shared_info / vcpu_info spans given to evtchn() come from
@@ -131,6 +134,7 @@ class Domain final : public ControlHandler {
   std::vector<bool> page_used_;  // by gfn
   std::function<bool()> unpause_;
   std::function<Expected<void, int>()> pause_;
+  std::function<std::vector<std::uint32_t>()> vcpu_threads_;
   std::unique_ptr<ControlServer> server_;  // last: torn down first
 };
 

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <linux/kvm.h>
+#include <sys/types.h>
 
 #include <array>
 #include <atomic>
@@ -39,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "xpv/kvm/cpu_list.h"
 #include "xpv/kvm/error.h"
 #include "xpv/kvm/fd.h"
 #include "xpv/kvm/guest_ram.h"
@@ -58,6 +60,11 @@ struct VmConfig {
   // special pages): each {gpa, size} page-aligned, inside the hole, not overlapping.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> device_memory;
   std::chrono::milliseconds halt_poll{200};  // how often the monitor samples halted vCPUs
+  // Where each vCPU's thread may run (xl's `cpus`): entry i for vCPU i, set by the thread before
+  // it first enters the guest; an empty list, or no entry, leaves that thread where the process
+  // may run. A set the kernel refuses (no CPU of it allowed to this process) stops the VM with an
+  // error naming the vCPU. At most `vcpus` entries.
+  std::vector<CpuList> affinity;
 };
 
 // Exit counters, per KVM exit reason (KVM_EXIT_*), summed over vCPUs; `xpv top` shows them
@@ -107,6 +114,9 @@ class Vm {
   IoBus& pio() noexcept { return pio_; }
   IoBus& mmio() noexcept { return mmio_; }
   unsigned vcpus() const noexcept { return static_cast<unsigned>(vcpus_.size()); }
+  // Each vCPU's thread id (its /proc/<pid>/task/<tid>; what `xpv vcpu-list` reads and `xpv
+  // vcpu-pin` places), 0 for a vCPU whose thread has not begun or has ended. Any thread.
+  std::vector<pid_t> vcpu_threads() const noexcept;
   int vm_fd() const noexcept { return vm_fd_.get(); }
 
   // CPUID: KVM_GET_SUPPORTED_CPUID, filtered per vCPU (hypervisor bit, APIC ids); KVM's own

@@ -6,6 +6,11 @@
 //                                 balloon driver gives back all but `memory` at boot, and
 //                                 `xpv mem-set` may grow it up to maxmem (as xl's maxmem)
 //   vcpus = 2                     1..128 (default 1)
+//   cpus = "0-3,^1"               hvm: the host CPUs every vCPU's thread may run on (xl.cfg's
+//                                 CPU-LIST, cpu_list.h); as a list, ["2", "3-4"], vCPU i gets
+//                                 item i and vCPUs past its end are not placed (items past the
+//                                 last vCPU: a warning). Each set must share a CPU with those
+//                                 this process may run on (checked with the files)
 //   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist;
 //                                 xl's cmdline replaces extra; relative paths are the
 //                                 working directory's, made absolute when the files are checked)
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "xpv/config/device_specs.h"
+#include "xpv/kvm/cpu_list.h"
 
 namespace xpv::config {
 
@@ -42,6 +48,8 @@ struct DomainConfig {
   std::uint64_t memory_mib = 0;
   std::uint64_t maxmem_mib = 0;  // after parsing: ≥ memory_mib (= memory_mib when not given)
   unsigned vcpus = 1;
+  // `cpus`: entry i is vCPU i's host CPUs (xpv-vmm --vcpu-affinity); empty, or no entry: not placed.
+  std::vector<kvm::CpuList> vcpu_affinity;
   std::string kernel, ramdisk, extra;
   Upcall upcall = Upcall::vector;
   LifecycleAction on_poweroff = LifecycleAction::destroy;

@@ -59,6 +59,10 @@ void cmd_mem_set(Context& ctx, const std::string& which, const std::string& size
 // paused. Unpause also starts a domain created paused. Not for process domains (no vCPUs).
 void cmd_pause(Context& ctx, const std::string& which);
 void cmd_unpause(Context& ctx, const std::string& which);
+// `xpv vcpu-list [NAME...]` / `xpv vcpu-pin NAME VCPU|all CPU-LIST` (vcpus.cpp, vcpus.h), as xl's:
+// where an HVM domain's vCPU threads run, and moving them while it runs. Not for process domains.
+void cmd_vcpu_list(Context& ctx, const std::vector<std::string>& which);
+void cmd_vcpu_pin(Context& ctx, const std::string& which, const std::string& vcpu, const std::string& cpus);
 
 // `xpv top` (top.cpp), as xentop: every `delay_s` a table of the domains (CPU, memory, their disks'
 // and network interfaces' counters) and dom0's services' CPU; the first after one delay (CPU(%)
