@@ -132,8 +132,16 @@ void ControlClient::pause() { (void)call(MsgType::pause, {}); }
 std::vector<std::uint32_t> ControlClient::vcpu_threads() {
   Message m = call(MsgType::get_vcpu_threads, {});
   auto tids = decode_vcpu_threads(m.payload);
-  if (!tids) throw ControlError(EPROTO, "control socket: malformed vCPU threads answer");
+  // One id per vCPU the domain said it has at hello: a count that is not is a broken server.
+  if (!tids || tids->size() != info_.nr_vcpus) throw ControlError(EPROTO, "control socket: malformed vCPU threads answer");
   return std::move(*tids);
+}
+
+void ControlClient::set_vcpu_affinity(std::uint32_t vcpu, const ControlHandler::CpuMask& cpus) {
+  VcpuAffinityRequest req{vcpu, 0, {}};
+  std::copy(cpus.begin(), cpus.end(), req.cpus);
+  Message m = call(MsgType::set_vcpu_affinity, bytes_of(req));
+  if (!m.payload.empty()) throw ControlError(EPROTO, "control socket: malformed vCPU affinity answer");
 }
 
 ControlClient::DirectFds ControlClient::direct_upcall(std::uint32_t vcpu) {

@@ -20,7 +20,7 @@ const char* to_string(ProtoError e) noexcept {
 namespace {
 bool known_request(std::uint16_t t) noexcept {
   return t >= static_cast<std::uint16_t>(MsgType::hello) &&
-         t <= static_cast<std::uint16_t>(MsgType::get_vcpu_threads);
+         t <= static_cast<std::uint16_t>(MsgType::set_vcpu_affinity);
 }
 }  // namespace
 
@@ -57,6 +57,7 @@ Expected<Request, ProtoError> decode_request(const Message& m) noexcept {
     case MsgType::bind_interdomain: return take(std::type_identity<BindRequest>{});
     case MsgType::unbind: return take(std::type_identity<UnbindRequest>{});
     case MsgType::get_direct_upcall: return take(std::type_identity<DirectUpcallRequest>{});
+    case MsgType::set_vcpu_affinity: return take(std::type_identity<VcpuAffinityRequest>{});
     case MsgType::get_memory:
     case MsgType::get_grant_table:
     case MsgType::get_xenstore:

@@ -239,9 +239,18 @@ bool ControlServer::serve_one(Connection& c) {
       auto tids = handler_.vcpu_threads();
       if (!tids) return reply_error(fd, seq, tids.error(), std::strerror(tids.error()));
       if (tids->empty() || tids->size() > kMaxVcpuThreads) {
-        return reply_error(fd, seq, EOVERFLOW, "the domain has " + std::to_string(tids->size()) + " vCPU threads");
+        return reply_error(fd, seq, EIO, "the domain has " + std::to_string(tids->size()) + " vCPU threads");
       }
       return reply(fd, rsp, seq, encode_vcpu_threads(*tids));
+    }
+    case MsgType::set_vcpu_affinity: {
+      const auto& req = std::get<VcpuAffinityRequest>(rq->body);
+      ControlHandler::CpuMask mask{};
+      std::copy(std::begin(req.cpus), std::end(req.cpus), mask.begin());
+      if (auto r = handler_.set_vcpu_affinity(req.vcpu, mask); !r) {
+        return reply_error(fd, seq, r.error(), std::strerror(r.error()));
+      }
+      return reply(fd, rsp, seq, {});
     }
     case MsgType::get_direct_upcall: {
       const auto& req = std::get<DirectUpcallRequest>(rq->body);

@@ -187,6 +187,11 @@ Expected<std::vector<std::uint32_t>, int> Domain::vcpu_threads() {
   return vcpu_threads_();
 }
 
+Expected<void, int> Domain::set_vcpu_affinity(std::uint32_t vcpu, const CpuMask& cpus) {
+  if (!vcpu_affinity_) return fail(EOPNOTSUPP);
+  return vcpu_affinity_(vcpu, cpus);
+}
+
 void Domain::enable_direct_upcalls(std::vector<UniqueFd> vcpu_fds, const GuestMemory& spans_from) {
   if (direct_) throw std::logic_error("direct upcalls enabled twice");
   if (vcpu_fds.size() != config_.vcpus) {

@@ -12,9 +12,11 @@
 namespace xpv::kvm {
 namespace {
 
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
   return s;
 }
 
@@ -31,22 +33,23 @@ std::optional<std::size_t> number(std::string_view s) {
 
 Result<CpuList> parse_cpu_list(std::string_view text) {
   if (trim(text).empty()) return err("an empty CPU list");
-  CpuList in, out;
+  // As xl reads it: one set, each item adding its CPUs or (with ^) taking them away, in order.
+  CpuList r;
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = text.find(',', start);
     const std::string_view raw = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     start = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
-    std::string_view item = trim(raw);
+    const std::string_view item = trim(raw);
     if (item.empty()) return err(fmt::format("'{}': an empty item (two commas in a row, or one at an end)", text));
-    if (item.rfind("node:", 0) == 0 || item.rfind("nodes:", 0) == 0) {
+    const bool exclude = item.front() == '^';
+    const std::string_view body = exclude ? item.substr(1) : item;
+    if (body.rfind("node:", 0) == 0 || body.rfind("nodes:", 0) == 0) {
       return err(fmt::format("'{}': NUMA node lists are not supported by xpv; name the CPUs", item));
     }
-    const bool exclude = item.front() == '^';
-    std::string_view body = exclude ? item.substr(1) : item;
-    CpuList& target = exclude ? out : in;
     if (body == "all") {
-      target.cpus.set();
+      if (exclude) return err(fmt::format("'{}': ^ and all do not combine (as in xl)", item));
+      r.cpus.set();
       continue;
     }
     const std::size_t dash = body.find('-');
@@ -59,10 +62,8 @@ Result<CpuList> parse_cpu_list(std::string_view text) {
       return err(fmt::format("'{}': CPU numbers go up to {}", item, kMaxCpus - 1));
     }
     if (*hi < *lo) return err(fmt::format("'{}': a range must not run downward", item));
-    for (std::size_t c = *lo; c <= *hi; ++c) target.cpus.set(c);
+    for (std::size_t c = *lo; c <= *hi; ++c) r.cpus.set(c, !exclude);
   }
-  CpuList r;
-  r.cpus = in.cpus & ~out.cpus;
   if (r.empty()) return err(fmt::format("'{}' leaves no CPU", text));
   return r;
 }
@@ -88,6 +89,7 @@ std::string format_cpu_list(const CpuList& l) {
 
 Result<std::vector<CpuList>> parse_vcpu_affinity(const std::vector<std::string>& specs, unsigned vcpus,
                                                  const CpuList& allowed) {
+  if (vcpus == 0 || vcpus > kMaxPlacedVcpus) return err(fmt::format("{} vCPUs: expected 1..{}", vcpus, kMaxPlacedVcpus));
   std::vector<CpuList> r(vcpus);
   std::vector<bool> seen(vcpus, false);
   for (const std::string& spec : specs) {

@@ -166,6 +166,8 @@ Vm::Vm(const VmConfig& cfg) : cfg_(cfg) {
   if (cfg.affinity.size() > cfg.vcpus) {
     throw std::runtime_error(fmt::format("CPU lists for {} vCPUs, but the VM has {}", cfg.affinity.size(), cfg.vcpus));
   }
+  affinity_ = cfg.affinity;
+  affinity_.resize(cfg.vcpus);
   if (cfg.memory_bytes < (32ull << 20)) {
     throw std::runtime_error(fmt::format("memory = {} MiB: at least 32 MiB", cfg.memory_bytes >> 20));
   }
@@ -743,6 +745,29 @@ Result<void> Vm::resume() noexcept {
 
 bool Vm::paused() const noexcept { return pause_wanted_.load(); }
 
+Result<void> Vm::set_vcpu_affinity(const std::vector<unsigned>& vcpus, const CpuList& cpus) noexcept {
+  if (cpus.empty()) return err("an empty CPU set");
+  for (const unsigned v : vcpus) {
+    if (v >= vcpus_.size()) return err(fmt::format("there is no vCPU {} (the VM has {})", v, vcpus_.size()));
+  }
+  std::lock_guard lk(kick_mu_);
+  // Each running thread placed now; one that has not begun takes it as it begins. A refusal puts
+  // back the ones already moved: all of them or none.
+  std::vector<std::pair<unsigned, CpuList>> moved;
+  for (const unsigned v : vcpus) {
+    Vcpu& vc = *vcpus_[v];
+    if (!vc.alive) continue;
+    auto before = cpus_of_thread(vc.tid.load());
+    if (auto r = place_thread(vc.tid.load(), cpus); !r) {
+      for (const auto& [m, was] : moved) (void)place_thread(vcpus_[m]->tid.load(), was);
+      return err(fmt::format("vCPU {}: cannot be placed on CPUs {}: {}", v, format_cpu_list(cpus), r.error().message));
+    }
+    if (before) moved.emplace_back(v, *before);
+  }
+  for (const unsigned v : vcpus) affinity_[v] = cpus;
+  return {};
+}
+
 std::vector<pid_t> Vm::vcpu_threads() const noexcept {
   std::vector<pid_t> r;
   r.reserve(vcpus_.size());
@@ -993,22 +1018,26 @@ void Vm::vcpu_thread(Vcpu& v) noexcept {
     sigemptyset(&set);
     sigaddset(&set, kKickSignal);
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    // Placed before it first enters the guest (xl's `cpus`), under kick_mu_ as set_vcpu_affinity
+    // is: a placement asked for before the thread began is the one it takes, one asked for from
+    // now on finds it alive and its id published. Named after: a thread named vcpuN is placed.
+    std::string unplaced;  // why it could not be placed (request_stop takes kick_mu_: after it)
     {
       std::lock_guard lk(kick_mu_);
+      if (!affinity_[v.id].empty()) {
+        if (auto r = place_thread(0, affinity_[v.id]); !r) {
+          unplaced = fmt::format("vCPU {}: cannot be placed on CPUs {}: {}", v.id, format_cpu_list(affinity_[v.id]),
+                                 r.error().message);
+        }
+      }
       v.handle = pthread_self();
       v.alive = true;
+      v.tid.store(::gettid());
     }
-    v.tid.store(::gettid());
-    bool placed = true;
-    // Placed before it first enters the guest (xl's `cpus`): the guest never runs elsewhere.
-    if (v.id < cfg_.affinity.size() && !cfg_.affinity[v.id].empty()) {
-      if (auto r = place_thread(0, cfg_.affinity[v.id]); !r) {
-        request_stop(StopReason::error, fmt::format("vCPU {}: cannot be placed on CPUs {}: {}", v.id,
-                                                    format_cpu_list(cfg_.affinity[v.id]), r.error().message));
-        placed = false;
-      }
-    }
-    if (placed) {
+    set_thread_name(fmt::format("vcpu{}", v.id));
+    if (!unplaced.empty()) {
+      request_stop(StopReason::error, std::move(unplaced));
+    } else {
       auto r = vcpu_loop(v);
       if (!r) request_stop(StopReason::error, r.error().message);
     }
@@ -1041,10 +1070,7 @@ StopReason Vm::run() noexcept {
       // Started before the thread runs: a pause() from now on waits for it to park (the thread
       // looks at the pause before it first enters the guest).
       v->started.store(true);
-      v->thread = std::thread([this, vp] {
-        set_thread_name(fmt::format("vcpu{}", vp->id));
-        vcpu_thread(*vp);
-      });
+      v->thread = std::thread([this, vp] { vcpu_thread(*vp); });
     }
     // Monitor: wait for a stop; every halt_poll, sample all vCPUs (see vm.h).
     int all_halted = 0;

@@ -514,6 +514,29 @@ XenDomain::XenDomain(kvm::Vm& vm, kvm::PciHost& pci, const XenDomainConfig& cfg)
     for (const pid_t t : vm_.vcpu_threads()) tids.push_back(static_cast<std::uint32_t>(t));
     return tids;
   });
+  domain_->set_vcpu_affinity_handler([this](std::uint32_t vcpu, const domain::ControlHandler::CpuMask& mask)
+                                         -> Expected<void, int> {
+    kvm::CpuList cpus;
+    for (std::size_t c = 0; c < kvm::kMaxCpus; ++c) {
+      if ((mask[c / 64] >> (c % 64)) & 1) cpus.cpus.set(c);
+    }
+    std::vector<unsigned> targets;
+    if (vcpu == domain::control::kAllVcpus) {
+      for (unsigned v = 0; v < vm_.vcpus(); ++v) targets.push_back(v);
+    } else if (vcpu < vm_.vcpus()) {
+      targets.push_back(vcpu);
+    } else {
+      return fail(ENOENT);
+    }
+    if (cpus.empty()) return fail(EINVAL);
+    if (auto r = vm_.set_vcpu_affinity(targets, cpus); !r) {
+      spdlog::warn("dom{}: vcpu-pin: {}", cfg_.domid, r.error().message);
+      return fail(EINVAL);
+    }
+    spdlog::info("dom{}: vCPU {} placed on CPUs {}", cfg_.domid,
+                 vcpu == domain::control::kAllVcpus ? std::string("all") : std::to_string(vcpu), kvm::format_cpu_list(cpus));
+    return {};
+  });
   publish_state("paused");  // until unpaused: xpv-vmm --paused waits for it, else main does at once
   io_thread_ = std::thread([this] {
     set_thread_name("xen-events");  // dom0 kicks → upcalls; the control socket

@@ -85,7 +85,7 @@ constexpr std::uint32_t kFirstPort = 5, kLastPort = 12;  // guest ports unbound 
 constexpr std::uint32_t kDom0Offset = 100;             // dom0 port = guest port + 100
 constexpr std::uint16_t kDomid = 7;
 constexpr std::uint16_t kVcpus = 2;
-constexpr int kLastType = static_cast<int>(MsgType::get_vcpu_threads);  // request types are 1..kLastType
+constexpr int kLastType = static_cast<int>(MsgType::set_vcpu_affinity);  // request types are 1..kLastType
 const char* const kName = "guest-fuzz";
 
 std::size_t open_fds() {
@@ -102,7 +102,7 @@ Bytes bytes(const T& v) {
 
 // A handler call as the handler saw it.
 struct Call {
-  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall) P(ause) t(hreads)
+  char op = 0;  // i(nfo) m(emory) g(rant table) b(ind) u(nbind) x(enstore) p (unpause) d(irect upcall) P(ause) t(hreads) a(ffinity)
   std::uint32_t arg = 0;
   bool operator==(const Call&) const = default;
 };
@@ -168,6 +168,12 @@ class FuzzDomain : public ControlHandler {
     note({'t', 0});
     if (++thread_asks % 2 == 0) return fail(EOPNOTSUPP);
     return std::vector<std::uint32_t>{4242, 0};
+  }
+  Expected<void, int> set_vcpu_affinity(std::uint32_t vcpu, const CpuMask& cpus) override {
+    note({'a', vcpu});
+    if (vcpu >= kVcpus && vcpu != kAllVcpus) return fail(ENOENT);
+    if (std::all_of(cpus.begin(), cpus.end(), [](std::uint64_t w) { return w == 0; })) return fail(EINVAL);
+    return {};
   }
   Expected<DirectFds, int> direct_upcall(std::uint32_t vcpu) override {
     note({'d', vcpu});
@@ -502,6 +508,13 @@ class World {
         if (one_in(16)) d.pad = static_cast<std::uint32_t>(rng_());
         return encode(t, next_seq(), bytes_of(d));
       }
+      case MsgType::set_vcpu_affinity: {
+        VcpuAffinityRequest a{};
+        a.vcpu = one_in(4) ? kAllVcpus : one_in(3) ? static_cast<std::uint32_t>(rng_()) : static_cast<std::uint32_t>(below(kVcpus + 2));
+        if (!one_in(6)) a.cpus[below(kCpuMaskWords)] = rng_() | 1;  // else no CPU at all
+        if (one_in(16)) a.pad = static_cast<std::uint32_t>(rng_());
+        return encode(t, next_seq(), bytes_of(a));
+      }
       default: return encode(t, next_seq(), {});
     }
   }
@@ -588,6 +601,7 @@ class World {
     BindRequest bind;
     UnbindRequest unbind;
     DirectUpcallRequest upcall;
+    VcpuAffinityRequest affinity;
     switch (type) {
       case MsgType::hello:
         if (len != sizeof hello) return o;
@@ -609,6 +623,11 @@ class World {
         if (len != sizeof upcall) return o;
         std::memcpy(&upcall, p, sizeof upcall);
         if (upcall.pad != 0) return o;
+        break;
+      case MsgType::set_vcpu_affinity:
+        if (len != sizeof affinity) return o;
+        std::memcpy(&affinity, p, sizeof affinity);
+        if (affinity.pad != 0) return o;
         break;
       case MsgType::get_memory:
       case MsgType::get_grant_table:
@@ -670,6 +689,14 @@ class World {
         o.calls.push_back({'d', upcall.vcpu});
         if (upcall.vcpu >= kVcpus) return err(ENOENT);
         return answer(bytes(DirectUpcallResponse{kVcpus, 0}), 2);
+      case MsgType::set_vcpu_affinity: {
+        o.calls.push_back({'a', affinity.vcpu});
+        if (affinity.vcpu >= kVcpus && affinity.vcpu != kAllVcpus) return err(ENOENT);
+        bool any = false;
+        for (const std::uint64_t w : affinity.cpus) any = any || w != 0;
+        if (!any) return err(EINVAL);
+        return answer({}, 0);
+      }
       case MsgType::get_vcpu_threads:
         o.calls.push_back({'t', 0});
         if (++thread_asks_ % 2 == 0) return err(EOPNOTSUPP);
@@ -848,7 +875,7 @@ TEST(ControlSocketFuzz, AHostileClientGetsExactAnswersOrACloseAndLeavesAWorkingS
   if (HasFailure() || n < 20) return;
   // Not a check of the server: that the fuzzer reached the answers as well as the refusals.
   for (int t = 1; t <= kLastType; ++t) EXPECT_GT(totals.answers[t], n / 10) << "type " << t << " rarely answered";
-  for (const int t : {1, 2, 4, 5, 6, 7, 8, 9, 10}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
+  for (const int t : {1, 2, 4, 5, 6, 7, 8, 9, 10, 11}) EXPECT_GT(totals.errors[t], 0u) << "type " << t << " never refused";
   EXPECT_GT(totals.closes, 5 * n);
   EXPECT_GT(totals.fd_closes, n / 2);
   EXPECT_GT(totals.binds, n);

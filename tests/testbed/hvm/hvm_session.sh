@@ -118,6 +118,10 @@ CFG
       $B/xpv create -p $W/$N.cfg
       echo "XPV-TEST: create rc=$?"
       echo "XPV-TEST: list-state-created $($B/xpv list | awk -v n=$N '$1 == n { print $6 }')"
+      # Placed before it runs (as xl create -p; xl vcpu-pin; xl unpause): vCPU 1's thread, not
+      # begun yet, takes CPU 0 as it begins; vCPU 0 stays where the process may run.
+      OUT=$($B/xpv vcpu-pin $N 1 0 2>&1)
+      echo "XPV-TEST: vcpu-pin-paused rc=$? $OUT"
       OUT=$($B/xpv unpause $N 2>&1)
       echo "XPV-TEST: unpause-created rc=$? $OUT"
     else
@@ -163,6 +167,7 @@ CFG
         # selftest file through it, its vif carried the pings (the backends publish every second;
         # the console attaches above took longer than that).
         echo "XPV-TEST: top $($B/xpv top --json -i 1 -d 1 2>&1 | head -c 20000 | tr -d '\n')"
+        [ "$M" = callback ] && echo "XPV-TEST: vcpu-threads-pinned-while-paused $(vcpu_threads)"
         restart_backends
         [ "$M" = callback ] && echo "XPV-TEST: bridge-ports-after-restart $(ip -o link show master xpvbr$i 2>/dev/null | grep -c ' vif[0-9]*\.0[:@]')"
         # xpv-xenstored replaced in place under the running guest (`xpv live-update`): what
@@ -222,6 +227,7 @@ CFG
           OUT=$($B/xpv vcpu-pin $N all 0-1 2>&1)
           echo "XPV-TEST: vcpu-pin rc=$? $OUT"
           echo "XPV-TEST: vcpu-threads-pinned $(vcpu_threads)"
+          $B/xpv vcpu-list $N | sed 's/^/XPV-TEST: vcpu-list-pinned /'
           OUT=$($B/xpv vcpu-pin $N 2 0 2>&1)
           echo "XPV-TEST: vcpu-pin-bad rc=$? $OUT"
           PV=no

@@ -188,6 +188,10 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
       // Its vif bridged: the host side a port of xpvbr2, before and after the backends' restart
       // (the pings asserted above and below went through the bridge).
       EXPECT_NE(s.find("XPV-TEST: bridge-ports 1\n"), std::string::npos) << s;
+      // vcpu-pin before the guest ran: vCPU 1's thread, begun at the unpause, took CPU 0;
+      // vCPU 0 was not placed (both of L1's CPUs).
+      EXPECT_NE(s.find("XPV-TEST: vcpu-pin-paused rc=0 " + label), std::string::npos) << s;
+      EXPECT_NE(s.find("XPV-TEST: vcpu-threads-pinned-while-paused 0:0-1 1:0\n"), std::string::npos) << s;
       EXPECT_NE(s.find("XPV-TEST: bridge-ports-after-restart 1\n"), std::string::npos) << s;
     }
     EXPECT_NE(s.find("XPV-TEST: console-attach 1"), std::string::npos) << "xpv console shows the guest\n" << s;
@@ -339,6 +343,8 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
       EXPECT_NE(s.find("XPV-TEST: vcpu-pin rc=0 gintx"), std::string::npos) << s;
       EXPECT_NE(s.find("): vCPU all on CPUs 0,1\n"), std::string::npos) << s;
       EXPECT_NE(s.find("XPV-TEST: vcpu-threads-pinned 0:0-1 1:0-1\n"), std::string::npos) << s;
+      const std::string l1 = between(s, "XPV-TEST: vcpu-list-pinned gintx", "\n");
+      EXPECT_NE(l1.find(" all / all"), std::string::npos) << "every CPU of L1: all, as xl shows it\n" << l1;
       EXPECT_NE(s.find("XPV-TEST: vcpu-pin-bad rc=1 xpv vcpu-pin: gintx"), std::string::npos) << s;
       EXPECT_NE(s.find(") has 2 vCPU(s): there is no vCPU 2\n"), std::string::npos) << s;
       EXPECT_NE(s.find("XPV-TEST: ping-after-vcpu-pin yes"), std::string::npos) << s;

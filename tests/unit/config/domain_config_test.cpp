@@ -220,6 +220,7 @@ TEST(DomainConfig, CpusPlacesTheVcpusAsXlDoes) {
   EXPECT_EQ(canon(parse_domain_config(hvm + "cpus = '0-3,5,^1'\n", "vm.cfg", false)), "0,2,3,5 | 0,2,3,5 | 0,2,3,5");
   EXPECT_EQ(canon(parse_domain_config("cpus = '1'\n" + hvm, "vm.cfg", false)), "1 | 1 | 1") << "vcpus given after cpus";
   EXPECT_EQ(canon(parse_domain_config(hvm + "cpus = ['3-4', '2-6,^4']\n", "vm.cfg", false)), "3,4 | 2,3,5,6");
+  EXPECT_EQ(canon(parse_domain_config(hvm + "cpus = 2\n", "vm.cfg", false)), "2 | 2 | 2") << "a number, as xl takes it";
   EXPECT_EQ(canon(parse_domain_config(hvm, "vm.cfg", false)), "") << "no cpus: nothing placed";
   auto extra = parse_domain_config(hvm + "cpus = ['0', '1', '0', '1', '0']\n", "vm.cfg", false);
   EXPECT_EQ(canon(extra), "0 | 1 | 0");
@@ -234,8 +235,7 @@ TEST(DomainConfig, CpusPlacesTheVcpusAsXlDoes) {
   EXPECT_EQ(error_of(hvm + "cpus = ['0', 'nodes:1']\n"),
             "vm.cfg:5: 'cpus': item 1: 'nodes:1': NUMA node lists are not supported by xpv; name the CPUs");
   EXPECT_EQ(error_of(hvm + "cpus = []\n"), "vm.cfg:5: 'cpus': an empty list places no vCPU: leave 'cpus' out");
-  EXPECT_EQ(error_of(hvm + "cpus = 2\n"),
-            "vm.cfg:5: 'cpus': must be a quoted CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
+  EXPECT_EQ(error_of(hvm + "cpus = -2\n"), "vm.cfg:5: 'cpus': '-2': expected a CPU number, a range N-M, ^ to leave CPUs out, or all");
   EXPECT_EQ(error_of("name = 'p'\ncpus = '0'\n"),
             "vm.cfg:2: 'cpus': makes sense only for type = \"hvm\" (a process domain has no vCPU threads to place)");
 }
@@ -248,8 +248,11 @@ TEST(DomainConfig, CpusThisHostCannotGiveAreRefusedWithTheFiles) {
   ASSERT_FALSE(allowed->cpus.test(kvm::kMaxCpus - 1)) << "a host with 1024 CPUs: pick another CPU for this test";
   const std::string hvm = "name = 'g'\ntype = 'hvm'\nkernel = '/proc/self/exe'\nvcpus = 2\n";
   EXPECT_EQ(error_of(hvm + "cpus = ['" + kvm::format_cpu_list(*allowed) + "', '1023']\n", true),
-            "vm.cfg:5: 'cpus': vCPU 1: none of CPUs 1023 may be used here (this host lets xpv use " +
+            "vm.cfg:5: 'cpus': vCPU 1: none of CPUs 1023 may be used by xpv here (it may use " +
                 kvm::format_cpu_list(*allowed) + ")");
+  EXPECT_EQ(error_of(hvm + "cpus = '1023'\n", true),
+            "vm.cfg:5: 'cpus': none of CPUs 1023 may be used by xpv here (it may use " + kvm::format_cpu_list(*allowed) +
+                ")") << "one list for every vCPU names none";
   EXPECT_EQ(error_of(hvm + "cpus = '1023'\n", false), "") << "without the host checks the syntax alone counts";
   EXPECT_EQ(error_of(hvm + "cpus = 'all'\n", true), "");
 }

@@ -297,16 +297,60 @@ TEST_F(ForeignDomainTest, VcpuThreadsAreRefusedWithoutAHandlerAndCarryItsAnswer)
   } catch (const ControlError& e) {
     EXPECT_EQ(e.error(), EOPNOTSUPP);
   }
-  on_io([&] { domain_->set_vcpu_threads_handler([] { return std::vector<std::uint32_t>{4321, 0}; }); });
-  EXPECT_EQ(c.vcpu_threads(), (std::vector<std::uint32_t>{4321, 0}));
+  const std::uint16_t n = c.domain().nr_vcpus;  // what the domain said at hello
+  ASSERT_GE(n, 1u);
+  std::vector<std::uint32_t> ids(n, 0);
+  ids[0] = 4321;
+  on_io([&] { domain_->set_vcpu_threads_handler([&] { return ids; }); });
+  EXPECT_EQ(c.vcpu_threads(), ids);
+  // An answer with another count than the domain's vCPUs is a broken server, refused.
+  on_io([&] { domain_->set_vcpu_threads_handler([&] { return std::vector<std::uint32_t>(n + 1u, 7); }); });
+  try {
+    c.vcpu_threads();
+    FAIL() << "a count other than the domain's vCPUs";
+  } catch (const ControlError& e) {
+    EXPECT_EQ(e.error(), EPROTO);
+  }
   // A handler with nothing to say is an error answer, not a malformed one; the connection lives on.
   on_io([&] { domain_->set_vcpu_threads_handler([] { return std::vector<std::uint32_t>{}; }); });
   try {
     c.vcpu_threads();
     FAIL() << "an empty answer";
   } catch (const ControlError& e) {
-    EXPECT_EQ(e.error(), EOVERFLOW);
+    EXPECT_EQ(e.error(), EIO);
   }
+  EXPECT_EQ(c.xenstore().gfn, Domain::kXenstoreGfn);
+}
+
+TEST_F(ForeignDomainTest, VcpuAffinityIsRefusedWithoutAHandlerAndCarriesTheSetAndTheAnswer) {
+  auto c = ControlClient::connect(control::socket_path(9, run_dir_), "xpv");
+  ControlHandler::CpuMask mask{};
+  mask[0] = 0b101;          // CPUs 0 and 2
+  mask[15] = 1ull << 63;    // CPU 1023
+  auto code = [&](std::uint32_t vcpu) {
+    try {
+      c.set_vcpu_affinity(vcpu, mask);
+      return 0;
+    } catch (const ControlError& e) {
+      return e.error();
+    }
+  };
+  EXPECT_EQ(code(0), EOPNOTSUPP) << "a process domain has no vCPU threads";
+  std::vector<std::pair<std::uint32_t, ControlHandler::CpuMask>> seen;
+  on_io([&] {
+    domain_->set_vcpu_affinity_handler([&](std::uint32_t vcpu, const ControlHandler::CpuMask& m) -> Expected<void, int> {
+      seen.emplace_back(vcpu, m);
+      if (vcpu == 5) return fail(ENOENT);
+      return {};
+    });
+  });
+  EXPECT_EQ(code(1), 0);
+  EXPECT_EQ(code(control::kAllVcpus), 0);
+  EXPECT_EQ(code(5), ENOENT);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].first, 1u);
+  EXPECT_EQ(seen[1].first, control::kAllVcpus);
+  EXPECT_EQ(seen[0].second, mask) << "every word of the set arrives";
   EXPECT_EQ(c.xenstore().gfn, Domain::kXenstoreGfn);
 }
 

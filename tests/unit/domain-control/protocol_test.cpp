@@ -110,13 +110,23 @@ TEST(ControlProtocol, DecodeRequestChecksThePayloadOfEveryType) {
   EXPECT_EQ(std::get<UnbindRequest>(r->body).port, 7u);
   EXPECT_EQ(request(MsgType::unbind, bytes_of(UnbindRequest{7, 1})).error(), ProtoError::bad_payload);
   EXPECT_EQ(request(MsgType::get_direct_upcall, bytes_of(BindRequest{0, 0}))->type, MsgType::get_direct_upcall);
+  VcpuAffinityRequest aff{kAllVcpus, 0, {}};
+  aff.cpus[15] = 1ull << 63;
+  auto ar = request(MsgType::set_vcpu_affinity, bytes_of(aff));
+  ASSERT_TRUE(ar);
+  EXPECT_EQ(std::get<VcpuAffinityRequest>(ar->body).vcpu, kAllVcpus);
+  EXPECT_EQ(std::get<VcpuAffinityRequest>(ar->body).cpus[15], 1ull << 63);
+  aff.pad = 1;
+  EXPECT_EQ(request(MsgType::set_vcpu_affinity, bytes_of(aff)).error(), ProtoError::bad_payload);
+  EXPECT_EQ(request(MsgType::set_vcpu_affinity, bytes_of(BindRequest{0, 0})).error(), ProtoError::bad_payload);
   const std::uint8_t one[1] = {0};
   for (MsgType t : {MsgType::get_memory, MsgType::get_grant_table, MsgType::get_xenstore, MsgType::unpause,
                     MsgType::pause, MsgType::get_vcpu_threads}) {
     EXPECT_TRUE(request(t, {})) << static_cast<int>(t);
     EXPECT_EQ(request(t, one).error(), ProtoError::bad_payload) << static_cast<int>(t);
   }
-  for (MsgType t : {MsgType::hello, MsgType::bind_interdomain, MsgType::unbind, MsgType::get_direct_upcall}) {
+  for (MsgType t : {MsgType::hello, MsgType::bind_interdomain, MsgType::unbind, MsgType::get_direct_upcall,
+                    MsgType::set_vcpu_affinity}) {
     EXPECT_EQ(request(t, {}).error(), ProtoError::bad_payload) << static_cast<int>(t);
   }
   // A response or an error is no request.

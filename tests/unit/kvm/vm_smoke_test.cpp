@@ -352,6 +352,7 @@ TEST(VmSmoke, EachVcpuThreadRunsOnTheCpusItWasGiven) {
   for (std::size_t c = 0; c < kMaxCpus; ++c) {
     if (allowed->cpus.test(c)) mine.push_back(c);
   }
+  if (mine.size() < 2) GTEST_SKIP() << "one CPU allowed here: a placement could not be told from none";
   VmConfig cfg = small(2);
   cfg.affinity.resize(2);
   cfg.affinity[0].cpus.set(mine.back());   // the BSP on the last CPU this process may use
@@ -391,10 +392,79 @@ TEST(VmSmoke, EachVcpuThreadRunsOnTheCpusItWasGiven) {
   }
   EXPECT_NE(tids[0], ::gettid());
   EXPECT_EQ(format_cpu_list(*cpus_of_thread(0)), format_cpu_list(*allowed)) << "the caller stays where it was";
+  // `xpv vcpu-pin` while it runs: both moved to the BSP's CPU, then a set the kernel refuses for
+  // them (CPU 1023) changes neither; a vCPU the VM does not have is named.
+  CpuList first;
+  first.cpus.set(mine.front());
+  auto moved = g.vm.set_vcpu_affinity({0, 1}, first);
+  EXPECT_TRUE(moved) << (moved ? "" : moved.error().message);
+  for (std::size_t v = 0; v < tids.size() && v < 2 && tids[v] != 0; ++v) {
+    EXPECT_EQ(format_cpu_list(*cpus_of_thread(tids[v])), format_cpu_list(first)) << "vCPU " << v;
+  }
+  if (!allowed->cpus.test(kMaxCpus - 1)) {
+    CpuList absent;
+    absent.cpus.set(kMaxCpus - 1);
+    auto refused = g.vm.set_vcpu_affinity({0, 1}, absent);
+    EXPECT_FALSE(refused);
+    if (!refused) {
+      EXPECT_EQ(refused.error().message, std::string("vCPU 0: cannot be placed on CPUs 1023: ") + std::strerror(EINVAL));
+    }
+    for (std::size_t v = 0; v < tids.size() && v < 2 && tids[v] != 0; ++v) {
+      EXPECT_EQ(format_cpu_list(*cpus_of_thread(tids[v])), format_cpu_list(first)) << "vCPU " << v << " moved";
+    }
+  }
+  auto bad = g.vm.set_vcpu_affinity({2}, first);
+  EXPECT_FALSE(bad);
+  if (!bad) {
+    EXPECT_EQ(bad.error().message, "there is no vCPU 2 (the VM has 2)");
+  }
   g.vm.request_stop(StopReason::poweroff, "done");
   runner.join();
   EXPECT_EQ(stopped, StopReason::poweroff) << g.vm.stop_message();
   EXPECT_EQ(g.vm.vcpu_threads(), (std::vector<pid_t>{0, 0})) << "ended threads have no id";
+}
+
+// A placement asked for before the vCPU's thread begins (a domain created paused, then `xpv
+// vcpu-pin`, then unpaused) is the one it takes as it begins.
+TEST(VmSmoke, APlacementAskedForBeforeTheVcpuStartsIsTakenAsItStarts) {
+  std::string why;
+  if (!kvm_usable(why)) GTEST_SKIP() << why;
+  const auto allowed = cpus_of_thread(0);
+  ASSERT_TRUE(allowed);
+  if (allowed->cpus.count() < 2) GTEST_SKIP() << "one CPU allowed here: a placement could not be told from none";
+  std::size_t last = 0;
+  for (std::size_t c = 0; c < kMaxCpus; ++c) {
+    if (allowed->cpus.test(c)) last = c;
+  }
+  Guest g(small(1));
+  CpuList one;
+  one.cpus.set(last);
+  auto r = g.vm.set_vcpu_affinity({0}, one);
+  ASSERT_TRUE(r) << r.error().message;
+  // 1: inc dword [0x1800000]; jmp 1b
+  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
+  auto m = g.vm.memory().translate(0x100000, sizeof code);
+  ASSERT_TRUE(m);
+  std::memcpy(m->data(), code, sizeof code);
+  g.vm.boot_cpu_protected_mode(0x100000);
+  StopReason stopped = StopReason::none;
+  std::thread runner([&] { stopped = g.run(); });
+  pid_t tid = 0;
+  for (int i = 0; i < 500 && tid == 0; ++i) {  // bounded: 5 s
+    tid = g.vm.vcpu_threads().at(0);
+    if (tid == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(tid, 0);
+  if (tid != 0) {
+    const auto placed = cpus_of_thread(tid);
+    EXPECT_TRUE(placed);
+    if (placed) {
+      EXPECT_EQ(format_cpu_list(*placed), format_cpu_list(one));
+    }
+  }
+  g.vm.request_stop(StopReason::poweroff, "done");
+  runner.join();
+  EXPECT_EQ(stopped, StopReason::poweroff) << g.vm.stop_message();
 }
 
 // A set the kernel refuses stops the VM with the vCPU named, before the guest runs.

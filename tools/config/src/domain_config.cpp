@@ -175,12 +175,14 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
       };
       if (e.value.is_string()) {
         cpus_all = cpu_list(str(), "");
+      } else if (e.value.is_int()) {  // cpus = 2, as xl takes it
+        cpus_all = cpu_list(std::to_string(std::get<std::int64_t>(e.value.v)), "");
       } else if (e.value.is_list()) {
         const auto& items = list();
         if (items.empty()) throw err("an empty list places no vCPU: leave 'cpus' out");
         for (std::size_t i = 0; i < items.size(); ++i) cpus_each.push_back(cpu_list(items[i], fmt::format("item {}: ", i)));
       } else {
-        throw err("must be a quoted CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
+        throw err("must be a CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
       }
     } else if (e.key == "kernel") {
       c.kernel = str();
@@ -291,8 +293,9 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
     for (std::size_t i = 0; i < c.vcpu_affinity.size(); ++i) {
       const kvm::CpuList& l = c.vcpu_affinity[i];
       if (l.empty() || (l.cpus & allowed->cpus).any()) continue;
-      throw fail_on("cpus", fmt::format("vCPU {}: none of CPUs {} may be used here (this host lets xpv use {})", i,
-                                        kvm::format_cpu_list(l), kvm::format_cpu_list(*allowed)));
+      throw fail_on("cpus", fmt::format("{}none of CPUs {} may be used by xpv here (it may use {})",
+                                        cpus_all ? "" : fmt::format("vCPU {}: ", i), kvm::format_cpu_list(l),
+                                        kvm::format_cpu_list(*allowed)));
     }
   }
   if (check_files) {

@@ -78,6 +78,11 @@ std::vector<std::uint32_t> vcpu_threads(Context& ctx, const DomainSummary& d) {
 std::vector<VcpuRow> rows_of(Context& ctx, const DomainSummary& d) {
   const auto tids = vcpu_threads(ctx, d);
   const long hz = ::sysconf(_SC_CLK_TCK);
+  const auto online_text = read_file("/sys/devices/system/cpu/online");
+  std::optional<kvm::CpuList> online;
+  if (online_text) {
+    if (auto l = kvm::parse_cpu_list(*online_text)) online = *l;
+  }
   std::vector<VcpuRow> rows;
   for (std::size_t i = 0; i < tids.size(); ++i) {
     VcpuRow r;
@@ -93,7 +98,10 @@ std::vector<VcpuRow> rows_of(Context& ctx, const DomainSummary& d) {
       r.tid = tid;
       r.stat = *st;
       r.seconds = hz > 0 ? static_cast<double>(st->ticks) / static_cast<double>(hz) : 0;
-      if (auto a = kvm::cpus_of_thread(tid)) r.affinity = kvm::format_cpu_list(*a);
+      if (auto a = kvm::cpus_of_thread(tid)) {
+        // As xl: "all" for a thread that may run on every CPU the host has online.
+        r.affinity = online && (online->cpus & ~a->cpus).none() ? "all" : kvm::format_cpu_list(*a);
+      }
     }
     rows.push_back(std::move(r));
   }
@@ -131,20 +139,12 @@ void cmd_vcpu_list(Context& ctx, const std::vector<std::string>& which) {
 void cmd_vcpu_pin(Context& ctx, const std::string& which, const std::string& vcpu, const std::string& cpus) {
   const auto list = kvm::parse_cpu_list(cpus);
   if (!list) throw ToolstackError("CPU list " + list.error().message);
-  const auto allowed = kvm::cpus_of_thread(0);
-  if (!allowed) throw ToolstackError("cannot read the CPUs this process may use: " + allowed.error().message);
-  if ((list->cpus & allowed->cpus).none()) {
-    throw ToolstackError(fmt::format("none of CPUs {} may be used here (this host lets xpv use {})",
-                                     kvm::format_cpu_list(*list), kvm::format_cpu_list(*allowed)));
-  }
   Xenstore xs(ctx.paths.xenstore_socket);
   RunLock lock(ctx.paths.lock_file());
   const DomainSummary d = live_domain(ctx, xs, which);
   const auto tids = vcpu_threads(ctx, d);
-  std::vector<unsigned> targets;
-  if (vcpu == "all") {
-    for (unsigned i = 0; i < tids.size(); ++i) targets.push_back(i);
-  } else {
+  std::uint32_t target = domain::control::kAllVcpus;
+  if (vcpu != "all") {
     unsigned v = 0;
     const auto [p, ec] = std::from_chars(vcpu.data(), vcpu.data() + vcpu.size(), v);
     if (ec != std::errc() || p != vcpu.data() + vcpu.size() || vcpu.empty()) {
@@ -153,20 +153,40 @@ void cmd_vcpu_pin(Context& ctx, const std::string& which, const std::string& vcp
     if (v >= tids.size()) {
       throw ToolstackError(fmt::format("{} has {} vCPU(s): there is no vCPU {}", domain_label(d), tids.size(), v));
     }
-    targets.push_back(v);
+    target = v;
   }
-  for (const unsigned v : targets) {
-    const pid_t tid = static_cast<pid_t>(tids[v]);
-    // Only a thread of this domain's xpv-vmm (a tid it let go of may be another process's by now).
-    if (tid <= 0 || !read_file(task_dir(d.pid, tid) + "/stat")) {
-      throw ToolstackError(fmt::format("{} vCPU {} has no thread now (not started yet, or stopping)", domain_label(d), v));
+  // xpv-vmm places its own threads (under the lock their start and end take, so never a thread
+  // id that has gone to another process), all of them or none; one not started yet takes the set
+  // as it starts.
+  domain::ControlHandler::CpuMask mask{};
+  for (std::size_t c = 0; c < kvm::kMaxCpus; ++c) {
+    if (list->cpus.test(c)) mask[c / 64] |= std::uint64_t{1} << (c % 64);
+  }
+  const std::string sock = ctx.paths.control_socket(d.domid);
+  try {
+    auto c = domain::ControlClient::connect(sock, "xpv");
+    c.set_vcpu_affinity(target, mask);
+  } catch (const domain::ControlError& e) {
+    if (e.error() == EINVAL) {
+      throw ToolstackError(fmt::format("cannot place {} vCPU {} on CPUs {}: its xpv-vmm may use none of them (see {})",
+                                       domain_label(d), vcpu, kvm::format_cpu_list(*list),
+                                       ctx.paths.log_file("xpv-vmm-" + d.name)));
     }
-    if (auto r = kvm::place_thread(tid, *list); !r) {
-      throw ToolstackError(fmt::format("cannot place {} vCPU {} on CPUs {}: {}", domain_label(d), v,
-                                       kvm::format_cpu_list(*list), r.error().message));
+    throw ToolstackError(fmt::format("cannot place {} vCPU {} ({}): {}", domain_label(d), vcpu, sock, e.what()));
+  } catch (const std::exception& e) {
+    throw ToolstackError(fmt::format("cannot place {} vCPU {} ({}): {}", domain_label(d), vcpu, sock, e.what()));
+  }
+  // What the kernel made of it (it keeps only the CPUs the thread's cpuset allows), read back
+  // from the first thread placed.
+  std::string applied = kvm::format_cpu_list(*list);
+  const std::size_t first = target == domain::control::kAllVcpus ? 0 : target;
+  if (first < tids.size() && tids[first] != 0) {
+    const pid_t tid = static_cast<pid_t>(tids[first]);
+    if (read_file(task_dir(d.pid, tid) + "/stat")) {
+      if (auto a = kvm::cpus_of_thread(tid)) applied = kvm::format_cpu_list(*a);
     }
   }
-  ctx.out << fmt::format("{}: vCPU {} on CPUs {}\n", domain_label(d), vcpu, kvm::format_cpu_list(*list));
+  ctx.out << fmt::format("{}: vCPU {} on CPUs {}\n", domain_label(d), vcpu, applied);
 }
 
 }  // namespace xpv::toolstack

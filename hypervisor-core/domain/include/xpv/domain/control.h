@@ -11,6 +11,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -85,6 +86,15 @@ class ControlHandler {
   // Each vCPU's host thread id (0 while it has none), in vCPU order. EOPNOTSUPP where the domain
   // has no vCPU threads (a process domain).
   virtual Expected<std::vector<std::uint32_t>, int> vcpu_threads() { return fail(EOPNOTSUPP); }
+  // Restricts vCPU `vcpu`'s thread (control::kAllVcpus: every vCPU's) to the host CPUs in `cpus`
+  // (bit c % 64 of word c / 64), all or none. ENOENT no such vCPU, EINVAL an empty set or one the
+  // kernel refuses, EOPNOTSUPP where the domain has no vCPU threads.
+  using CpuMask = std::array<std::uint64_t, control::kCpuMaskWords>;
+  virtual Expected<void, int> set_vcpu_affinity(std::uint32_t vcpu, const CpuMask& cpus) {
+    (void)vcpu;
+    (void)cpus;
+    return fail(EOPNOTSUPP);
+  }
 };
 
 class ControlServer {
@@ -154,6 +164,10 @@ class ControlClient {
   // Each vCPU's host thread id, 0 for one that has no thread (not started yet, or ended).
   // Throws ControlError (EOPNOTSUPP: a domain without vCPU threads).
   std::vector<std::uint32_t> vcpu_threads();
+  // Restricts vCPU `vcpu` (control::kAllVcpus: every vCPU) to the host CPUs in `cpus`. Throws
+  // ControlError: ENOENT no such vCPU, EINVAL an empty set or one the kernel refuses, EOPNOTSUPP
+  // a domain without vCPU threads.
+  void set_vcpu_affinity(std::uint32_t vcpu, const ControlHandler::CpuMask& cpus);
   // Readable (EOF) once the domain process is gone: a service may watch it.
   int fd() const noexcept { return sock_.get(); }
 

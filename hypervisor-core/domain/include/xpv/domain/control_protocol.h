@@ -25,6 +25,11 @@
 //   get_vcpu_threads()            VcpuThreadsResponse + nr_vcpus x u32 tid  -
 //     (each vCPU's host thread id, 0 while it has none; a domain without vCPU threads — a
 //     process domain — answers EOPNOTSUPP)
+//   set_vcpu_affinity(VcpuAffinityRequest)
+//                                 (empty)                                  -
+//     (the vCPU's — or with kAllVcpus every vCPU's — thread restricted to those host CPUs, all
+//     or none: ENOENT no such vCPU, EINVAL an empty set or one the kernel refuses, EOPNOTSUPP a
+//     process domain)
 //
 // Ports bound by a connection are unbound when it closes: a backend that dies leaves the guest's
 // ports unbound again (as Xen does when a domain closes its end), so a restarted backend can bind
@@ -53,6 +58,8 @@ inline constexpr std::size_t kMaxFds = 4;
 inline constexpr std::uint32_t kMaxRegions = 64;
 inline constexpr std::uint32_t kMaxGrantFrames = 4096;
 inline constexpr std::uint32_t kMaxVcpuThreads = 4096;
+inline constexpr std::uint32_t kAllVcpus = 0xffffffff;  // VcpuAffinityRequest::vcpu: every vCPU
+inline constexpr std::size_t kCpuMaskWords = 16;        // 1024 host CPUs
 
 enum class MsgType : std::uint16_t {
   hello = 1,
@@ -64,7 +71,8 @@ enum class MsgType : std::uint16_t {
   unpause = 7,  // no payload, empty answer: a domain created paused starts running (xl unpause)
   get_direct_upcall = 8,  // DirectUpcallRequest → DirectUpcallResponse + the table, the vCPU's eventfd
   pause = 9,  // no payload, empty answer: the domain's vCPUs stop until unpause (xl pause)
-  get_vcpu_threads = 10,  // no payload → VcpuThreadsResponse + tids (xl vcpu-list / vcpu-pin)
+  get_vcpu_threads = 10,  // no payload → VcpuThreadsResponse + tids (xl vcpu-list)
+  set_vcpu_affinity = 11,  // VcpuAffinityRequest → empty answer (xl vcpu-pin)
 };
 
 enum class DomainKind : std::uint32_t { hvm = 0, process = 1 };
@@ -156,6 +164,13 @@ struct VcpuThreadsResponse {
 };
 static_assert(std::is_standard_layout_v<VcpuThreadsResponse> && sizeof(VcpuThreadsResponse) == 8);
 
+struct VcpuAffinityRequest {
+  std::uint32_t vcpu;                   // 0x0: a vCPU, or kAllVcpus
+  std::uint32_t pad;                    // 0x4
+  std::uint64_t cpus[kCpuMaskWords];    // 0x8: bit c % 64 of word c / 64 = host CPU c
+};
+static_assert(std::is_standard_layout_v<VcpuAffinityRequest> && sizeof(VcpuAffinityRequest) == 136);
+
 struct ErrorPayload {
   std::int32_t error;  // 0x0: a positive errno value
   std::uint32_t pad;   // 0x4
@@ -214,6 +229,7 @@ inline bool well_formed(const UnbindRequest& v) noexcept { return v.pad == 0; }
 inline bool well_formed(const XenstoreResponse& v) noexcept { return v.pad == 0; }
 inline bool well_formed(const DirectUpcallRequest& v) noexcept { return v.pad == 0; }
 inline bool well_formed(const DirectUpcallResponse& v) noexcept { return v.pad == 0; }
+inline bool well_formed(const VcpuAffinityRequest& v) noexcept { return v.pad == 0; }
 inline bool well_formed(const ErrorPayload& v) noexcept {
   return v.error > 0 && v.pad == 0 && nul_terminated(v.message);
 }
@@ -236,7 +252,7 @@ Expected<T, ProtoError> decode_fixed(std::span<const std::uint8_t> payload) noex
 struct Request {
   MsgType type{};
   std::uint32_t seq = 0;
-  std::variant<std::monostate, HelloRequest, BindRequest, UnbindRequest, DirectUpcallRequest> body;
+  std::variant<std::monostate, HelloRequest, BindRequest, UnbindRequest, DirectUpcallRequest, VcpuAffinityRequest> body;
 };
 Expected<Request, ProtoError> decode_request(const Message& m) noexcept;
 

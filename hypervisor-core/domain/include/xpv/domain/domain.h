@@ -104,6 +104,11 @@ class Domain final : public ControlHandler {
   Expected<std::vector<std::uint32_t>, int> vcpu_threads() override;
   // xl vcpu-list / vcpu-pin: fn gives each vCPU's thread id (0: none). Unset: EOPNOTSUPP.
   void set_vcpu_threads_handler(std::function<std::vector<std::uint32_t>()> fn) { vcpu_threads_ = std::move(fn); }
+  Expected<void, int> set_vcpu_affinity(std::uint32_t vcpu, const CpuMask& cpus) override;
+  // xl vcpu-pin: fn places vCPU `vcpu` (or all) as ControlHandler::set_vcpu_affinity says. Unset: EOPNOTSUPP.
+  void set_vcpu_affinity_handler(std::function<Expected<void, int>(std::uint32_t, const CpuMask&)> fn) {
+    vcpu_affinity_ = std::move(fn);
+  }
 
   // Direct upcalls (direct_upcall.h): one upcall eventfd per vCPU (xpv-vmm: KVM irqfds), and
   // `spans_from`, the GuestMemory the shared_info / vcpu_info spans given to evtchn() come from
@@ -135,6 +140,7 @@ class Domain final : public ControlHandler {
   std::function<bool()> unpause_;
   std::function<Expected<void, int>()> pause_;
   std::function<std::vector<std::uint32_t>()> vcpu_threads_;
+  std::function<Expected<void, int>(std::uint32_t, const CpuMask&)> vcpu_affinity_;
   std::unique_ptr<ControlServer> server_;  // last: torn down first
 };
 

@@ -4,8 +4,9 @@
 //   "all"            every CPU
 //   "3"              CPU 3
 //   "2-5"            CPUs 2, 3, 4 and 5
-//   "^4", "^6-7"     not these (wherever they stand in the list: "0-7,^4" = "^4,0-7")
-//   "0-3,5,^1"       a comma-separated mix: CPUs 0, 2, 3 and 5
+//   "^4", "^6-7"     not these
+//   "0-3,5,^1"       a comma-separated mix, read left to right as xl reads it (each item adds
+//                    its CPUs, or with ^ takes them away): CPUs 0, 2, 3 and 5; "^1,0-3" is 0-3
 // xl's "node:N" / "nodes:N-M" (a NUMA node's CPUs) are refused with a reason: xpv does not place
 // vCPUs by node. CPU numbers are below kMaxCpus (the size of Linux's cpu_set_t).
 //
@@ -26,6 +27,7 @@
 namespace xpv::kvm {
 
 inline constexpr std::size_t kMaxCpus = 1024;
+inline constexpr unsigned kMaxPlacedVcpus = 4096;  // parse_vcpu_affinity's bound on `vcpus`
 
 struct CpuList {
   std::bitset<kMaxCpus> cpus;
@@ -35,7 +37,8 @@ struct CpuList {
 
 // Errors name the item: "'3-1': a range must not run downward", "'x': expected a CPU number, a
 // range N-M, ^ to leave CPUs out, or all", "'2000': CPU numbers go up to 1023", "'node:1':
-// NUMA node lists are not supported by xpv; name the CPUs", "'^0-7' leaves no CPU".
+// NUMA node lists are not supported by xpv; name the CPUs", "'^all': ^ and all do not combine
+// (as in xl)", "'0,^0' leaves no CPU".
 Result<CpuList> parse_cpu_list(std::string_view text);
 
 // "0-3,5" (ranges of three or more CPUs as N-M, two as "N,N+1"); "none" for the empty set.

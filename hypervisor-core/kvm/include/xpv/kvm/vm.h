@@ -117,6 +117,11 @@ class Vm {
   // Each vCPU's thread id (its /proc/<pid>/task/<tid>; what `xpv vcpu-list` reads and `xpv
   // vcpu-pin` places), 0 for a vCPU whose thread has not begun or has ended. Any thread.
   std::vector<pid_t> vcpu_threads() const noexcept;
+  // `xpv vcpu-pin`: the named vCPUs' threads restricted to `cpus` — those running at once, one
+  // not begun yet as it begins (a domain created paused). All or none: a set the kernel refuses
+  // for one leaves every one as it was. Errors: no such vCPU, an empty set, the kernel's refusal
+  // (no CPU of the set allowed to this process). Any thread but a vCPU's own.
+  Result<void> set_vcpu_affinity(const std::vector<unsigned>& vcpus, const CpuList& cpus) noexcept;
   int vm_fd() const noexcept { return vm_fd_.get(); }
 
   // CPUID: KVM_GET_SUPPORTED_CPUID, filtered per vCPU (hypervisor bit, APIC ids); KVM's own
@@ -246,7 +251,8 @@ class Vm {
   std::condition_variable stop_cv_;
   std::string stop_message_;
   std::atomic<std::uint64_t> kick_gen_{0};
-  std::mutex kick_mu_;  // guards each Vcpu's handle and alive (kick_all against threads ending)
+  std::mutex kick_mu_;  // guards each Vcpu's handle and alive (kick_all against threads ending), affinity_
+  std::vector<CpuList> affinity_;  // per vCPU: where its thread runs (empty: not placed)
   mutable std::mutex pause_mu_;  // guards pause_wanted_ and each Vcpu's parked and ended
   std::condition_variable pause_cv_;
   std::atomic<bool> pause_wanted_{false};  // read lock-free at the top of each vCPU's loop
