@@ -64,6 +64,17 @@ VmConfig small(unsigned vcpus = 1) {
   return c;
 }
 
+// A guest that counts as long as it runs, for protected mode at 0x100000: 1: inc dword
+// [0x1800000]; jmp 1b. Returns the counter (null when guest memory could not be reached).
+std::uint32_t* load_counting_guest(Guest& g) {
+  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
+  auto m = g.vm.memory().translate(0x100000, sizeof code);
+  auto c = g.vm.memory().translate(0x1800000, 4);
+  if (!m || !c) return nullptr;
+  std::memcpy(m->data(), code, sizeof code);
+  return reinterpret_cast<std::uint32_t*>(c->data());
+}
+
 TEST(VmSmoke, RealModeStubWritesToTheUartAndHaltsAsPoweroff) {
   std::string why;
   if (!kvm_usable(why)) GTEST_SKIP() << why;
@@ -170,14 +181,8 @@ TEST(VmSmoke, APausedVmRunsNoGuestCodeUntilResumedAndStillStops) {
   std::string why;
   if (!kvm_usable(why)) GTEST_SKIP() << why;
   Guest g(small(2));  // the AP, never started, waits inside KVM_RUN: it must stop too
-  // 1: inc dword [0x1800000]; jmp 1b — a guest that counts as long as it runs.
-  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
-  auto m = g.vm.memory().translate(0x100000, sizeof code);
-  ASSERT_TRUE(m);
-  std::memcpy(m->data(), code, sizeof code);
-  auto c = g.vm.memory().translate(0x1800000, 4);
-  ASSERT_TRUE(c);
-  auto* counter = reinterpret_cast<std::uint32_t*>(c->data());
+  std::uint32_t* counter = load_counting_guest(g);
+  ASSERT_NE(counter, nullptr);
   const auto count = [&] { return __atomic_load_n(counter, __ATOMIC_RELAXED); };
   // Waits (bounded: 30 s) until the count is past `than`.
   const auto counts_past = [&](std::uint32_t than) {
@@ -358,14 +363,8 @@ TEST(VmSmoke, EachVcpuThreadRunsOnTheCpusItWasGiven) {
   cfg.affinity[0].cpus.set(mine.back());   // the BSP on the last CPU this process may use
   cfg.affinity[1].cpus.set(mine.front());  // the AP (never started: it waits in KVM_RUN) on the first
   Guest g(cfg);
-  // 1: inc dword [0x1800000]; jmp 1b
-  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
-  auto m = g.vm.memory().translate(0x100000, sizeof code);
-  ASSERT_TRUE(m);
-  std::memcpy(m->data(), code, sizeof code);
-  auto c = g.vm.memory().translate(0x1800000, 4);
-  ASSERT_TRUE(c);
-  auto* counter = reinterpret_cast<std::uint32_t*>(c->data());
+  std::uint32_t* counter = load_counting_guest(g);
+  ASSERT_NE(counter, nullptr);
   EXPECT_EQ(g.vm.vcpu_threads(), (std::vector<pid_t>{0, 0})) << "no thread before run()";
   g.vm.boot_cpu_protected_mode(0x100000);
   StopReason stopped = StopReason::none;
@@ -441,11 +440,7 @@ TEST(VmSmoke, APlacementAskedForBeforeTheVcpuStartsIsTakenAsItStarts) {
   one.cpus.set(last);
   auto r = g.vm.set_vcpu_affinity({0}, one);
   ASSERT_TRUE(r) << r.error().message;
-  // 1: inc dword [0x1800000]; jmp 1b
-  const std::uint8_t code[] = {0xff, 0x05, 0x00, 0x00, 0x80, 0x01, 0xeb, 0xf8};
-  auto m = g.vm.memory().translate(0x100000, sizeof code);
-  ASSERT_TRUE(m);
-  std::memcpy(m->data(), code, sizeof code);
+  ASSERT_NE(load_counting_guest(g), nullptr);
   g.vm.boot_cpu_protected_mode(0x100000);
   StopReason stopped = StopReason::none;
   std::thread runner([&] { stopped = g.run(); });
