@@ -92,9 +92,6 @@ maxmem = 512"
                     ip link set xpvbr$i up; } 2>&1 ) && BRIDGE_ERR= || BRIDGE_ERR="${BRIDGE_ERR:-ip failed}"
     VIF="mac=00:16:3e:00:00:0$i, bridge=xpvbr$i, ip=10.0.$i.2/24"
   fi
-  # INTx guests: each vCPU placed on one of L1's two CPUs (xl's `cpus`), vCPU 0 on CPU 1.
-  CPUS=
-  [ "$M" = intx ] && CPUS='cpus = ["1", "0"]'
   cp --sparse=always $IMG/root.ext4 $W/$M.ext4
   cat > $W/$N.cfg <<CFG
 name = "$N"
@@ -107,7 +104,6 @@ ramdisk = "$IMG/initrd.cpio"
 extra = "root=/dev/xvda panic=-1 xpv.run=selftest xpv.ip=10.0.$i.2/24 xpv.wait=30 xpv.shutdown_wait=90$MODOPT"
 disk = [ 'vdev=xvda, target=$W/$M.ext4' ]
 vif = [ '$VIF' ]
-$CPUS
 CFG
   {
     # (In the section, so that a failed attempt's dump shows it.)
@@ -220,10 +216,10 @@ CFG
         done
         echo "XPV-TEST: ping-after-unpause $PU"
         if [ "$M" = intx ]; then
-          # `cpus` placed the vCPU threads as they started; `xpv vcpu-list` says so, the kernel
-          # agrees; `xpv vcpu-pin` moves them while the guest runs (and it answers a ping after).
-          echo "XPV-TEST: vcpu-threads $(vcpu_threads)"
-          $B/xpv vcpu-list $N | sed 's/^/XPV-TEST: vcpu-list /'
+          # `xpv vcpu-list` and `xpv vcpu-pin` on a running guest (placed on both of L1's CPUs,
+          # which leaves the threads where they were: session 54's CI lost 8 of 10 L1 sessions of
+          # an INTx guest whose vCPUs were each held to one CPU — the callback guest below is
+          # placed while paused, one vCPU on one CPU).
           OUT=$($B/xpv vcpu-pin $N all 0-1 2>&1)
           echo "XPV-TEST: vcpu-pin rc=$? $OUT"
           echo "XPV-TEST: vcpu-threads-pinned $(vcpu_threads)"
@@ -269,8 +265,6 @@ CFG
         OUT=$($B/xpv reboot $N --timeout 80 2>&1)
         echo "XPV-TEST: reboot rc=$? $OUT"
         grep -h "xpv-monitor" $W/log/monitor-$N.log | sed 's/^/XPV-TEST: monitor /'
-        # The domain created again from its configuration: `cpus` placed the new threads as before.
-        echo "XPV-TEST: vcpu-threads-after-reboot $(vcpu_threads)"
         WAITS=2
         START=$(date +%s)
         LAST=$START
