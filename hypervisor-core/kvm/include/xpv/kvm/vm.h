@@ -114,8 +114,8 @@ class Vm {
   IoBus& pio() noexcept { return pio_; }
   IoBus& mmio() noexcept { return mmio_; }
   unsigned vcpus() const noexcept { return static_cast<unsigned>(vcpus_.size()); }
-  // Each vCPU's thread id (its /proc/<pid>/task/<tid>; what `xpv vcpu-list` reads and `xpv
-  // vcpu-pin` places), 0 for a vCPU whose thread has not begun or has ended. Any thread.
+  // Each vCPU's thread id (its /proc/<pid>/task/<tid>: what `xpv vcpu-list` reads), published
+  // once the thread is placed; 0 for a vCPU whose thread has not begun or has ended. Any thread.
   std::vector<pid_t> vcpu_threads() const noexcept;
   // `xpv vcpu-pin`: the named vCPUs' threads restricted to `cpus` — those running at once, one
   // not begun yet as it begins (a domain created paused). All or none: a set the kernel refuses
