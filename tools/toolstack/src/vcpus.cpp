@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <charconv>
-#include <sstream>
 
 #include "domain_ops.h"
 #include "xpv/domain/control.h"
