@@ -47,6 +47,8 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 xpvctl /ctl || die "ca
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /host || die "cannot mount the host root over 9p"
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
+# The unified cgroup hierarchy where Debian 12's systemd mounts it (`xpv sched-credit`'s cgroups).
+mount -t cgroup2 cgroup2 /host/sys/fs/cgroup || log "cannot mount cgroup2 at /sys/fs/cgroup"
 mount -t devtmpfs devtmpfs /host/dev || die "cannot mount /dev in the chroot"
 mkdir -p /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts

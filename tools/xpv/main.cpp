@@ -169,6 +169,12 @@ int main(int argc, char** argv) {
   vcpu_pin->add_option("domain", which, "name or id")->required();
   vcpu_pin->add_option("vcpu", pin_vcpu, "vCPU number, or all")->required();
   vcpu_pin->add_option("cpus", pin_cpus, "host CPUs, xl's CPU-LIST: \"0-3,^1\", \"2\", all")->required();
+  std::optional<std::int64_t> sched_weight, sched_cap;
+  std::string sched_domain;
+  auto* sched_credit = app.add_subcommand("sched-credit", "a domain's CPU weight and cap (a cgroup of its own), listed or set while it runs, as xl sched-credit (the config's cpu_weight / cap do it at start)");
+  sched_credit->add_option("-d,--domain", sched_domain, "name or id (default: list every running domain)");
+  sched_credit->add_option("-w,--weight", sched_weight, "1..65535 (default 256): its share of the CPU against other domains");
+  sched_credit->add_option("-c,--cap", sched_cap, "% of one host CPU it may use at most (0: no cap)");
   auto* monitor = app.add_subcommand("monitor", "(internal) act on a domain's on_poweroff/on_reboot/on_crash; started by `xpv create`");
   monitor->group("");
   unsigned monitor_domid = 0;
@@ -233,6 +239,7 @@ int main(int argc, char** argv) {
     else if (*unpause) ts::cmd_unpause(ctx, which);
     else if (*vcpu_list) ts::cmd_vcpu_list(ctx, vcpu_domains);
     else if (*vcpu_pin) ts::cmd_vcpu_pin(ctx, which, pin_vcpu, pin_cpus);
+    else if (*sched_credit) ts::cmd_sched_credit(ctx, sched_domain, sched_weight, sched_cap);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*top) ts::cmd_top(ctx, top_opts);
     else if (*destroy) ts::cmd_destroy(ctx, which);

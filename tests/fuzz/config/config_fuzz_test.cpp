@@ -69,6 +69,7 @@ const std::vector<std::string>& samples() {
       "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nmemory = 384\nmaxmem = 1024\n",
       "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nvcpus = 3\ncpus = '0-3,5,^1'\n",
       "name = 'g'\ntype = 'hvm'\nkernel = '/k'\nvcpus = 2\ncpus = ['3-4', '2-6,^4', '1']\ncpus_soft = 'all'\n",
+      "name = 'a'\ncpu_weight = 512\ncap = 150\n",
       // README.md
       "name = \"g1\"\ntype = \"hvm\"\nmemory = 512\nvcpus = 2\n"
       "kernel = \"IMAGE/vmlinuz\"            # `xpv image build` prints IMAGE\n"
@@ -148,6 +149,7 @@ const std::vector<std::string>& tokens() {
       "on_crash", "vnc", "target=", "vdev=", "xvda", "xvdzzzz", "d1048575p255", "hdd63", ",xvda",
       "access=", "format=", "devtype=", "mac=", "ip=", "rate=", "mtu=", "vifname=", "bridge=", "queues=", "64", "65",
       "cpus", "cpus_soft", "'all'", "^", "'^0'", "nodes:", "1023", "1024", "'0-1023'",
+      "cpu_weight", "cap", "65535", "65536", "102400", "102401",
       "00:16:3e:00:00:01", "10.0.0.2/24", "/30", "/31", "10Mb/s", "1099511627776GB/s",
       "@18446744073709552ms", "@10s", "\xff", "\xc3\xa9", "\x1b[31m", "\x7f"};
   return t;
@@ -446,6 +448,13 @@ void expect_valid(const DomainConfig& c) {
   if (c.type != DomainType::hvm) {
     EXPECT_TRUE(c.vcpu_affinity.empty()) << "a process domain placed";
   }
+  if (c.cpu_weight) {
+    EXPECT_GE(*c.cpu_weight, 1u);
+    EXPECT_LE(*c.cpu_weight, 65535u);
+  }
+  if (c.cap) {
+    EXPECT_LE(*c.cap, 102400u);
+  }
   if (c.type == DomainType::hvm) {
     EXPECT_FALSE(c.kernel.empty());
   } else {
@@ -481,6 +490,8 @@ std::string describe(const DomainConfig& c, bool all) {
                   std::to_string(static_cast<int>(c.upcall)) + to_string(c.on_poweroff) +
                   to_string(c.on_reboot) + to_string(c.on_crash);
   for (const auto& l : c.vcpu_affinity) s += "|cpus " + kvm::format_cpu_list(l);
+  if (c.cpu_weight) s += "|cpu_weight " + std::to_string(*c.cpu_weight);
+  if (c.cap) s += "|cap " + std::to_string(*c.cap);
   for (const DiskSpec& d : c.disks) {
     s += "|disk " + d.target + "," + d.format + "," + std::to_string(d.vdev.devid) + "," +
          d.vdev.name + "," + std::to_string(d.vdev.disk) + "," + std::to_string(d.vdev.partition) +
@@ -515,6 +526,8 @@ std::string to_xl(const DomainConfig& c) {
       s += " ]\n";
     }
   }
+  if (c.cpu_weight) s += "cpu_weight = " + std::to_string(*c.cpu_weight) + "\n";
+  if (c.cap) s += "cap = " + std::to_string(*c.cap) + "\n";
   s += std::string("on_poweroff = '") + to_string(c.on_poweroff) + "'\non_reboot = '" + to_string(c.on_reboot) +
        "'\non_crash = '" + to_string(c.on_crash) + "'\n";
   s += "disk = [";

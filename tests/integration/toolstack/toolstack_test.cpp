@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness.h"
+#include "xpv/toolstack/cpu_sched.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/record.h"
 #include "xpv/test/loop_device.h"
@@ -793,6 +794,111 @@ TEST_F(Toolstack, VcpuPlacementRefusesWhatHasNoVcpus) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out.substr(0, 4), "Name");
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "a process domain has no rows: " << r.out;
+}
+
+// `cpu_weight` / `cap` and `xpv sched-credit`, on this host's real cgroup hierarchy with the cpu
+// controller (v1 or v2, whichever it has): the domain process is moved into <hierarchy>/xpv/<uuid>
+// with the files set as cpu_sched.h maps them; sched-credit lists, changes and places a domain
+// that had none; out-of-range values are refused with one line and change nothing; destroy
+// removes the cgroup.
+TEST_F(Toolstack, CpuWeightAndCapPutTheDomainProcessInACgroupOfItsOwn) {
+  const auto hier = toolstack::host_cpu_hierarchy();
+  if (!hier) GTEST_SKIP() << "this host has no cgroup hierarchy with the cpu controller";
+  const bool v1 = hier->version == toolstack::CgroupVersion::v1;
+  std::vector<std::string> made;  // removed at the end whatever happens (empty by then if all went well)
+  struct Cleanup {
+    std::vector<std::string>& dirs;
+    ~Cleanup() {
+      for (const auto& d : dirs) ::rmdir(d.c_str());
+    }
+  } cleanup{made};
+  auto knob = [](const std::string& dir, const std::string& name) {
+    std::ifstream f(dir + "/" + name);
+    std::string v;
+    std::getline(f, v);
+    return v;
+  };
+  auto weight_file = [&](const std::string& dir) { return knob(dir, v1 ? "cpu.shares" : "cpu.weight"); };
+  auto cap_file = [&](const std::string& dir) { return v1 ? knob(dir, "cpu.cfs_quota_us") : knob(dir, "cpu.max"); };
+  auto in_cgroup = [&](pid_t pid, const std::string& dir) {
+    std::ifstream f(fmt::format("/proc/{}/cgroup", pid));
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto at = toolstack::cgroup_of(text, hier->version);
+    return at && hier->mount + *at == dir;
+  };
+
+  TestHost h(kBin, kFake, {"xpv-front", "xpv-blkback"});
+  ASSERT_EQ(h.run({"up"}).rc, 0);
+  const auto before = tree(h.xs_socket);
+  const auto bad = h.write("bad.cfg", "name = \"bad\"\nmemory = 64\ncpu_weight = 0\n");
+  auto r = h.run({"create", bad});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, fmt::format("xpv create: {}:3: 'cpu_weight': 0 is out of range 1..65535\n", bad));
+  EXPECT_EQ(tree(h.xs_socket), before);
+
+  const auto cfg = h.write("a.cfg", "name = \"a\"\nmemory = 64\ncpu_weight = 512\ncap = 50\n");
+  r = h.run({"create", cfg});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto rec = toolstack::read_record(h.run_dir + "/dom1");
+  ASSERT_TRUE(rec);
+  const std::string cg = hier->mount + "/xpv/" + rec->uuid;
+  made.push_back(cg);
+  EXPECT_EQ(rec->cgroup, cg);
+  EXPECT_EQ(rec->cpu_weight, 512u);
+  EXPECT_EQ(rec->cap, 50u);
+  EXPECT_TRUE(in_cgroup(rec->pid, cg)) << "the domain process is in " << cg;
+  EXPECT_EQ(weight_file(cg), v1 ? "2048" : "200");
+  EXPECT_EQ(cap_file(cg), v1 ? "50000" : "50000 100000");
+  if (v1) {
+    EXPECT_EQ(knob(cg, "cpu.cfs_period_us"), "100000");
+  }
+
+  // The table, then a change while it runs.
+  r = h.run({"sched-credit"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, toolstack::format_sched_credit({{"a", 1, {512, 50}, cg}}));
+  r = h.run({"sched-credit", "-d", "a", "-w", "128", "-c", "0"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("a (id 1): weight 128, cap none ({})\n", cg));
+  EXPECT_EQ(weight_file(cg), v1 ? "512" : "50");
+  EXPECT_EQ(cap_file(cg), v1 ? "-1" : "max 100000");
+  r = h.run({"sched-credit", "-d", "a", "-c", "102401"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv sched-credit: cap 102401 is out of range 0..102400 (% of one CPU; 0: none)\n");
+  r = h.run({"sched-credit", "-w", "5"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err, "xpv sched-credit: setting a weight or cap needs a domain: -d NAME (as xl sched-credit)\n");
+  EXPECT_EQ(weight_file(cg), v1 ? "512" : "50") << "a refused change changes nothing";
+  rec = toolstack::read_record(h.run_dir + "/dom1");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->cpu_weight, 128u);
+  EXPECT_EQ(rec->cap, 0u);
+
+  // A domain created without either is in no cgroup of xpv's until sched-credit gives it one.
+  const auto cfg_b = h.write("b.cfg", "name = \"b\"\nmemory = 64\n");
+  ASSERT_EQ(h.run({"create", cfg_b}).rc, 0);
+  auto rec_b = toolstack::read_record(h.run_dir + "/dom2");
+  ASSERT_TRUE(rec_b);
+  EXPECT_EQ(rec_b->cgroup, "");
+  const std::string cg_b = hier->mount + "/xpv/" + rec_b->uuid;
+  made.push_back(cg_b);
+  EXPECT_FALSE(fs::exists(cg_b));
+  r = h.run({"sched-credit", "-d", "b"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, toolstack::format_sched_credit({{"b", 2, {256, 0}, ""}}));
+  r = h.run({"sched-credit", "-d", "2", "-c", "25"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("b (id 2): weight 256, cap 25 % of a CPU ({})\n", cg_b));
+  EXPECT_TRUE(in_cgroup(rec_b->pid, cg_b));
+  EXPECT_EQ(weight_file(cg_b), v1 ? "1024" : "100");
+  EXPECT_EQ(cap_file(cg_b), v1 ? "25000" : "25000 100000");
+
+  // Destroy removes each cgroup with its process.
+  ASSERT_EQ(h.run({"destroy", "a"}).rc, 0);
+  EXPECT_FALSE(fs::exists(cg));
+  EXPECT_TRUE(fs::exists(cg_b));
+  ASSERT_EQ(h.run({"destroy", "b"}).rc, 0);
+  EXPECT_FALSE(fs::exists(cg_b));
 }
 
 // `xpv bench --json FILE`: the file's directory is made, or refused with one line, before a suite

@@ -231,6 +231,19 @@ CFG
             ping -c 1 -W 2 10.0.$i.2 >/dev/null 2>&1 && { PV=yes; break; }
           done
           echo "XPV-TEST: ping-after-vcpu-pin $PV"
+          # `xpv sched-credit` on the running guest, on L1's cgroup v2 (Debian 12's layout): its
+          # xpv-vmm, every thread of it, moved into a cgroup of its own with cpu.weight and
+          # cpu.max set; the table; the cap lifted again.
+          OUT=$($B/xpv sched-credit -d $N -w 512 -c 150 2>&1)
+          echo "XPV-TEST: sched-credit rc=$? $OUT"
+          V=$(pgrep -f "xpv-vmm .*--name $N " | head -1)
+          CG=$(awk -F: '$1 == "0" { print $3 }' /proc/$V/cgroup)
+          IN=$(wc -l < /sys/fs/cgroup$CG/cgroup.threads)
+          ALL=$(ls /proc/$V/task | wc -l)
+          echo "XPV-TEST: sched-cgroup $CG weight=$(cat /sys/fs/cgroup$CG/cpu.weight) max=$(cat /sys/fs/cgroup$CG/cpu.max) threads $IN of $ALL"
+          $B/xpv sched-credit -d $N | sed 's/^/XPV-TEST: sched-credit-list /'
+          OUT=$($B/xpv sched-credit -d $N -c 0 2>&1)
+          echo "XPV-TEST: sched-uncap rc=$? max=$(cat /sys/fs/cgroup$CG/cpu.max)"
         fi
         # Where the guest's balloon ended: its XPV-MEM line after its wait (it waits for the
         # balloon to settle), and xpv list's Mem: what it holds (xpv-vmm's memory file), as xl

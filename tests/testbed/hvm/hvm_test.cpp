@@ -346,6 +346,21 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
       EXPECT_NE(s.find("XPV-TEST: vcpu-pin-bad rc=1 xpv vcpu-pin: gintx"), std::string::npos) << s;
       EXPECT_NE(s.find(") has 2 vCPU(s): there is no vCPU 2\n"), std::string::npos) << s;
       EXPECT_NE(s.find("XPV-TEST: ping-after-vcpu-pin yes"), std::string::npos) << s;
+      // `xpv sched-credit -w 512 -c 150` on the running guest, on L1's cgroup v2: its xpv-vmm in
+      // /xpv/<uuid> with every thread, cpu.weight 200 (512 × 100 / 256) and cpu.max 150 ms per
+      // 100 ms; listed; `-c 0` lifts the cap.
+      EXPECT_NE(s.find("XPV-TEST: sched-credit rc=0 gintx"), std::string::npos) << s;
+      EXPECT_NE(s.find("): weight 512, cap 150 % of a CPU (/sys/fs/cgroup/xpv/"), std::string::npos) << s;
+      const std::string cg = between(s, "XPV-TEST: sched-cgroup ", "\n");
+      EXPECT_TRUE(cg.starts_with("/xpv/")) << cg;
+      EXPECT_NE(cg.find(" weight=200 max=150000 100000 threads "), std::string::npos) << cg;
+      const auto threads = cg.substr(cg.find(" threads ") + 9);
+      const auto of = threads.find(" of ");
+      ASSERT_NE(of, std::string::npos) << cg;
+      EXPECT_EQ(threads.substr(0, of), threads.substr(of + 4)) << "every thread of xpv-vmm in its cgroup: " << cg;
+      const std::string row = between(s, "XPV-TEST: sched-credit-list gintx", "\n");
+      EXPECT_NE(row.find(" 512   150  /sys/fs/cgroup/xpv/"), std::string::npos) << row;
+      EXPECT_NE(s.find("XPV-TEST: sched-uncap rc=0 max=max 100000\n"), std::string::npos) << s;
     }
   }
 }

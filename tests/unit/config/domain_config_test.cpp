@@ -240,6 +240,21 @@ TEST(DomainConfig, CpusPlacesTheVcpusAsXlDoes) {
             "vm.cfg:2: 'cpus': makes sense only for type = \"hvm\" (a process domain has no vCPU threads to place)");
 }
 
+TEST(DomainConfig, CpuWeightAndCapAsXlTakesThem) {
+  const auto c = parse_domain_config("name = 'a'\ncpu_weight = 512\ncap = 150\n", "vm.cfg", false);
+  EXPECT_EQ(c.cpu_weight, 512u);
+  EXPECT_EQ(c.cap, 150u);
+  EXPECT_TRUE(c.warnings.empty());
+  const auto none = parse_domain_config("name = 'a'\n", "vm.cfg", false);
+  EXPECT_EQ(none.cpu_weight, std::nullopt) << "not given: no cgroup is made";
+  EXPECT_EQ(none.cap, std::nullopt);
+  EXPECT_EQ(parse_domain_config("name = 'a'\ncap = 0\n", "vm.cfg", false).cap, 0u) << "0: no cap, but given";
+  EXPECT_EQ(error_of("name = 'a'\ncpu_weight = 0\n"), "vm.cfg:2: 'cpu_weight': 0 is out of range 1..65535");
+  EXPECT_EQ(error_of("name = 'a'\ncpu_weight = 65536\n"), "vm.cfg:2: 'cpu_weight': 65536 is out of range 1..65535");
+  EXPECT_EQ(error_of("name = 'a'\ncap = -1\n"), "vm.cfg:2: 'cap': -1 is out of range 0..102400");
+  EXPECT_EQ(error_of("name = 'a'\ncap = '50'\n"), "vm.cfg:2: 'cap': must be a number");
+}
+
 TEST(DomainConfig, CpusThisHostCannotGiveAreRefusedWithTheFiles) {
   // CPU 1023 (the last cpu_set_t holds) is on no host this runs on: with the host checks on, the
   // line is refused; a list that also names an allowed CPU passes (the kernel keeps what it can).

@@ -41,6 +41,21 @@ TEST(Record, JsonRoundTrip) {
   EXPECT_EQ(record_from_json(record_to_json(sample())), sample());
 }
 
+TEST(Record, ACgroupAndItsSettingsRoundTripAndAreAbsentWithoutOne) {
+  DomainRecord r = sample();
+  EXPECT_EQ(record_to_json(r).find("cgroup"), std::string::npos) << "no cgroup, no keys";
+  r.cgroup = "/sys/fs/cgroup/xpv/" + r.uuid;
+  r.cpu_weight = 512;
+  r.cap = 150;
+  EXPECT_EQ(record_from_json(record_to_json(r)), r);
+  // A record written before the keys existed reads as none, with xl's defaults.
+  const auto old = record_from_json(record_to_json(sample()));
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->cgroup, "");
+  EXPECT_EQ(old->cpu_weight, 256u);
+  EXPECT_EQ(old->cap, 0u);
+}
+
 TEST(Record, BadJson) {
   EXPECT_EQ(record_from_json(""), std::nullopt);
   EXPECT_EQ(record_from_json("{\"domid\": 3}"), std::nullopt);

@@ -24,7 +24,7 @@ namespace {
 const std::set<std::string_view> kIgnoredXlKeys = {
     "vnc", "vnclisten", "vncpasswd", "sdl", "opengl", "serial", "boot", "stdvga", "vga",
     "videoram", "usb", "usbdevice", "acpi", "apic", "pae", "hap", "viridian", "device_model_version",
-    "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus_soft", "cpu_weight", "uuid"};
+    "localtime", "rtc_timeoffset", "xen_platform_pci", "cpus_soft", "uuid"};
 
 // Why `p` cannot be booted from (kernel, ramdisk), or "" when it can.
 std::string boot_file_problem(const std::string& p) {
@@ -184,6 +184,10 @@ DomainConfig parse_domain_config(std::string_view text, const std::string& sourc
       } else {
         throw err("must be a CPU list (\"0-3,^1\") or a list of them, one per vCPU ([\"2\", \"3\"])");
       }
+    } else if (e.key == "cpu_weight") {
+      c.cpu_weight = static_cast<std::uint32_t>(num(1, 65535));  // xl's range
+    } else if (e.key == "cap") {
+      c.cap = static_cast<std::uint32_t>(num(0, 100 * 1024));  // % of one CPU; 0 = none
     } else if (e.key == "kernel") {
       c.kernel = str();
     } else if (e.key == "ramdisk") {

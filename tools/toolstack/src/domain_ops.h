@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "xpv/toolstack/commands.h"
+#include "xpv/toolstack/cpu_sched.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/nodes.h"
 #include "xpv/toolstack/record.h"
@@ -30,5 +31,13 @@ std::string shutdown_file(const Paths& p, DomId n);
 
 // Starts `xpv monitor N UUID` for a domain just created (lifecycle.cpp); returns its pid.
 pid_t spawn_monitor(const Paths& p, const DomainRecord& rec);
+
+// CPU weight and cap (sched_credit.cpp, cpu_sched.h). The host's cpu hierarchy, or a
+// ToolstackError saying `what` needs one; a domain process put in <hierarchy>/xpv/<uuid> with `s`
+// (its path; nothing left behind when it fails); the cgroup a record names removed (a warning
+// when it cannot be).
+CpuHierarchy cpu_hierarchy_or_throw(const std::string& what);
+std::string place_in_cgroup(const CpuHierarchy& h, const std::string& uuid, pid_t pid, const CpuSched& s);
+void remove_domain_cgroup(Context& ctx, const DomainRecord& r);
 
 }  // namespace xpv::toolstack

@@ -172,6 +172,8 @@ void destroy_domain(Context& ctx, Xenstore* xs, const DomainSummary& d) {
                                      "once it is gone",
                                      d.record->pid, d.record->pid, d.domid, d.domid));
   }
+  // Its cgroup (CPU weight and cap), now that its process is gone.
+  if (d.record) remove_domain_cgroup(ctx, *d.record);
   remove_domain_dir(dir);
   std::error_code ec;
   fs::remove(p.control_socket(d.domid), ec);
@@ -197,6 +199,13 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
   for (const auto& w : cfg.warnings) ctx.err << "warning: " << w << "\n";
   const bool hvm = cfg.type == config::DomainType::hvm;
   const char* program = hvm ? kVmm : kFront;
+  // `cpu_weight` / `cap`: the host must have the cpu controller, found before anything is made.
+  std::optional<CpuHierarchy> sched_hierarchy;
+  CpuSched sched;
+  if (cfg.cpu_weight || cfg.cap) {
+    sched_hierarchy = cpu_hierarchy_or_throw(fmt::format("{}: '{}'", config_path, cfg.cpu_weight ? "cpu_weight" : "cap"));
+    sched = {cfg.cpu_weight.value_or(kDefaultWeight), cfg.cap.value_or(0)};
+  }
   if (hvm && cfg.kernel.empty()) throw ToolstackError(fmt::format("{}: type \"hvm\" needs kernel = \"...\"", config_path));
   if (paused && !hvm) {
     throw ToolstackError(fmt::format("{}: a process domain cannot be created paused (only an HVM guest has vCPUs to hold)",
@@ -353,6 +362,14 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
     }
     rec.pid = spawn({argv, {"XPV_RUN_DIR=" + p.run_dir, "XENSTORED_PATH=" + p.xenstore_socket}, log, true});
     self.record = rec;  // before anything else can fail: the undo below stops this process
+    if (sched_hierarchy) {
+      // Its own cgroup for its CPU weight and cap, before its vCPUs are let run (it was created
+      // paused) or, for a process domain, moments after it started.
+      rec.cgroup = place_in_cgroup(*sched_hierarchy, rec.uuid, rec.pid, sched);
+      rec.cpu_weight = sched.weight;
+      rec.cap = sched.cap;
+      self.record = rec;  // the undo removes the cgroup once the process is gone
+    }
     write_record(dir, rec);
     wait_ready(rec.pid, log, offset, program);
 

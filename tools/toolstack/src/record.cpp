@@ -19,6 +19,11 @@ std::string record_to_json(const DomainRecord& r) {
   j["on_reboot"] = r.on_reboot;
   j["on_crash"] = r.on_crash;
   if (r.monitor_pid > 0) j["monitor_pid"] = r.monitor_pid;
+  if (!r.cgroup.empty()) {
+    j["cgroup"] = r.cgroup;
+    j["cpu_weight"] = r.cpu_weight;
+    j["cap"] = r.cap;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -40,6 +45,9 @@ std::optional<DomainRecord> record_from_json(const std::string& text) {
     r.on_reboot = j.value("on_reboot", r.on_reboot);
     r.on_crash = j.value("on_crash", r.on_crash);
     r.monitor_pid = j.value("monitor_pid", pid_t{0});
+    r.cgroup = j.value("cgroup", std::string());
+    r.cpu_weight = j.value("cpu_weight", r.cpu_weight);
+    r.cap = j.value("cap", r.cap);
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;

@@ -11,6 +11,11 @@
 //                                 item i and vCPUs past its end are not placed (items past the
 //                                 last vCPU: a warning). Each set must share a CPU with those
 //                                 this process may run on (checked with the files)
+//   cpu_weight = 512              1..65535: the domain's share of the host's CPU against other
+//                                 domains given one (xl's credit-scheduler weight, default 256)
+//   cap = 50                      0..102400: at most this % of one host CPU (0: no cap, as xl);
+//                                 either setting puts the domain process in a cgroup of its own
+//                                 (toolstack/cpu_sched.h)
 //   kernel / ramdisk / extra      hvm: direct Linux boot (kernel required, files must exist;
 //                                 xl's cmdline replaces extra; relative paths are the
 //                                 working directory's, made absolute when the files are checked)
@@ -50,6 +55,8 @@ struct DomainConfig {
   unsigned vcpus = 1;
   // `cpus`: entry i is vCPU i's host CPUs (xpv-vmm --vcpu-affinity); empty, or no entry: not placed.
   std::vector<kvm::CpuList> vcpu_affinity;
+  // `cpu_weight` / `cap`: nullopt when the file does not give it.
+  std::optional<std::uint32_t> cpu_weight, cap;
   std::string kernel, ramdisk, extra;
   Upcall upcall = Upcall::vector;
   LifecycleAction on_poweroff = LifecycleAction::destroy;

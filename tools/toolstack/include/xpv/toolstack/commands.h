@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <chrono>
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include "xpv/toolstack/paths.h"
@@ -63,6 +64,12 @@ void cmd_unpause(Context& ctx, const std::string& which);
 // where an HVM domain's vCPU threads run, and moving them while it runs. Not for process domains.
 void cmd_vcpu_list(Context& ctx, const std::vector<std::string>& which);
 void cmd_vcpu_pin(Context& ctx, const std::string& which, const std::string& vcpu, const std::string& cpus);
+// `xpv sched-credit [-d NAME] [-w WEIGHT] [-c CAP]` (sched_credit.cpp, cpu_sched.h), as xl's:
+// without -w/-c the weight and cap of the running domains (or of NAME); with them, NAME's set
+// while it runs (its process put in a cgroup of its own if it is not in one yet), until it is
+// created again (a reboot applies the configuration's cpu_weight / cap anew).
+void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std::int64_t> weight,
+                      std::optional<std::int64_t> cap);
 
 // `xpv top` (top.cpp), as xentop: every `delay_s` a table of the domains (CPU, memory, their disks'
 // and network interfaces' counters) and dom0's services' CPU; the first after one delay (CPU(%)

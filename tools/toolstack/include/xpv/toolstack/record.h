@@ -27,6 +27,10 @@ struct DomainRecord {
   // on_poweroff / on_reboot / on_crash): "destroy" | "restart" | "preserve".
   std::string on_poweroff = "destroy", on_reboot = "restart", on_crash = "destroy";
   pid_t monitor_pid = 0;  // its `xpv monitor` (acts on those when the domain process ends); 0 = none
+  // The cgroup its process is in for its CPU weight and cap (cpu_sched.h); "" = none. The
+  // weight and cap are what was asked for (v2 cannot hold every weight exactly).
+  std::string cgroup;
+  std::uint32_t cpu_weight = 256, cap = 0;
   bool operator==(const DomainRecord&) const = default;
 };
 
