@@ -169,6 +169,10 @@ int main(int argc, char** argv) {
   vcpu_pin->add_option("domain", which, "name or id")->required();
   vcpu_pin->add_option("vcpu", pin_vcpu, "vCPU number, or all")->required();
   vcpu_pin->add_option("cpus", pin_cpus, "host CPUs, xl's CPU-LIST: \"0-3,^1\", \"2\", all")->required();
+  auto* info = app.add_subcommand("info", "what the host offers domains: CPUs, memory, KVM, the Xen version guests are told, the daemons, as xl info");
+  std::vector<std::string> uptime_domains;
+  auto* uptime = app.add_subcommand("uptime", "how long each running domain has run (and the host, as Domain-0), as xl uptime");
+  uptime->add_option("domain", uptime_domains, "names or ids (default: every running domain and Domain-0)");
   std::optional<std::int64_t> sched_weight, sched_cap;
   std::string sched_domain;
   auto* sched_credit = app.add_subcommand("sched-credit", "a domain's CPU weight and cap (a cgroup of its own), listed or set while it runs, as xl sched-credit (the config's cpu_weight / cap do it at start)");
@@ -240,6 +244,8 @@ int main(int argc, char** argv) {
     else if (*vcpu_list) ts::cmd_vcpu_list(ctx, vcpu_domains);
     else if (*vcpu_pin) ts::cmd_vcpu_pin(ctx, which, pin_vcpu, pin_cpus);
     else if (*sched_credit) ts::cmd_sched_credit(ctx, sched_domain, sched_weight, sched_cap);
+    else if (*info) ts::cmd_info(ctx);
+    else if (*uptime) ts::cmd_uptime(ctx, uptime_domains);
     else if (*list) ts::cmd_list(ctx, json);
     else if (*top) ts::cmd_top(ctx, top_opts);
     else if (*destroy) ts::cmd_destroy(ctx, which);

@@ -27,7 +27,7 @@ std::int64_t Platform::xen_version(std::uint64_t cmd, std::uint64_t arg, GuestVi
     case abi::kXenverVersion:
       return static_cast<std::int64_t>(cfg_.version_major) << 16 | cfg_.version_minor;
     case abi::kXenverExtraversion:
-      return copy_out(mem, arg, padded<abi::kExtraversionLen>(".0")) ? 0 : err(XenErrno::efault);
+      return copy_out(mem, arg, padded<abi::kExtraversionLen>(kExtraVersion)) ? 0 : err(XenErrno::efault);
     case abi::kXenverCompileInfo: {
       abi::CompileInfo ci{};
       const auto compiler = padded<sizeof ci.compiler>("xpv: Xen HVM ABI on KVM, not Xen");
@@ -37,8 +37,7 @@ std::int64_t Platform::xen_version(std::uint64_t cmd, std::uint64_t arg, GuestVi
       return copy_out(mem, arg, ci) ? 0 : err(XenErrno::efault);
     }
     case abi::kXenverCapabilities:
-      // Only the 64-bit hypercall ABI is implemented.
-      return copy_out(mem, arg, padded<abi::kCapabilitiesLen>("hvm-3.0-x86_64"))
+      return copy_out(mem, arg, padded<abi::kCapabilitiesLen>(kCapabilities))
                  ? 0
                  : err(XenErrno::efault);
     case abi::kXenverChangeset:

@@ -351,7 +351,10 @@ TEST_F(TestbedHvm, StockKernelRunsItsPvDriversInEveryUpcallMode) {
       // 100 ms; listed; `-c 0` lifts the cap.
       EXPECT_NE(s.find("XPV-TEST: sched-credit rc=0 gintx"), std::string::npos) << s;
       EXPECT_NE(s.find("): weight 512, cap 150 % of a CPU (/sys/fs/cgroup/xpv/"), std::string::npos) << s;
-      const std::string cg = between(s, "XPV-TEST: sched-cgroup ", "\n");
+      const std::string cg_marker = "XPV-TEST: sched-cgroup ";
+      const std::string cg_line = between(s, cg_marker, "\n");
+      ASSERT_FALSE(cg_line.empty()) << s;
+      const std::string cg = cg_line.substr(cg_marker.size());  // between() keeps the marker
       EXPECT_TRUE(cg.starts_with("/xpv/")) << cg;
       EXPECT_NE(cg.find(" weight=200 max=150000 100000 threads "), std::string::npos) << cg;
       const auto threads = cg.substr(cg.find(" threads ") + 9);

@@ -33,8 +33,13 @@ TEST(CpuSched, TheHierarchyIsWhereTheCpuControllerIs) {
   // Optional fields before the separator, and a path with a space (mountinfo writes \\040).
   EXPECT_EQ(find_cpu_hierarchy("40 30 0:30 / /my\\040cgroups rw shared:3 master:1 - cgroup x rw,cpu\n", no),
             (CpuHierarchy{CgroupVersion::v1, "/my cgroups"}));
-  // Lines that are not mountinfo's are skipped, not misread.
-  EXPECT_EQ(find_cpu_hierarchy("garbage\n - cgroup\n1 2 3 4 /x - cgroup\n", yes), std::nullopt);
+  // Lines that are not mountinfo's are skipped, not misread (the separator is looked for past the
+  // six fixed fields).
+  EXPECT_EQ(find_cpu_hierarchy("garbage\n - cgroup\n1 2 3 4 /x - cgroup\n1 2 3 / /x - cgroup c rw,cpu\n", yes),
+            std::nullopt);
+  // A bind mount of a subtree (root field not "/") is not the hierarchy.
+  EXPECT_EQ(find_cpu_hierarchy("40 30 0:30 /lxc/c1 /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n", no), std::nullopt);
+  EXPECT_EQ(find_cpu_hierarchy("25 22 0:22 /sub /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", yes), std::nullopt);
 }
 
 TEST(CpuSched, SettingsAsTheFilesTakeThem) {
@@ -83,7 +88,7 @@ TEST(CpuSched, TheTableHasXlsColumnsAndTheCgroup) {
   EXPECT_EQ(format_sched_credit({{"web1", 1, {512, 50}, "/sys/fs/cgroup/xpv/u1"}, {"db", 12, {}, ""}}),
             "Name                                ID Weight   Cap  Cgroup\n"
             "web1                                 1    512    50  /sys/fs/cgroup/xpv/u1\n"
-            "db                                  12    256     0  -\n");
+            "db                                  12      -     -  -\n");
 }
 
 }  // namespace

@@ -100,9 +100,13 @@ std::optional<CpuHierarchy> find_cpu_hierarchy(std::string_view mountinfo, bool 
   for (auto line : split(mountinfo, '\n')) {
     const auto f = split(line, ' ');
     // id parent dev root mountpoint options [optional…] - fstype source superoptions
-    const auto dash = std::find(f.begin(), f.end(), std::string_view("-"));
-    if (f.size() < 6 || dash == f.end() || f.end() - dash < 4) continue;
+    if (f.size() < 10) continue;  // 6 fields, "-", 3 fields
+    const auto dash = std::find(f.begin() + 6, f.end(), std::string_view("-"));
+    if (dash == f.end() || f.end() - dash < 4) continue;
     const std::string_view fstype = dash[1], super = dash[3];
+    // A mount of a subtree (a bind mount, a container's view) is not the hierarchy's root:
+    // its top may hold processes, and /proc/<pid>/cgroup paths are not relative to it.
+    if (f[3] != "/") continue;
     const std::string mount = unescape_octal(f[4]);
     if (fstype == "cgroup" && lists(super, "cpu")) return CpuHierarchy{CgroupVersion::v1, mount};
     if (fstype == "cgroup2" && !v2 && v2_has_cpu(mount)) v2 = CpuHierarchy{CgroupVersion::v2, mount};
@@ -142,7 +146,7 @@ std::optional<DomainCgroup> DomainCgroup::at(const CpuHierarchy& h, const std::s
   return DomainCgroup(h, leaf);
 }
 
-void DomainCgroup::create() const {
+void DomainCgroup::prepare() const {
   auto enable_cpu = [&](const std::string& dir) {
     // v2: a cgroup's children get the cpu controller's files only once it hands it down.
     const std::string f = dir + "/cgroup.subtree_control";
@@ -161,7 +165,13 @@ void DomainCgroup::create() const {
     throw ToolstackError(fmt::format("cannot make the cgroup {}: {}", parent_, std::strerror(errno)));
   }
   if (h_.version == CgroupVersion::v2) enable_cpu(parent_);
-  if (::mkdir(path_.c_str(), 0755) != 0) {
+}
+
+void DomainCgroup::create() const {
+  prepare();
+  // EEXIST: one a failed step left for this very domain (uuids are not reused); its files are
+  // all written below.
+  if (::mkdir(path_.c_str(), 0755) != 0 && errno != EEXIST) {
     throw ToolstackError(fmt::format("cannot make the cgroup {}: {}", path_, std::strerror(errno)));
   }
 }
@@ -171,47 +181,38 @@ void DomainCgroup::apply(const CpuSched& s) const {
   const bool v1 = h_.version == CgroupVersion::v1;
   const std::string wfile = path_ + (v1 ? "/cpu.shares" : "/cpu.weight");
   const std::string wvalue = std::to_string(v1 ? v1_shares(s.weight) : v2_weight(s.weight));
-  const auto old_weight = read_file(wfile);
-  if (auto why = write_knob(wfile, wvalue); !why.empty()) {
-    throw ToolstackError(fmt::format("cannot set the weight ({} <- {}): {}", wfile, wvalue, why));
-  }
-  auto cap_fail = [&](const std::string& what) {
-    if (old_weight) (void)write_knob(wfile, trim(*old_weight));  // as it was: nothing half-set
-    return ToolstackError(what);
+  // What each file held, put back in reverse order if a later write is refused (v1: a quota
+  // above the parent's, below 1 ms, …), so that the files never disagree with the record.
+  std::vector<std::pair<std::string, std::string>> undo;
+  auto set = [&](const std::string& file, const std::string& value, const char* what) {
+    const auto old = read_file(file);
+    if (auto why = write_knob(file, value); !why.empty()) {
+      for (auto it = undo.rbegin(); it != undo.rend(); ++it) (void)write_knob(it->first, it->second);
+      throw ToolstackError(fmt::format("cannot set the {} ({} <- {}): {}", what, file, value, why));
+    }
+    if (old) undo.emplace_back(file, trim(*old));
   };
+  set(wfile, wvalue, "weight");
   if (v1) {
-    const std::string period = path_ + "/cpu.cfs_period_us", quota = path_ + "/cpu.cfs_quota_us";
-    // The quota first: a period shorter than the quota in place could be refused.
-    if (auto why = write_knob(quota, "-1"); !why.empty()) {
-      throw cap_fail(fmt::format("cannot set the cap ({} <- -1): {}", quota, why));
+    // The period xpv uses is also the kernel's default; written only where it differs.
+    const std::string period = path_ + "/cpu.cfs_period_us";
+    if (const auto now = read_file(period); !now || trim(*now) != std::to_string(kCapPeriodUs)) {
+      set(period, std::to_string(kCapPeriodUs), "cap");
     }
-    if (auto why = write_knob(period, std::to_string(kCapPeriodUs)); !why.empty()) {
-      throw cap_fail(fmt::format("cannot set the cap ({} <- {}): {}", period, kCapPeriodUs, why));
-    }
-    if (auto why = write_knob(quota, v1_quota(s.cap)); !why.empty()) {
-      throw cap_fail(fmt::format("cannot set the cap ({} <- {}): {}", quota, v1_quota(s.cap), why));
-    }
+    set(path_ + "/cpu.cfs_quota_us", v1_quota(s.cap), "cap");
   } else {
-    const std::string f = path_ + "/cpu.max";
-    if (auto why = write_knob(f, v2_max(s.cap)); !why.empty()) {
-      throw cap_fail(fmt::format("cannot set the cap ({} <- {}): {}", f, v2_max(s.cap), why));
-    }
+    set(path_ + "/cpu.max", v2_max(s.cap), "cap");
   }
 }
 
-void DomainCgroup::add_process(pid_t pid) const {
-  const std::string f = path_ + "/cgroup.procs";
+void move_process(const std::string& dir, pid_t pid) {
+  const std::string f = dir + "/cgroup.procs";
   if (auto why = write_knob(f, std::to_string(pid)); !why.empty()) {
     throw ToolstackError(fmt::format("cannot move process {} into {}: {}", pid, f, why));
   }
 }
 
-bool DomainCgroup::holds(pid_t pid) const {
-  const auto text = read_file(fmt::format("/proc/{}/cgroup", pid));
-  if (!text) return false;
-  const auto at = cgroup_of(*text, h_.version);
-  return at && h_.mount + *at == path_;
-}
+void DomainCgroup::add_process(pid_t pid) const { move_process(path_, pid); }
 
 CpuSched DomainCgroup::read() const {
   auto get = [&](const std::string& name) {
@@ -233,7 +234,7 @@ CpuSched DomainCgroup::read() const {
     if (quota != "-1") {
       const auto q = number<std::uint64_t>(quota);
       if (!q) throw bad("cpu.cfs_quota_us", quota);
-      s.cap = static_cast<std::uint32_t>(std::min<std::uint64_t>((*q * 100 + *pe / 2) / *pe, kMaxCap));
+      s.cap = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((*q * 100 + *pe / 2) / *pe, 1, kMaxCap));
     }
   } else {
     const std::string w = get("cpu.weight"), max = get("cpu.max");
@@ -247,7 +248,7 @@ CpuSched DomainCgroup::read() const {
     if (parts[0] != "max") {
       const auto q = number<std::uint64_t>(parts[0]);
       if (!q) throw bad("cpu.max", max);
-      s.cap = static_cast<std::uint32_t>(std::min<std::uint64_t>((*q * 100 + *pe / 2) / *pe, kMaxCap));
+      s.cap = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((*q * 100 + *pe / 2) / *pe, 1, kMaxCap));
     }
   }
   return s;
@@ -284,8 +285,9 @@ std::optional<std::string> cgroup_of(std::string_view proc_cgroup, CgroupVersion
 std::string format_sched_credit(const std::vector<SchedRow>& rows) {
   std::string out = fmt::format("{:<32} {:>5} {:>6} {:>5}  {}\n", "Name", "ID", "Weight", "Cap", "Cgroup");
   for (const auto& r : rows) {
-    out += fmt::format("{:<32} {:>5} {:>6} {:>5}  {}\n", r.name, r.domid, r.sched.weight, r.sched.cap,
-                       r.cgroup.empty() ? "-" : r.cgroup);
+    const bool none = r.cgroup.empty();
+    out += fmt::format("{:<32} {:>5} {:>6} {:>5}  {}\n", r.name, r.domid, none ? "-" : std::to_string(r.sched.weight),
+                       none ? "-" : std::to_string(r.sched.cap), none ? "-" : r.cgroup);
   }
   return out;
 }

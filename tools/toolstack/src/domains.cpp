@@ -289,6 +289,9 @@ void cmd_create(Context& ctx, const std::string& config_path, bool wait, bool lo
     throw ToolstackError(fmt::format("{}: the configuration file's path is not UTF-8; rename it or its directory", shown));
   }
   rec.uuid = generate_uuid(system_random_byte);
+  // The cgroup's parent, before the domain process starts: a host that cannot give it is refused
+  // with nothing of the domain made.
+  if (sched_hierarchy) DomainCgroup(*sched_hierarchy, rec.uuid).prepare();
   rec.program = program;
   rec.on_poweroff = config::to_string(cfg.on_poweroff);
   rec.on_reboot = config::to_string(cfg.on_reboot);

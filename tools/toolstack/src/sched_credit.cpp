@@ -5,6 +5,7 @@
 #include "xpv/toolstack/commands.h"
 #include "xpv/toolstack/cpu_sched.h"
 #include "xpv/toolstack/error.h"
+#include "xpv/toolstack/fs.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/record.h"
 #include "xpv/toolstack/run_lock.h"
@@ -48,10 +49,16 @@ std::string place_in_cgroup(const CpuHierarchy& h, const std::string& uuid, pid_
 void remove_domain_cgroup(Context& ctx, const DomainRecord& r) {
   if (r.cgroup.empty()) return;
   const auto h = host_cpu_hierarchy();
-  const auto cg = h ? DomainCgroup::at(*h, r.cgroup) : std::nullopt;
-  if (!cg) {
-    ctx.err << fmt::format("warning: dom{}'s record names the cgroup {}, which is not one xpv makes here; left alone\n",
+  if (!h) {
+    ctx.err << fmt::format("warning: dom{}'s cgroup {} is left: the host's cpu cgroup hierarchy is not mounted now\n",
                            r.domid, r.cgroup);
+    return;
+  }
+  const auto cg = DomainCgroup::at(*h, r.cgroup);
+  if (!cg) {
+    ctx.err << fmt::format("warning: dom{}'s record names the cgroup {}, which is not one xpv makes under {}/xpv; left "
+                           "alone\n",
+                           r.domid, r.cgroup, h->mount);
     return;
   }
   std::string why;
@@ -116,7 +123,24 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
   if (cap) s.cap = static_cast<std::uint32_t>(*cap);
   const CpuHierarchy h = cpu_hierarchy_or_throw("a CPU weight or cap");
   if (rec.cgroup.empty()) {
-    rec.cgroup = place_in_cgroup(h, rec.uuid, rec.pid, s);
+    // Where it runs now, to go back to if its record cannot say where it went.
+    const auto text = read_file(fmt::format("/proc/{}/cgroup", rec.pid));
+    const auto was = text ? cgroup_of(*text, h.version) : std::nullopt;
+    const std::string placed = place_in_cgroup(h, rec.uuid, rec.pid, s);
+    rec.cgroup = placed;
+    rec.cpu_weight = s.weight;
+    rec.cap = s.cap;
+    try {
+      write_record(ctx.paths.domain_dir(d.domid), rec);
+    } catch (...) {
+      try {
+        if (was) move_process(h.mount + *was, rec.pid);
+        if (auto cg = DomainCgroup::at(h, placed)) (void)cg->remove(1000, nullptr);
+      } catch (const ToolstackError& e) {
+        ctx.err << "warning: " << e.what() << "\n";
+      }
+      throw;
+    }
   } else {
     const auto cg = DomainCgroup::at(h, rec.cgroup);
     if (!cg) {
@@ -125,10 +149,10 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
                                        domain_label(d), rec.cgroup, h.mount));
     }
     cg->apply(s);
+    rec.cpu_weight = s.weight;
+    rec.cap = s.cap;
+    write_record(ctx.paths.domain_dir(d.domid), rec);
   }
-  rec.cpu_weight = s.weight;
-  rec.cap = s.cap;
-  write_record(ctx.paths.domain_dir(d.domid), rec);
   ctx.out << fmt::format("{}: weight {}, cap {} ({})\n", domain_label(d), s.weight,
                          s.cap == 0 ? std::string("none") : fmt::format("{} % of a CPU", s.cap), rec.cgroup);
 }

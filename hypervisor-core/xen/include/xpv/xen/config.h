@@ -27,6 +27,11 @@ enum class UpcallMode { vcpu_vector, callback_vector, intx };
 
 enum class ShutdownReason { poweroff, reboot, suspend, crash, watchdog };
 
+// What XENVER_extraversion and XENVER_capabilities answer (only the 64-bit hypercall ABI is
+// implemented); `xpv info` shows the same.
+inline constexpr const char* kExtraVersion = ".0";
+inline constexpr const char* kCapabilities = "hvm-3.0-x86_64";
+
 struct PlatformConfig {
   std::uint16_t domid = 1;
   unsigned vcpus = 1;

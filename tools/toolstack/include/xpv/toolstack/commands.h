@@ -64,6 +64,10 @@ void cmd_unpause(Context& ctx, const std::string& which);
 // where an HVM domain's vCPU threads run, and moving them while it runs. Not for process domains.
 void cmd_vcpu_list(Context& ctx, const std::vector<std::string>& which);
 void cmd_vcpu_pin(Context& ctx, const std::string& which, const std::string& vcpu, const std::string& cpus);
+// `xpv info` / `xpv uptime [NAME...]` (host_info.cpp, host_info.h), as xl's: what the host offers
+// domains; how long each running domain (and Domain-0, the host, when none is named) has run.
+void cmd_info(Context& ctx);
+void cmd_uptime(Context& ctx, const std::vector<std::string>& which);
 // `xpv sched-credit [-d NAME] [-w WEIGHT] [-c CAP]` (sched_credit.cpp, cpu_sched.h), as xl's:
 // without -w/-c the weight and cap of the running domains (or of NAME); with them, NAME's set
 // while it runs (its process put in a cgroup of its own if it is not in one yet), until it is

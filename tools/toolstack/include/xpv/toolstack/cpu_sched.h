@@ -11,13 +11,19 @@
 //   cap     0..102400, % of one host CPU (0: none; 150: one and a half CPUs), over periods of
 //           100 ms: v1 cpu.cfs_quota_us / cpu.cfs_period_us, v2 cpu.max.
 //
-// Only a domain whose configuration gives one of them, or that `xpv sched-credit` set, is in
-// such a cgroup; the others run as the host's other processes do. Every domain cgroup sits in
-// one parent, `xpv`, which takes the host's default share against the host's other groups
-// (v2) or tasks (v1): weights divide what the domains in it get between them, the cap holds
-// whatever else runs. Which hierarchy: the one the cpu controller is bound to, found in
-// /proc/self/mountinfo (a v1 `cgroup` mount with the `cpu` option, else a `cgroup2` mount whose
-// cgroup.controllers lists cpu); none: a clear error, nothing made.
+// Only a domain whose configuration gives one of them (`cap = 0` too), or that `xpv
+// sched-credit` set, is in such a cgroup; the others run as the host's other processes do, and
+// `sched-credit` lists them with `-` for weight and cap. Every domain cgroup sits in one parent,
+// `xpv`, which takes the host's default share against its siblings (v2: `system.slice`,
+// `user.slice`, … at 100 each) or, on v1, against each busy task of the root (1024 each): the
+// weights divide between the domains in it what that one share gets, so putting a domain in it —
+// a cap alone does — changes its share when the host is busy (a 2-vCPU guest outside counts as
+// two tasks on v1, inside the group all its domains count as one). The cap holds whatever else
+// runs. Which hierarchy: the one the cpu controller is bound to, found in /proc/self/mountinfo (a
+// v1 `cgroup` mount with the `cpu` option, else a `cgroup2` mount whose cgroup.controllers lists
+// cpu; only mounts of a hierarchy's root, not bind mounts of a subtree); none: a clear error,
+// nothing made. On a systemd host `xpv` is made at the top of the hierarchy, outside what
+// systemd delegates (as Docker's cgroupfs driver does), not through systemd-machined as libvirt.
 //
 //   find_cpu_hierarchy()  mountinfo text → the hierarchy (pure: unit-tested)
 //   to_v1 / to_v2 …       the settings as the files take them (pure: unit-tested)
@@ -77,15 +83,17 @@ class DomainCgroup {
   // The one a record names, if `path` is <h.mount>/xpv/<one name>: nothing else is ever made, so
   // nothing else is ever removed.
   static std::optional<DomainCgroup> at(const CpuHierarchy& h, const std::string& path);
-  // Makes the parent (and, v2, lets it and its parent hand the cpu controller down) and the
-  // domain's cgroup. Throws ToolstackError naming the file that refused.
+  // Makes the parent (and, v2, lets it and its parent hand the cpu controller down): done before
+  // a domain process is started, so a host that refuses it refuses the domain before anything
+  // of it is made. Then the domain's own (one left over for this uuid is taken as it is). Each
+  // throws ToolstackError naming the file that refused.
+  void prepare() const;
   void create() const;
-  // Writes the weight, then the cap; a cap that is refused puts the weight back as it was.
+  // Writes the weight, then the cap; a write that is refused puts back every file it had
+  // written (weight, quota, period) as it was.
   void apply(const CpuSched& s) const;
   // Moves every thread of `pid` in (cgroup.procs).
   void add_process(pid_t pid) const;
-  // Whether `pid` is in it, by /proc/<pid>/cgroup.
-  bool holds(pid_t pid) const;
   // What the files hold now, as a weight and cap (v2's weight read back through the same mapping,
   // so a weight that did not map exactly comes back as the nearest one that does).
   CpuSched read() const;
@@ -100,6 +108,9 @@ class DomainCgroup {
   std::string parent_, path_;
 };
 
+// Moves every thread of `pid` into the cgroup at `dir` (its cgroup.procs); throws ToolstackError.
+void move_process(const std::string& dir, pid_t pid);
+
 // The path of `pid`'s cgroup relative to `h`'s mount ("/xpv/<uuid>"), from /proc/<pid>/cgroup
 // text; nullopt when the text names no line for that hierarchy.
 std::optional<std::string> cgroup_of(std::string_view proc_cgroup, CgroupVersion v);
@@ -108,7 +119,7 @@ struct SchedRow {
   std::string name;
   std::uint16_t domid = 0;
   CpuSched sched;
-  std::string cgroup;  // "" = none (then weight and cap are xl's defaults)
+  std::string cgroup;  // "" = none: weight and cap shown as "-" (the domain is not weighed)
 };
 // xl sched-credit's table: Name, ID, Weight, Cap, and then the cgroup ("-" for none).
 std::string format_sched_credit(const std::vector<SchedRow>& rows);
