@@ -47,14 +47,14 @@ TEST(HostInfo, TheStartTimeIsField22CountedPastTheName) {
 }
 
 TEST(HostInfo, UptimeAsXlPrintsIt) {
-  EXPECT_EQ(format_uptime(5), "0:00:05");
-  EXPECT_EQ(format_uptime(2 * 3600 + 3 * 60 + 4), "2:03:04");
-  EXPECT_EQ(format_uptime(86400), "1 day, 0:00:00");
+  EXPECT_EQ(format_uptime(5), " 0:00:05");
+  EXPECT_EQ(format_uptime(2 * 3600 + 3 * 60 + 4), " 2:03:04");
+  EXPECT_EQ(format_uptime(86400), "1 day,  0:00:00");
   EXPECT_EQ(format_uptime(3 * 86400 + 12 * 3600 + 1), "3 days, 12:00:01");
   EXPECT_EQ(format_uptime_table({{"Domain-0", 0, 90061}, {"web1", 3, 59}}),
             "Name                                ID Uptime\n"
-            "Domain-0                             0 1 day, 1:01:01\n"
-            "web1                                 3 0:00:59\n");
+            "Domain-0                             0 1 day,  1:01:01\n"
+            "web1                                 3  0:00:59\n");
 }
 
 TEST(HostInfo, InfoLinesArePaddedAsXlInfos) {

@@ -117,7 +117,7 @@ std::string format_info(const std::vector<std::pair<std::string, std::string>>& 
 
 std::string format_uptime(std::uint64_t seconds) {
   const std::uint64_t days = seconds / 86400, h = seconds % 86400 / 3600, m = seconds % 3600 / 60, s = seconds % 60;
-  const std::string clock = fmt::format("{}:{:02}:{:02}", h, m, s);
+  const std::string clock = fmt::format("{:>2}:{:02}:{:02}", h, m, s);  // xl: "%2d:%02d:%02d"
   if (days == 0) return clock;
   return fmt::format("{} day{}, {}", days, days == 1 ? "" : "s", clock);
 }
@@ -133,12 +133,22 @@ namespace {
 std::string kvm_line(bool* usable) {
   *usable = false;
   const int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (fd < 0) return fmt::format("absent (/dev/kvm: {}): HVM domains cannot run here", std::strerror(errno));
+  if (fd < 0 && errno == ENOENT) return "absent (no /dev/kvm): HVM domains cannot run here";
+  if (fd < 0) return fmt::format("/dev/kvm is there but cannot be opened by this user ({})", std::strerror(errno));
   const int api = ::ioctl(fd, KVM_GET_API_VERSION, 0);
   ::close(fd);
   if (api != KVM_API_VERSION) return fmt::format("/dev/kvm answers API version {}, not {}", api, KVM_API_VERSION);
   *usable = true;
   return fmt::format("/dev/kvm, API version {}", api);
+}
+
+// A sysfs CPU list file ("0-3,5"), or nullopt.
+std::optional<kvm::CpuList> cpus_in(const std::string& path) {
+  const auto t = read_file(path);
+  if (!t) return std::nullopt;
+  auto l = kvm::parse_cpu_list(std::string(trim(*t)));
+  if (!l) return std::nullopt;
+  return *l;
 }
 
 // Seconds since boot, from /proc/uptime.
@@ -162,20 +172,16 @@ void cmd_info(Context& ctx) {
     rows.emplace_back("version", u.version);
     rows.emplace_back("machine", u.machine);
   }
-  const auto online_text = read_file("/sys/devices/system/cpu/online");
-  std::optional<kvm::CpuList> online;
-  if (online_text) {
-    if (auto l = kvm::parse_cpu_list(std::string(trim(*online_text)))) online = *l;
-  }
-  if (online && online->cpus.any()) {
+  const auto online = cpus_in("/sys/devices/system/cpu/online");
+  rows.emplace_back("nr_cpus", online && online->cpus.any() ? std::to_string(online->cpus.count())
+                                                             : std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)));
+  // As xl: the highest CPU id the host could ever bring online.
+  if (const auto possible = cpus_in("/sys/devices/system/cpu/possible"); possible && possible->cpus.any()) {
     std::size_t max_id = 0;
     for (std::size_t c = 0; c < kvm::kMaxCpus; ++c) {
-      if (online->cpus.test(c)) max_id = c;
+      if (possible->cpus.test(c)) max_id = c;
     }
-    rows.emplace_back("nr_cpus", std::to_string(online->cpus.count()));
     rows.emplace_back("max_cpu_id", std::to_string(max_id));
-  } else {
-    rows.emplace_back("nr_cpus", std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)));
   }
   unsigned nodes = 0;
   std::error_code ec;
@@ -187,7 +193,11 @@ void cmd_info(Context& ctx) {
   if (const auto t = read_file("/proc/cpuinfo")) {
     if (const auto c = parse_cpuinfo(*t)) {
       rows.emplace_back("cores_per_socket", std::to_string(c->cores_per_socket));
-      rows.emplace_back("threads_per_core", std::to_string(c->threads_per_core));
+      // CPU 0's hyperthread siblings where the kernel says (cpuinfo's siblings / cores is not
+      // whole on CPUs with cores of two kinds).
+      const auto sib = cpus_in("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list");
+      rows.emplace_back("threads_per_core", sib && sib->cpus.any() ? std::to_string(sib->cpus.count())
+                                                                 : std::to_string(c->threads_per_core));
       if (c->mhz > 0) rows.emplace_back("cpu_mhz", fmt::format("{:.3f}", c->mhz));
     }
   }
@@ -198,6 +208,7 @@ void cmd_info(Context& ctx) {
   if (const auto t = read_file("/proc/meminfo")) {
     if (const auto m = parse_meminfo(*t)) {
       rows.emplace_back("total_memory", std::to_string(m->total_mib));
+      // The host's MemAvailable: running guests may not have touched all of theirs yet.
       rows.emplace_back("free_memory", std::to_string(m->available_mib));
     }
   }
@@ -233,8 +244,9 @@ void cmd_info(Context& ctx) {
   rows.emplace_back("backends", backends);
   auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
   const auto doms = gather_domains(ctx.paths, xs.get());
-  const auto running = std::count_if(doms.begin(), doms.end(), [](const DomainSummary& d) { return d.pid != 0; });
-  rows.emplace_back("domains", fmt::format("{} running, {} in all", running, doms.size()));
+  const auto running = std::count_if(doms.begin(), doms.end(), [](const DomainSummary& d) { return d.pid != 0 && !d.paused; });
+  const auto paused = std::count_if(doms.begin(), doms.end(), [](const DomainSummary& d) { return d.pid != 0 && d.paused; });
+  rows.emplace_back("domains", fmt::format("{} running, {} paused, {} in all", running, paused, doms.size()));
   ctx.out << format_info(rows);
 }
 
@@ -244,25 +256,35 @@ void cmd_uptime(Context& ctx, const std::vector<std::string>& which) {
   const long hz = ::sysconf(_SC_CLK_TCK);
   auto xs = Xenstore::try_connect(ctx.paths.xenstore_socket);
   const auto doms = gather_domains(ctx.paths, xs.get());
-  std::vector<const DomainSummary*> chosen;
+  std::vector<UptimeRow> rows;
+  const UptimeRow host{"Domain-0", 0, static_cast<std::uint64_t>(*now)};
+  // A domain's uptime is its domain process's: a domain created again (a reboot) starts over, as
+  // a rebooted Xen guest is a new domain. nullopt: its process is gone (or going) by now.
+  auto row_of = [&](const DomainSummary& d) -> std::optional<UptimeRow> {
+    if (d.pid == 0 || hz <= 0) return std::nullopt;
+    const auto stat = read_file(fmt::format("/proc/{}/stat", d.pid));
+    const auto start = stat ? process_start_ticks(*stat) : std::nullopt;
+    if (!start) return std::nullopt;
+    const double began = static_cast<double>(*start) / static_cast<double>(hz);
+    return UptimeRow{d.name, d.domid, static_cast<std::uint64_t>(std::max(0.0, *now - began))};
+  };
   if (which.empty()) {
+    rows.push_back(host);
     for (const auto& d : doms) {
-      if (d.pid != 0) chosen.push_back(&d);
+      if (d.pid == 0) continue;
+      if (auto r = row_of(d)) rows.push_back(std::move(*r));  // one that ended meanwhile is left out, as xl does
     }
   } else {
-    for (const auto& w : which) chosen.push_back(&resolve_domain(doms, w));
-  }
-  std::vector<UptimeRow> rows;
-  if (which.empty()) rows.push_back({"Domain-0", 0, static_cast<std::uint64_t>(*now)});
-  for (const DomainSummary* d : chosen) {
-    if (d->pid == 0) throw ToolstackError(fmt::format("domain {} is not running (state {})", domain_label(*d), d->state));
-    // A domain's uptime is its domain process's: a domain created again (a reboot) starts over,
-    // as a rebooted Xen guest is a new domain.
-    const auto stat = read_file(fmt::format("/proc/{}/stat", d->pid));
-    const auto start = stat ? process_start_ticks(*stat) : std::nullopt;
-    if (!start || hz <= 0) throw ToolstackError(fmt::format("cannot read when {}'s process {} started", domain_label(*d), d->pid));
-    const double began = static_cast<double>(*start) / static_cast<double>(hz);
-    rows.push_back({d->name, d->domid, static_cast<std::uint64_t>(std::max(0.0, *now - began))});
+    for (const auto& w : which) {
+      if (w == "0" || w == "Domain-0") {  // the host, as xl shows dom0
+        rows.push_back(host);
+        continue;
+      }
+      const DomainSummary& d = resolve_domain(doms, w);
+      auto r = row_of(d);
+      if (!r) throw ToolstackError(fmt::format("domain {} is not running (state {})", domain_label(d), d.state));
+      rows.push_back(std::move(*r));
+    }
   }
   ctx.out << format_uptime_table(rows);
 }

@@ -134,10 +134,13 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
       write_record(ctx.paths.domain_dir(d.domid), rec);
     } catch (...) {
       try {
-        if (was) move_process(h.mount + *was, rec.pid);
-        if (auto cg = DomainCgroup::at(h, placed)) (void)cg->remove(1000, nullptr);
+        if (!was) throw ToolstackError(fmt::format("cannot tell which cgroup process {} came from", rec.pid));
+        move_process(h.mount + *was, rec.pid);
+        std::string why;
+        if (auto cg = DomainCgroup::at(h, placed); cg && !cg->remove(1000, &why)) throw ToolstackError(why);
       } catch (const ToolstackError& e) {
-        ctx.err << "warning: " << e.what() << "\n";
+        ctx.err << fmt::format("warning: {} is left in {}, which its record does not name: {}\n", domain_label(d),
+                               placed, e.what());
       }
       throw;
     }
@@ -148,10 +151,21 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
                                        "({}/xpv)",
                                        domain_label(d), rec.cgroup, h.mount));
     }
+    const CpuSched before{rec.cpu_weight, rec.cap};
     cg->apply(s);
     rec.cpu_weight = s.weight;
     rec.cap = s.cap;
-    write_record(ctx.paths.domain_dir(d.domid), rec);
+    try {
+      write_record(ctx.paths.domain_dir(d.domid), rec);
+    } catch (...) {
+      try {
+        cg->apply(before);  // the files as the record still has them
+      } catch (const ToolstackError& e) {
+        ctx.err << fmt::format("warning: {}'s cgroup holds weight {} cap {}, its record {} {}: {}\n", domain_label(d),
+                               s.weight, s.cap, before.weight, before.cap, e.what());
+      }
+      throw;
+    }
   }
   ctx.out << fmt::format("{}: weight {}, cap {} ({})\n", domain_label(d), s.weight,
                          s.cap == 0 ? std::string("none") : fmt::format("{} % of a CPU", s.cap), rec.cgroup);

@@ -39,7 +39,7 @@ std::optional<std::uint64_t> process_start_ticks(std::string_view stat_line);
 // "key                    : value" lines, keys padded as xl info pads them.
 std::string format_info(const std::vector<std::pair<std::string, std::string>>& rows);
 
-// As xl uptime: "0:00:05", "2:03:04", "1 day, 0:00:00", "3 days, 12:00:01".
+// As xl uptime ("%2d:%02d:%02d"): " 0:00:05", "12:03:04", "1 day,  0:00:00", "3 days, 12:00:01".
 std::string format_uptime(std::uint64_t seconds);
 struct UptimeRow {
   std::string name;
