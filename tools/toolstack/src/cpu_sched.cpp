@@ -15,6 +15,7 @@
 
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/text.h"
 
 namespace xpv::toolstack {
 namespace {
@@ -79,13 +80,6 @@ std::string trim(std::string s) {
   return s;
 }
 
-template <typename T>
-std::optional<T> number(std::string_view s) {
-  T v{};
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
-  return v;
-}
 
 }  // namespace
 
@@ -226,27 +220,27 @@ CpuSched DomainCgroup::read() const {
   CpuSched s;
   if (h_.version == CgroupVersion::v1) {
     const std::string shares = get("cpu.shares"), quota = get("cpu.cfs_quota_us"), period = get("cpu.cfs_period_us");
-    const auto sh = number<std::uint64_t>(shares);
+    const auto sh = parse_number<std::uint64_t>(shares);
     if (!sh) throw bad("cpu.shares", shares);
     s.weight = weight_from_v1_shares(*sh);
-    const auto pe = number<std::uint64_t>(period);
+    const auto pe = parse_number<std::uint64_t>(period);
     if (!pe || *pe == 0) throw bad("cpu.cfs_period_us", period);
     if (quota != "-1") {
-      const auto q = number<std::uint64_t>(quota);
+      const auto q = parse_number<std::uint64_t>(quota);
       if (!q) throw bad("cpu.cfs_quota_us", quota);
       s.cap = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((*q * 100 + *pe / 2) / *pe, 1, kMaxCap));
     }
   } else {
     const std::string w = get("cpu.weight"), max = get("cpu.max");
-    const auto wv = number<std::uint32_t>(w);
+    const auto wv = parse_number<std::uint32_t>(w);
     if (!wv) throw bad("cpu.weight", w);
     s.weight = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((std::uint64_t{*wv} * 256 + 50) / 100, 1, kMaxWeight));
     const auto parts = split(max, ' ');
     if (parts.size() != 2) throw bad("cpu.max", max);
-    const auto pe = number<std::uint64_t>(parts[1]);
+    const auto pe = parse_number<std::uint64_t>(parts[1]);
     if (!pe || *pe == 0) throw bad("cpu.max", max);
     if (parts[0] != "max") {
-      const auto q = number<std::uint64_t>(parts[0]);
+      const auto q = parse_number<std::uint64_t>(parts[0]);
       if (!q) throw bad("cpu.max", max);
       s.cap = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((*q * 100 + *pe / 2) / *pe, 1, kMaxCap));
     }

@@ -22,6 +22,7 @@
 #include "xpv/toolstack/daemons.h"
 #include "xpv/toolstack/error.h"
 #include "xpv/toolstack/fs.h"
+#include "xpv/toolstack/text.h"
 #include "xpv/toolstack/inventory.h"
 #include "xpv/toolstack/process.h"
 #include "xpv/toolstack/xenstore.h"
@@ -29,20 +30,6 @@
 
 namespace xpv::toolstack {
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n')) s.remove_suffix(1);
-  return s;
-}
-
-template <typename T>
-std::optional<T> number(std::string_view s) {
-  T v{};
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
-  return v;
-}
 
 // Each "key : value" line of a /proc text, in order.
 std::vector<std::pair<std::string_view, std::string_view>> fields(std::string_view text) {
@@ -52,7 +39,7 @@ std::vector<std::pair<std::string_view, std::string_view>> fields(std::string_vi
     const std::string_view line = text.substr(0, nl);
     text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
     const std::size_t colon = line.find(':');
-    out.emplace_back(trim(line.substr(0, colon)), colon == std::string_view::npos ? std::string_view() : trim(line.substr(colon + 1)));
+    out.emplace_back(trim_text(line.substr(0, colon)), colon == std::string_view::npos ? std::string_view() : trim_text(line.substr(colon + 1)));
   }
   return out;
 }
@@ -65,8 +52,8 @@ std::optional<CpuInfo> parse_cpuinfo(std::string_view text) {
   std::optional<unsigned> cores, siblings;
   for (auto [k, v] : fields(text)) {
     if (k == "physical id") sockets.insert(std::string(v));
-    else if (k == "cpu cores" && !cores) cores = number<unsigned>(v);
-    else if (k == "siblings" && !siblings) siblings = number<unsigned>(v);
+    else if (k == "cpu cores" && !cores) cores = parse_number<unsigned>(v);
+    else if (k == "siblings" && !siblings) siblings = parse_number<unsigned>(v);
     else if (k == "cpu MHz" && c.mhz == 0) {
       double d = 0;
       const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
@@ -84,7 +71,7 @@ std::optional<MemInfo> parse_meminfo(std::string_view text) {
   std::optional<std::uint64_t> total, avail;
   for (auto [k, v] : fields(text)) {
     if (!v.ends_with(" kB")) continue;
-    const auto kib = number<std::uint64_t>(trim(v.substr(0, v.size() - 3)));
+    const auto kib = parse_number<std::uint64_t>(trim_text(v.substr(0, v.size() - 3)));
     if (k == "MemTotal") total = kib;
     else if (k == "MemAvailable") avail = kib;
   }
@@ -102,7 +89,7 @@ std::optional<std::uint64_t> process_start_ticks(std::string_view line) {
     const std::size_t sp = rest.find(' ');
     const std::string_view f = rest.substr(0, sp);
     if (f.empty()) return std::nullopt;
-    if (field == 22) return number<std::uint64_t>(trim(f));
+    if (field == 22) return parse_number<std::uint64_t>(trim_text(f));
     if (sp == std::string_view::npos) return std::nullopt;
     rest = rest.substr(sp);
   }
@@ -146,7 +133,7 @@ std::string kvm_line(bool* usable) {
 std::optional<kvm::CpuList> cpus_in(const std::string& path) {
   const auto t = read_file(path);
   if (!t) return std::nullopt;
-  auto l = kvm::parse_cpu_list(std::string(trim(*t)));
+  auto l = kvm::parse_cpu_list(std::string(trim_text(*t)));
   if (!l) return std::nullopt;
   return *l;
 }
@@ -187,7 +174,7 @@ void cmd_info(Context& ctx) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/sys/devices/system/node", ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 4 && n.starts_with("node") && number<unsigned>(std::string_view(n).substr(4))) ++nodes;
+    if (n.size() > 4 && n.starts_with("node") && parse_number<unsigned>(std::string_view(n).substr(4))) ++nodes;
   }
   rows.emplace_back("nr_nodes", std::to_string(std::max(1u, nodes)));
   if (const auto t = read_file("/proc/cpuinfo")) {
@@ -225,7 +212,7 @@ void cmd_info(Context& ctx) {
                                     h->version == CgroupVersion::v1 ? "v1" : "v2", h->mount)
                       : std::string("Linux; no cpu cgroup controller mounted (cpu_weight and cap are refused)"));
   rows.emplace_back("xen_pagesize", std::to_string(::sysconf(_SC_PAGESIZE)));
-  if (const auto t = read_file("/proc/cmdline")) rows.emplace_back("xen_commandline", std::string(trim(*t)));
+  if (const auto t = read_file("/proc/cmdline")) rows.emplace_back("xen_commandline", std::string(trim_text(*t)));
 #if defined(__clang__)
   rows.emplace_back("cc_compiler", std::string("clang ") + __clang_version__);
 #elif defined(__GNUC__)
