@@ -75,12 +75,6 @@ std::string write_knob(const std::string& path, const std::string& value) {
   return "";
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-
 }  // namespace
 
 std::string cpu_sched_problem(const CpuSched& s) {
@@ -184,13 +178,13 @@ void DomainCgroup::apply(const CpuSched& s) const {
       for (auto it = undo.rbegin(); it != undo.rend(); ++it) (void)write_knob(it->first, it->second);
       throw ToolstackError(fmt::format("cannot set the {} ({} <- {}): {}", what, file, value, why));
     }
-    if (old) undo.emplace_back(file, trim(*old));
+    if (old) undo.emplace_back(file, std::string(trim_text(*old)));
   };
   set(wfile, wvalue, "weight");
   if (v1) {
     // The period xpv uses is also the kernel's default; written only where it differs.
     const std::string period = path_ + "/cpu.cfs_period_us";
-    if (const auto now = read_file(period); !now || trim(*now) != std::to_string(kCapPeriodUs)) {
+    if (const auto now = read_file(period); !now || trim_text(*now) != std::to_string(kCapPeriodUs)) {
       set(period, std::to_string(kCapPeriodUs), "cap");
     }
     set(path_ + "/cpu.cfs_quota_us", v1_quota(s.cap), "cap");
@@ -212,7 +206,7 @@ CpuSched DomainCgroup::read() const {
   auto get = [&](const std::string& name) {
     const auto t = read_file(path_ + "/" + name);
     if (!t) throw ToolstackError(fmt::format("cannot read {}/{}", path_, name));
-    return trim(*t);
+    return std::string(trim_text(*t));
   };
   auto bad = [&](const std::string& name, const std::string& v) {
     return ToolstackError(fmt::format("{}/{} holds '{}', not what xpv writes there", path_, name, v));

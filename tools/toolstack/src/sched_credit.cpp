@@ -1,6 +1,8 @@
 // `xpv sched-credit` (cpu_sched.h): a domain's CPU weight and cap, listed or set, as xl's.
 #include <fmt/core.h>
 
+#include <functional>
+
 #include "domain_ops.h"
 #include "xpv/toolstack/commands.h"
 #include "xpv/toolstack/cpu_sched.h"
@@ -122,28 +124,23 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
   if (weight) s.weight = static_cast<std::uint32_t>(*weight);
   if (cap) s.cap = static_cast<std::uint32_t>(*cap);
   const CpuHierarchy h = cpu_hierarchy_or_throw("a CPU weight or cap");
+  // If the record then cannot be written: `undo` puts the cgroup back as the record still has it,
+  // `left` says what stays wrong when even that fails.
+  std::function<void()> undo;
+  std::string left;
   if (rec.cgroup.empty()) {
-    // Where it runs now, to go back to if its record cannot say where it went.
+    // Where it runs now, to go back to.
     const auto text = read_file(fmt::format("/proc/{}/cgroup", rec.pid));
     const auto was = text ? cgroup_of(*text, h.version) : std::nullopt;
     const std::string placed = place_in_cgroup(h, rec.uuid, rec.pid, s);
     rec.cgroup = placed;
-    rec.cpu_weight = s.weight;
-    rec.cap = s.cap;
-    try {
-      write_record(ctx.paths.domain_dir(d.domid), rec);
-    } catch (...) {
-      try {
-        if (!was) throw ToolstackError(fmt::format("cannot tell which cgroup process {} came from", rec.pid));
-        move_process(h.mount + *was, rec.pid);
-        std::string why;
-        if (auto cg = DomainCgroup::at(h, placed); cg && !cg->remove(1000, &why)) throw ToolstackError(why);
-      } catch (const ToolstackError& e) {
-        ctx.err << fmt::format("warning: {} is left in {}, which its record does not name: {}\n", domain_label(d),
-                               placed, e.what());
-      }
-      throw;
-    }
+    undo = [&h, was, placed, pid = rec.pid] {
+      if (!was) throw ToolstackError(fmt::format("cannot tell which cgroup process {} came from", pid));
+      move_process(h.mount + *was, pid);
+      std::string why;
+      if (auto cg = DomainCgroup::at(h, placed); cg && !cg->remove(1000, &why)) throw ToolstackError(why);
+    };
+    left = fmt::format("{} is left in {}, which its record does not name", domain_label(d), placed);
   } else {
     const auto cg = DomainCgroup::at(h, rec.cgroup);
     if (!cg) {
@@ -153,19 +150,21 @@ void cmd_sched_credit(Context& ctx, const std::string& which, std::optional<std:
     }
     const CpuSched before{rec.cpu_weight, rec.cap};
     cg->apply(s);
-    rec.cpu_weight = s.weight;
-    rec.cap = s.cap;
+    undo = [cg = *cg, before] { cg.apply(before); };
+    left = fmt::format("{}'s cgroup holds weight {} cap {}, its record {} {}", domain_label(d), s.weight, s.cap,
+                       before.weight, before.cap);
+  }
+  rec.cpu_weight = s.weight;
+  rec.cap = s.cap;
+  try {
+    write_record(ctx.paths.domain_dir(d.domid), rec);
+  } catch (...) {
     try {
-      write_record(ctx.paths.domain_dir(d.domid), rec);
-    } catch (...) {
-      try {
-        cg->apply(before);  // the files as the record still has them
-      } catch (const ToolstackError& e) {
-        ctx.err << fmt::format("warning: {}'s cgroup holds weight {} cap {}, its record {} {}: {}\n", domain_label(d),
-                               s.weight, s.cap, before.weight, before.cap, e.what());
-      }
-      throw;
+      undo();
+    } catch (const ToolstackError& e) {
+      ctx.err << fmt::format("warning: {}: {}\n", left, e.what());
     }
+    throw;
   }
   ctx.out << fmt::format("{}: weight {}, cap {} ({})\n", domain_label(d), s.weight,
                          s.cap == 0 ? std::string("none") : fmt::format("{} % of a CPU", s.cap), rec.cgroup);
